@@ -1,0 +1,37 @@
+# payloadrun's entry points. Everything installs itself into a cache outside the repository
+# (~/.cache/payloadrun, or $PAYLOADRUN_CACHE), keyed by version, so warm runs are fast.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV = $(shell bash hack/venv.sh)
+PY = $(VENV)/bin/python
+
+.PHONY: help venv lint format test unit demo bench cluster-binaries
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+venv: ## create the Python environment (cached by dependency set) and print its path
+	@echo $(VENV)
+
+lint: ## ruff lint and format check
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: ## apply ruff's formatting and safe fixes
+	@$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+cluster-binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, helm (cached)
+	@bash cluster/build.sh
+
+test: lint cluster-binaries ## every test: lint, unit, property and integration (what CI runs)
+	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
+
+unit: ## the tests that need no control plane
+	@$(PY) -m pytest -m "not integration"
+
+demo: ## the main job: a local round trip of one Qwen3-30B-A3B-sized response
+	@$(VENV)/bin/payloadrun roundtrip
+
+bench: ## data-plane benchmark: store and reader against raw I/O on this disk
+	@$(PY) bench/dataplane.py

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Makes sure the project's Python environment exists and prints its directory on stdout.
+#
+# The environment lives in a cache outside the repository, keyed by the declared dependencies
+# (so a new clone, or CI, reuses it when they have not changed). The project itself is installed
+# editable from this checkout each time the checkout changes place, which takes a second.
+#
+#   PAYLOADRUN_CACHE   cache directory (default ~/.cache/payloadrun)
+#   PAYLOADRUN_EXTRAS  extras to install (default operator,torch,dev)
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}
+extras=${PAYLOADRUN_EXTRAS:-operator,torch,dev}
+python=${PYTHON:-python3}
+
+log() { printf '[venv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+key=$("$python" - "$repo/pyproject.toml" "$extras" <<'PY'
+import hashlib, json, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+wanted = {
+    "python": sys.version.split()[0],
+    "requires": project.get("dependencies", []),
+    "extras": {e: project["optional-dependencies"].get(e, []) for e in sys.argv[2].split(",") if e},
+}
+print(hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16])
+PY
+)
+venv=$cache/venv/$key
+
+if [ ! -f "$venv/.complete" ]; then
+  log "creating $venv (extras: $extras); the first time this downloads torch and takes minutes"
+  rm -rf "$venv"
+  mkdir -p "$cache/venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel >&2
+  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -e "$repo[$extras]" >&2
+  echo "$repo" >"$venv/.source"
+  touch "$venv/.complete"
+  log "ready"
+elif [ "$(cat "$venv/.source" 2>/dev/null)" != "$repo" ]; then
+  log "pointing $venv at this checkout ($repo)"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
+  echo "$repo" >"$venv/.source"
+fi
+echo "$venv"

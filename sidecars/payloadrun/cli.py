@@ -1,0 +1,35 @@
+"""The ``payloadrun`` command. Each subcommand lives in its own module, which registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules with ``register(subparsers)``; each adds one subcommand whose handler is ``args.run``.
+SUBCOMMANDS = ("payloadrun.roundtrip",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="payloadrun",
+        description="MoE router-replay ids and sampling masks moved by handle through a shared "
+        "volume: the data-plane tools.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Turning what vLLM returns inline into payload rows, and back.
+
+Two per-token arrays travel by handle:
+
+- ``routed_experts``: the MoE router's chosen expert ids, ``[rows, layers, top_k]``. vLLM returns
+  one row per *forwarded* token; the last sampled token is never forwarded, so the rows end one
+  token before the end of the sequence. Rows are anchored there: they cover
+  ``[prompt_len + completion_len - 1 - rows, prompt_len + completion_len - 1)``, which stays right
+  when vLLM skips leading prompt tokens (``routed_experts_prompt_start``) or when a decode instance
+  only reports rows from its first forward.
+- ``sampling_mask``: for completion token ``i`` (position ``prompt_len + i``), the token ids that
+  survived top-k/top-p/min-p. It arrives as CSR ``{ids, counts}`` (one count per completion token,
+  0 meaning no mask there) and is stored as int32 rows ``[completion_len, widest]`` padded with -1.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from payloadrun.segments import MASK_PAD, ROUTED_EXPERTS, SAMPLING_MASK
+
+_MAX_EXPERT_ID = np.iinfo(np.uint16).max
+
+
+class CodecError(ValueError):
+    """An inline payload could not be decoded, or an array has the wrong form."""
+
+
+@dataclass(frozen=True, slots=True)
+class PositionedRows:
+    """Rows of one field and the token position of the first row."""
+
+    field: str
+    rows: np.ndarray
+    pos: int
+
+
+def compact_routed_experts(experts: np.ndarray) -> np.ndarray:
+    """Expert ids as uint8 when they all fit, else uint16; C-contiguous.
+
+    Raises when the array is not 3-D ``[tokens, layers, top_k]``, not of an integer dtype, holds a
+    negative id, or holds an id above 65535 (no model has that many experts per layer; such a value
+    means the array is not routing ids).
+    """
+    arr = np.asarray(experts)
+    if arr.ndim != 3:
+        raise CodecError(
+            f"routed experts must be 3-D [tokens, layers, top_k], got shape {arr.shape}"
+        )
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise CodecError(
+            f"routed experts must hold integer expert ids, got dtype {arr.dtype}: "
+            "pass the ids, not router logits or weights"
+        )
+    if arr.size == 0:
+        return np.ascontiguousarray(arr, dtype=np.uint8)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0:
+        raise CodecError(f"routed experts hold a negative expert id ({lo})")
+    if hi > _MAX_EXPERT_ID:
+        raise CodecError(
+            f"routed experts hold expert id {hi}, above the uint16 limit {_MAX_EXPERT_ID}"
+        )
+    dtype = np.uint8 if hi <= np.iinfo(np.uint8).max else np.uint16
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def routing_pos(prompt_len: int, completion_len: int, rows: int) -> int:
+    """Token position of the first routing row, anchored at the last forwarded token."""
+    pos = prompt_len + completion_len - 1 - rows
+    if pos < 0:
+        raise CodecError(
+            f"{rows} routing rows do not fit a sequence of {prompt_len} prompt and "
+            f"{completion_len} completion tokens (at most {prompt_len + completion_len - 1} "
+            "tokens are forwarded)"
+        )
+    return pos
+
+
+def routing_rows(experts: np.ndarray, prompt_len: int, completion_len: int) -> PositionedRows:
+    rows = compact_routed_experts(experts)
+    return PositionedRows(ROUTED_EXPERTS, rows, routing_pos(prompt_len, completion_len, len(rows)))
+
+
+def mask_rows_from_csr(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """CSR ``{ids, counts}`` to int32 rows ``[len(counts), widest]`` padded with -1.
+
+    A count of 0 is a row of -1. When every count is 0 the rows are one column wide, so every
+    completion token still has a row.
+    """
+    ids = np.asarray(ids)
+    counts = np.asarray(counts)
+    if ids.ndim != 1 or counts.ndim != 1:
+        raise CodecError(
+            f"sampling mask ids and counts must be 1-D, got shapes {ids.shape} and {counts.shape}"
+        )
+    if counts.size and int(counts.min()) < 0:
+        raise CodecError(f"sampling mask counts hold a negative count ({int(counts.min())})")
+    total = int(counts.sum()) if counts.size else 0
+    if total != ids.size:
+        raise CodecError(
+            f"sampling mask counts add up to {total} but there are {ids.size} ids: "
+            "the CSR form needs one count per completion token"
+        )
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(np.int32).max):
+        raise CodecError("sampling mask ids must be token ids in [0, 2**31)")
+    n = counts.size
+    widest = max(1, int(counts.max()) if n else 1)
+    rows = np.full((n, widest), MASK_PAD, dtype=np.int32)
+    if ids.size:
+        counts64 = counts.astype(np.int64)
+        row_of = np.repeat(np.arange(n), counts64)
+        starts = np.cumsum(counts64) - counts64
+        col_of = np.arange(ids.size) - np.repeat(starts, counts64)
+        rows[row_of, col_of] = ids
+    return rows
+
+
+def mask_rows(ids: np.ndarray, counts: np.ndarray, prompt_len: int) -> PositionedRows:
+    return PositionedRows(SAMPLING_MASK, mask_rows_from_csr(ids, counts), prompt_len)
+
+
+def csr_from_mask_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of :func:`mask_rows_from_csr` (padding dropped)."""
+    rows = np.asarray(rows)
+    keep = rows != MASK_PAD
+    return rows[keep].astype(np.int32), keep.sum(axis=1).astype(np.int32)
+
+
+# --- inline wire forms ---------------------------------------------------------------------------
+
+
+def _b64decode(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CodecError(f"{what} is not valid base64: {exc}") from exc
+
+
+def encode_npy_base64(arr: np.ndarray) -> str:
+    """vLLM's inline form: base64 of ``np.save`` bytes (``utils.serial_utils.numpy2base64``)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def decode_npy_base64(text: str) -> np.ndarray:
+    raw = _b64decode(text, "routed_experts")
+    try:
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CodecError(f"routed_experts is not a base64 .npy array: {exc}") from exc
+
+
+def encode_prime_rl(arr: np.ndarray, start: int) -> dict[str, Any]:
+    """prime-rl's inline form ``{data, shape, start, dtype}``."""
+    arr = np.ascontiguousarray(arr)
+    return {
+        "data": base64.b64encode(arr.tobytes()).decode("ascii"),
+        "shape": list(arr.shape),
+        "start": start,
+        "dtype": arr.dtype.name,
+    }
+
+
+def decode_prime_rl(obj: Mapping[str, Any]) -> tuple[np.ndarray, int]:
+    missing = [k for k in ("data", "shape", "dtype") if k not in obj]
+    if missing:
+        raise CodecError(f"inline routed_experts object lacks {', '.join(missing)}")
+    try:
+        dtype = np.dtype(obj["dtype"])
+    except TypeError as exc:
+        raise CodecError(f"inline routed_experts has unknown dtype {obj['dtype']!r}") from exc
+    raw = _b64decode(obj["data"], "routed_experts.data")
+    shape = tuple(obj["shape"])
+    expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if len(raw) != expected:
+        raise CodecError(
+            f"inline routed_experts has {len(raw)} bytes but shape {list(shape)} of {dtype} "
+            f"needs {expected}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape), int(obj.get("start") or 0)
+
+
+def decode_routed_experts(value: Any) -> tuple[np.ndarray, int | None]:
+    """Decode any inline routed-experts form: the array and its stated start, if any.
+
+    vLLM's OpenAI server sends a base64 ``.npy`` string and states no start (the request's
+    ``routed_experts_prompt_start`` says where it began); prime-rl's form carries ``start``. A
+    plain nested list is accepted too.
+    """
+    if isinstance(value, str):
+        return decode_npy_base64(value), None
+    if isinstance(value, Mapping):
+        arr, start = decode_prime_rl(value)
+        return arr, start
+    if isinstance(value, list):
+        return np.asarray(value), None
+    raise CodecError(
+        f"routed_experts must be a base64 .npy string, a {{data, shape, start, dtype}} object "
+        f"or a nested list, got {type(value).__name__}"
+    )
+
+
+def _int32_vector(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, str):
+        raw = _b64decode(value, what)
+        if len(raw) % 4:
+            raise CodecError(f"{what} has {len(raw)} bytes, not a whole number of int32 values")
+        return np.frombuffer(raw, dtype="<i4")
+    if isinstance(value, Sequence):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, np.ndarray):
+        return value
+    raise CodecError(f"{what} must be a list of integers or base64 int32, got {type(value)}")
+
+
+def decode_sampling_mask(value: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Decode an inline sampling mask to CSR ``(ids, counts)``.
+
+    Accepts the packed CSR object ``{ids, counts}`` (lists, or base64 of little-endian int32) and
+    a list of per-token id lists.
+    """
+    if isinstance(value, Mapping):
+        if "ids" not in value or "counts" not in value:
+            raise CodecError(f"sampling_mask object needs ids and counts, got keys {sorted(value)}")
+        return (
+            _int32_vector(value["ids"], "sampling_mask.ids"),
+            _int32_vector(value["counts"], "sampling_mask.counts"),
+        )
+    if isinstance(value, list):
+        counts = np.fromiter((len(r) for r in value), dtype=np.int64, count=len(value))
+        ids = np.fromiter((t for r in value for t in r), dtype=np.int64)
+        return ids, counts
+    raise CodecError(
+        f"sampling_mask must be a {{ids, counts}} object or a list of id lists, "
+        f"got {type(value).__name__}"
+    )
+
+
+def encode_sampling_mask_csr(ids: np.ndarray, counts: np.ndarray) -> dict[str, str]:
+    """The packed CSR form with base64 little-endian int32 vectors."""
+    return {
+        "ids": base64.b64encode(np.asarray(ids, dtype="<i4").tobytes()).decode("ascii"),
+        "counts": base64.b64encode(np.asarray(counts, dtype="<i4").tobytes()).decode("ascii"),
+    }

@@ -1,0 +1,173 @@
+"""The payload root's layout, and the checks that keep every path from a request inside it.
+
+Layout: ``<root>/v<k>/<name>.bin``: one directory per policy version ``k`` (the dispatch version
+of the rollouts written there), one file per request. Paths arrive in requests (a writer's
+``payload_dir``, a segment's ``file``, a retention call's file list) and are trusted only after
+they are proven to name that layout inside the root: no ``..``, no other directory names, no
+symlink that leads out.
+
+A path may be given absolute (as prime-rl sends it: the root is mounted at the same path on every
+node) or relative to the root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+_VERSION_DIR = re.compile(r"v([0-9]{1,18})")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+class PayloadPathError(ValueError):
+    """A path from a request does not name a payload directory or file inside the root."""
+
+
+def version_dir_name(version: int) -> str:
+    if version < 0:
+        raise PayloadPathError(f"a policy version is >= 0, got {version}")
+    return f"v{version}"
+
+
+def parse_version_dir_name(name: str) -> int | None:
+    """``k`` for a directory named ``v<k>``, else None."""
+    m = _VERSION_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadFile:
+    """A validated payload file: its version directory and name, and its full path."""
+
+    version: int
+    name: str
+    path: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+
+class PayloadRoot:
+    """A payload root on disk and the rules for paths under it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        given = os.fspath(root)
+        if not given:
+            raise PayloadPathError("payload root is empty: set it to the shared volume's mount")
+        real = os.path.realpath(given)
+        if not os.path.isdir(real):
+            raise PayloadPathError(
+                f"payload root {given!r} is not a directory: mount the shared volume there or "
+                "create the directory"
+            )
+        self.path = Path(real)
+        self._given = os.path.normpath(os.path.abspath(given))
+
+    def __repr__(self) -> str:
+        return f"PayloadRoot({str(self.path)!r})"
+
+    def _relative_parts(self, value: object, what: str, depth: int) -> list[str]:
+        """The ``depth`` components of ``value`` below the root, checked as plain names."""
+        if not isinstance(value, str) or not value:
+            raise PayloadPathError(f"{what} must be a non-empty string, got {value!r}")
+        if "\x00" in value or "\\" in value or "%" in value:
+            raise PayloadPathError(
+                f"{what} {value!r} contains a NUL, a backslash or a percent sign: send a plain "
+                f"path under the payload root {str(self.path)!r}"
+            )
+        raw_parts = value.split("/")
+        if ".." in raw_parts or "." in raw_parts:
+            raise PayloadPathError(f"{what} {value!r} contains '..' or '.': use a direct path")
+        if os.path.isabs(value):
+            parent, rest = _split_root(value.rstrip("/"), depth)
+            if parent is None or not self._is_root(parent):
+                raise PayloadPathError(
+                    f"{what} {value!r} is not inside the payload root {str(self.path)!r}"
+                )
+            parts = rest
+        else:
+            parts = value.rstrip("/").split("/")
+        if len(parts) != depth or any(not p for p in parts):
+            layout = "v<k>" if depth == 1 else "v<k>/<name>"
+            raise PayloadPathError(
+                f"{what} {value!r} does not have the form <payload root>/{layout}"
+            )
+        return parts
+
+    def _is_root(self, candidate: str) -> bool:
+        if os.path.normpath(candidate) in (self._given, str(self.path)):
+            return True
+        return os.path.realpath(candidate) == str(self.path)
+
+    def version_dir(self, payload_dir: object) -> Path:
+        """The checked path of ``<root>/v<k>`` named by ``payload_dir`` (it may not exist yet)."""
+        (name,) = self._relative_parts(payload_dir, "payload_dir", 1)
+        if parse_version_dir_name(name) is None:
+            raise PayloadPathError(
+                f"payload_dir {payload_dir!r} must end in a directory named v<digits> "
+                f"(the policy version), got {name!r}"
+            )
+        path = self.path / name
+        self._refuse_symlink(path, payload_dir, "payload_dir")
+        return path
+
+    def payload_file(self, file: object, *, follow_check: bool = True) -> PayloadFile:
+        """The checked ``<root>/v<k>/<name>`` named by ``file``.
+
+        With ``follow_check`` the version directory and the file are proven not to be symlinks
+        (an lstat each). A reader that opens with ``O_NOFOLLOW`` and checks each directory once
+        passes False to skip the per-file system calls.
+        """
+        dir_name, name = self._relative_parts(file, "payload file", 2)
+        version = parse_version_dir_name(dir_name)
+        if version is None:
+            raise PayloadPathError(
+                f"payload file {file!r} is not in a directory named v<digits>, but {dir_name!r}"
+            )
+        if not _FILE_NAME.fullmatch(name):
+            raise PayloadPathError(
+                f"payload file {file!r} has a name {name!r} that is not a plain file name"
+            )
+        path = self.path / dir_name / name
+        if follow_check:
+            self._refuse_symlink(path.parent, file, "payload file")
+            self._refuse_symlink(path, file, "payload file")
+        return PayloadFile(version, name, path)
+
+    def check_version_dir(self, path: Path, given: object) -> None:
+        """Refuse a version directory that is a symlink (it could lead out of the root)."""
+        self._refuse_symlink(path, given, "payload file")
+
+    @staticmethod
+    def _refuse_symlink(path: Path, given: object, what: str) -> None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise PayloadPathError(
+                f"{what} {given!r} leads through the symlink {str(path)!r}: payload directories "
+                "and files must be real, inside the payload root"
+            )
+
+    def version_dirs(self) -> dict[int, Path]:
+        """The ``v<k>`` directories present under the root (symlinks excluded)."""
+        found: dict[int, Path] = {}
+        with os.scandir(self.path) as it:
+            for entry in it:
+                version = parse_version_dir_name(entry.name)
+                if version is not None and entry.is_dir(follow_symlinks=False):
+                    found[version] = Path(entry.path)
+        return found
+
+
+def _split_root(value: str, depth: int) -> tuple[str | None, list[str]]:
+    """Split an absolute path into its parent ``depth`` levels up and the last ``depth`` parts."""
+    parts = value.split("/")
+    if len(parts) <= depth:
+        return None, []
+    return "/".join(parts[:-depth]) or "/", parts[-depth:]

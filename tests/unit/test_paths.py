@@ -1,0 +1,129 @@
+import os
+
+import pytest
+
+from payloadrun.paths import (
+    PayloadPathError,
+    PayloadRoot,
+    parse_version_dir_name,
+    version_dir_name,
+)
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = tmp_path / "payloads"
+    path.mkdir()
+    return PayloadRoot(path)
+
+
+def test_version_dir_names():
+    assert version_dir_name(7) == "v7"
+    assert parse_version_dir_name("v7") == 7
+    assert parse_version_dir_name("v0012") == 12
+    for bad in ("v", "7", "v-1", "v1a", "V1", "v1 ", "v" + "9" * 19):
+        assert parse_version_dir_name(bad) is None
+    with pytest.raises(PayloadPathError):
+        version_dir_name(-1)
+
+
+def test_root_must_exist(tmp_path):
+    with pytest.raises(PayloadPathError, match="is not a directory"):
+        PayloadRoot(tmp_path / "missing")
+    with pytest.raises(PayloadPathError, match="empty"):
+        PayloadRoot("")
+
+
+def test_version_dir_absolute_and_relative(root):
+    assert root.version_dir(f"{root.path}/v3") == root.path / "v3"
+    assert root.version_dir(f"{root.path}/v3/") == root.path / "v3"
+    assert root.version_dir("v3") == root.path / "v3"
+
+
+def test_version_dir_through_a_symlinked_root(tmp_path, root):
+    link = tmp_path / "mnt"
+    link.symlink_to(root.path)
+    via_link = PayloadRoot(link)
+    assert via_link.version_dir(f"{link}/v1") == root.path / "v1"
+    assert via_link.version_dir(f"{root.path}/v1") == root.path / "v1"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("/elsewhere/v1", "is not inside the payload root"),
+        ("{root}/../v1", "contains '..' or '.'"),
+        ("{root}/v1/..", "contains '..' or '.'"),
+        ("{root}/./v1", "contains '..' or '.'"),
+        ("{root}/v1/extra", "is not inside the payload root"),
+        ("{root}/x1", "must end in a directory named v<digits>"),
+        ("{root}", "is not inside the payload root"),
+        ("{root}/v1%2F..%2Fx", "percent sign"),
+        ("{root}/v1\x00", "NUL"),
+        ("v1\\..\\x", "backslash"),
+        ("", "non-empty string"),
+        (None, "non-empty string"),
+        ("v1/v2", "does not have the form <payload root>/v<k>"),
+        ("/", "is not inside the payload root"),
+    ],
+)
+def test_version_dir_rejects(root, value, message):
+    if isinstance(value, str):
+        value = value.format(root=root.path)
+    with pytest.raises(PayloadPathError, match=message) as info:
+        root.version_dir(value)
+    assert repr(value) in str(info.value)  # the error names the offending value
+
+
+def test_version_dir_symlink_escape_is_refused(tmp_path, root):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root.path / "v5").symlink_to(outside)
+    with pytest.raises(PayloadPathError, match="leads through the symlink"):
+        root.version_dir("v5")
+
+
+def test_payload_file(root):
+    checked = root.payload_file(f"{root.path}/v2/abc.bin")
+    assert (checked.version, checked.name, checked.path) == (2, "abc.bin", root.path / "v2/abc.bin")
+    assert root.payload_file("v2/abc.bin").path == checked.path
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{root}/v2/../../etc/passwd", "contains '..'"),
+        ("{root}/v2/.hidden", "not a plain file name"),
+        ("{root}/x/abc.bin", "not in a directory named v<digits>"),
+        ("{root}/abc.bin", "is not inside the payload root"),
+        ("/etc/v1/passwd", "is not inside the payload root"),
+        ("v1", "does not have the form <payload root>/v<k>/<name>"),
+    ],
+)
+def test_payload_file_rejects(root, value, message):
+    with pytest.raises(PayloadPathError, match=message):
+        root.payload_file(value.format(root=root.path))
+
+
+def test_payload_file_symlinks_are_refused(tmp_path, root):
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    (root.path / "v1").mkdir()
+    (root.path / "v1" / "a.bin").symlink_to(secret)
+    with pytest.raises(PayloadPathError, match="symlink"):
+        root.payload_file("v1/a.bin")
+    (root.path / "v2").symlink_to(tmp_path)
+    with pytest.raises(PayloadPathError, match="symlink"):
+        root.payload_file("v2/secret")
+    # without the per-file check only the string rules apply (the reader opens with O_NOFOLLOW)
+    assert root.payload_file("v1/a.bin", follow_check=False).name == "a.bin"
+
+
+def test_version_dirs_lists_only_real_version_directories(tmp_path, root):
+    (root.path / "v1").mkdir()
+    (root.path / "v10").mkdir()
+    (root.path / "other").mkdir()
+    (root.path / "v3").write_text("not a dir")
+    (root.path / "v4").symlink_to(tmp_path)
+    assert sorted(root.version_dirs()) == [1, 10]
+    assert os.path.isdir(root.version_dirs()[10])

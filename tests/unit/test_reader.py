@@ -1,0 +1,222 @@
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from payloadrun.codec import PositionedRows, mask_rows_from_csr
+from payloadrun.paths import PayloadPathError, PayloadRoot
+from payloadrun.reader import (
+    PayloadReader,
+    SegmentOverlapError,
+    ShortReadError,
+    read_field,
+)
+from payloadrun.segments import Segment
+from payloadrun.store import PayloadStore
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = tmp_path / "payloads"
+    path.mkdir()
+    return PayloadRoot(path)
+
+
+@pytest.fixture
+def reader(root):
+    with PayloadReader(root, max_workers=4, sleep=lambda _: None) as r:
+        yield r
+
+
+def write(root, version, field, rows, pos):
+    return PayloadStore(root).write(f"v{version}", [PositionedRows(field, rows, pos)])[0]
+
+
+def test_read_exact_range_of_one_segment(root, reader):
+    rows = np.arange(10 * 3 * 2, dtype=np.uint8).reshape(10, 3, 2)
+    seg = write(root, 1, "routed_experts", rows, pos=5)
+    out = reader.read([seg], "routed_experts", 5, 15)
+    assert out.dtype == np.uint8 and out.shape == (10, 3, 2)
+    np.testing.assert_array_equal(out, rows)
+
+
+def test_read_many_files_with_gaps_and_fill(root, reader):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 200, (4, 2, 2)).astype(np.uint8)
+    b = rng.integers(0, 200, (3, 2, 2)).astype(np.uint8)
+    sa = write(root, 1, "routed_experts", a, pos=0)
+    sb = write(root, 2, "routed_experts", b, pos=6)
+    out = reader.read([sb, sa], "routed_experts", 0, 10)
+    expected = np.zeros((10, 2, 2), np.uint8)
+    expected[0:4] = a
+    expected[6:9] = b
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_mask_rows_of_different_widths_are_padded_to_the_widest(root, reader):
+    narrow = mask_rows_from_csr(np.array([1, 2]), np.array([1, 1]))  # width 1
+    wide = mask_rows_from_csr(np.array([3, 4, 5]), np.array([3]))  # width 3
+    s1 = write(root, 1, "sampling_mask", narrow, pos=10)
+    s2 = write(root, 1, "sampling_mask", wide, pos=12)
+    out = reader.read([s1, s2], "sampling_mask", 9, 14)
+    assert out.tolist() == [[-1, -1, -1], [1, -1, -1], [2, -1, -1], [3, 4, 5], [-1, -1, -1]]
+
+
+def test_mixed_uint8_uint16_promotes(root, reader):
+    s1 = write(root, 1, "routed_experts", np.full((2, 1, 1), 7, np.uint8), pos=0)
+    s2 = write(root, 1, "routed_experts", np.full((2, 1, 1), 300, np.uint16), pos=2)
+    out = reader.read([s1, s2], "routed_experts", 0, 4)
+    assert out.dtype == np.uint16 and out.ravel().tolist() == [7, 7, 300, 300]
+
+
+def test_other_fields_are_ignored_and_final_token_row_is_repeated(root, reader):
+    rows = np.arange(6, dtype=np.uint8).reshape(3, 2, 1)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    mask = write(root, 1, "sampling_mask", np.zeros((1, 1), np.int32), pos=3)
+    out = reader.read([seg, seg.final_token(), mask], "routed_experts", 0, 4)
+    np.testing.assert_array_equal(out[3], rows[2])
+
+
+def test_no_segment_needs_shape_and_dtype(reader):
+    with pytest.raises(ValueError, match="no segment of field 'routed_experts' covers"):
+        reader.read([], "routed_experts", 0, 3)
+    out = reader.read([], "sampling_mask", 0, 3, row_shape=(2,), dtype=np.int32)
+    assert out.tolist() == [[-1, -1]] * 3
+
+
+def test_overlapping_segments_are_refused(root, reader):
+    seg = write(root, 1, "routed_experts", np.zeros((4, 1, 1), np.uint8), pos=0)
+    with pytest.raises(SegmentOverlapError, match=r"covers \[0, 4\).*covers \[2, 4\)"):
+        reader.read([seg, seg.clip(2, 4)], "routed_experts", 0, 4)
+
+
+def test_bad_ranges_and_fills(root, reader):
+    seg = write(root, 1, "routed_experts", np.zeros((4, 1, 1), np.uint8), pos=0)
+    with pytest.raises(ValueError, match="reversed"):
+        reader.read([seg], "routed_experts", 3, 1)
+    with pytest.raises(ValueError, match="fill -1 does not fit the output dtype uint8"):
+        reader.read([seg], "routed_experts", 0, 8, fill=-1)
+    with pytest.raises(ValueError, match=r"row_shape \[1\] cannot hold rows of shape \[1, 1\]"):
+        reader.read([seg], "routed_experts", 0, 4, row_shape=(1,))
+
+
+def test_segment_outside_the_root_is_refused(tmp_path, root, reader):
+    outside = tmp_path / "v1"
+    outside.mkdir()
+    (outside / "x.bin").write_bytes(b"\0" * 16)
+    seg = Segment("routed_experts", str(outside / "x.bin"), 0, 0, 1, "uint8", (4,))
+    with pytest.raises(PayloadPathError, match="not inside the payload root"):
+        reader.read([seg], "routed_experts", 0, 1)
+
+
+def test_symlinked_file_is_not_followed(tmp_path, root, reader):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 16)
+    (root.path / "v1").mkdir()
+    (root.path / "v1" / "x.bin").symlink_to(secret)
+    seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        reader.read([seg], "routed_experts", 0, 1)
+
+
+def test_symlinked_version_dir_is_refused(tmp_path, root, reader):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.bin").write_bytes(b"s" * 16)
+    (root.path / "v1").symlink_to(tmp_path / "elsewhere")
+    seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
+    with pytest.raises(PayloadPathError, match="symlink"):
+        reader.read([seg], "routed_experts", 0, 1)
+
+
+def test_file_that_stays_short_raises_with_the_numbers(root):
+    (root.path / "v1").mkdir()
+    path = root.path / "v1" / "short.bin"
+    path.write_bytes(b"\1" * 10)
+    seg = Segment("routed_experts", str(path), 4, 0, 2, "uint8", (4,))
+    sleeps = []
+    with PayloadReader(root, sleep=sleeps.append) as reader, pytest.raises(ShortReadError) as info:
+        reader.read([seg], "routed_experts", 0, 2)
+    err = info.value
+    assert (err.file, err.offset, err.expected, err.received) == (str(path), 4, 8, 6)
+    assert "offset 4 expected 8 bytes" in str(err) and "gave 6 bytes" in str(err)
+    assert sleeps == [0.1, 0.2, 0.4, 0.8]
+
+
+def test_missing_file_raises_after_retries(root):
+    seg = Segment("routed_experts", "v1/gone.bin", 0, 0, 2, "uint8", (4,))
+    with PayloadReader(root, sleep=lambda _: None) as reader, pytest.raises(ShortReadError) as info:
+        reader.read([seg], "routed_experts", 0, 2)
+    assert "was missing" in str(info.value) and info.value.received == 0
+
+
+def test_short_read_completed_by_another_thread_while_retrying(root):
+    """A writer on another node finishes the file while the reader backs off."""
+    rows = np.arange(64 * 4, dtype=np.uint8).reshape(64, 4)
+    data = rows.tobytes()
+    (root.path / "v1").mkdir()
+    path = root.path / "v1" / "late.bin"
+    path.write_bytes(data[:100])
+    seg = Segment("routed_experts", str(path), 0, 0, 64, "uint8", (4,))
+    finished = threading.Event()
+
+    def complete_later():
+        with open(path, "ab") as f:
+            f.write(data[100:])
+        finished.set()
+
+    def sleep(seconds):
+        # the first backoff lets the "remote writer" finish, in its own thread
+        if not finished.is_set():
+            t = threading.Thread(target=complete_later)
+            t.start()
+            t.join()
+
+    with PayloadReader(root, sleep=sleep) as reader:
+        out = reader.read([seg], "routed_experts", 0, 64)
+    assert finished.is_set()
+    np.testing.assert_array_equal(out, rows)
+
+
+def test_short_read_real_backoff_with_concurrent_writer(root):
+    """The same with the real sleep: the writer thread races the reader's 0.1 s backoff."""
+    rows = np.arange(1000 * 8, dtype=np.uint16).reshape(1000, 8)
+    data = rows.tobytes()
+    (root.path / "v2").mkdir()
+    path = root.path / "v2" / "racing.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, data[: len(data) // 3])
+    timer = threading.Timer(0.05, lambda: (os.write(fd, data[len(data) // 3 :]), os.close(fd)))
+    timer.start()
+    seg = Segment("routed_experts", str(path), 0, 0, 1000, "uint16", (8,))
+    with PayloadReader(root) as reader:
+        out = reader.read([seg], "routed_experts", 0, 1000)
+    timer.join()
+    np.testing.assert_array_equal(out, rows)
+
+
+def test_read_field_one_off(root):
+    seg = write(root, 1, "routed_experts", np.ones((2, 1, 1), np.uint8), pos=0)
+    assert read_field([seg], "routed_experts", 0, 2, root=root.path).sum() == 2
+
+
+def test_many_files_read_concurrently(root):
+    rng = np.random.default_rng(5)
+    expected = rng.integers(0, 256, (300, 6, 2)).astype(np.uint8)
+    segs = [write(root, i % 3, "routed_experts", expected[i : i + 1], pos=i) for i in range(300)]
+    with PayloadReader(root, max_workers=8) as reader:
+        out = reader.read(segs[::-1], "routed_experts", 0, 300)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.torch
+def test_torch_output_shares_memory(root):
+    torch = pytest.importorskip("torch")
+    rows = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    with PayloadReader(root) as reader:
+        out = reader.read([seg], "routed_experts", 0, 3, as_torch=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.uint8
+    assert out.numpy().tolist() == rows.tolist()
+    out.numpy()[0, 0, 0] = 99  # same memory: no copy was made
+    assert out[0, 0, 0].item() == 99

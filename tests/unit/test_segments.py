@@ -1,0 +1,162 @@
+import json
+
+import numpy as np
+import pytest
+
+from payloadrun.segments import (
+    Segment,
+    SegmentError,
+    clip_all,
+    files_of,
+    segments_from_json,
+    segments_to_json,
+)
+
+
+def routing(pos=10, rows=5, offset=100, file="/root/v1/a.bin"):
+    return Segment("routed_experts", file, offset, pos, rows, "uint8", (48, 8))
+
+
+def test_end_and_row_bytes():
+    seg = routing()
+    assert seg.end == 15
+    assert seg.row_bytes == 48 * 8
+    assert seg.nbytes == 5 * 48 * 8
+    mask = Segment("sampling_mask", "f", 0, 0, 3, "int32", (7,))
+    assert mask.row_bytes == 28
+
+
+def test_clip_moves_offset_by_rows_skipped():
+    seg = routing()
+    clipped = seg.clip(12, 14)
+    assert (clipped.pos, clipped.rows, clipped.offset) == (12, 2, 100 + 2 * 384)
+    assert clipped.file == seg.file and clipped.shape == seg.shape
+
+
+def test_clip_wider_than_segment_returns_the_same_segment():
+    seg = routing()
+    assert seg.clip(0, 1000) is seg
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 10), (15, 20), (12, 12), (14, 11)])
+def test_clip_outside_is_none(lo, hi):
+    assert routing().clip(lo, hi) is None
+
+
+def test_shift_moves_pos_only():
+    seg = routing().shift(-10)
+    assert (seg.pos, seg.offset, seg.rows) == (0, 100, 5)
+    with pytest.raises(SegmentError, match="negative"):
+        routing().shift(-11)
+
+
+def test_final_token_points_at_previous_row():
+    seg = routing()
+    final = seg.final_token()
+    assert (final.pos, final.rows) == (15, 1)
+    assert final.offset == 100 + 4 * 384
+    with pytest.raises(SegmentError, match="empty segment"):
+        Segment("routed_experts", "f", 0, 3, 0, "uint8", (1,)).final_token()
+
+
+def test_json_round_trip_uses_prime_rl_names():
+    seg = routing()
+    obj = seg.to_json()
+    assert list(obj) == ["field", "file", "offset", "pos", "rows", "dtype", "shape"]
+    assert obj["shape"] == [48, 8]
+    again = segments_from_json(json.loads(json.dumps(segments_to_json([seg]))))
+    assert again == [seg]
+
+
+def test_numpy_integers_are_accepted_as_python_ints():
+    seg = Segment("routed_experts", "f", np.int64(3), np.int32(4), np.uint8(2), "uint8", [1, 2])
+    assert type(seg.offset) is int and seg.shape == (1, 2)
+    assert hash(seg) == hash(Segment("routed_experts", "f", 3, 4, 2, "uint8", (1, 2)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtype": "complex64"}, "dtype 'complex64' is not supported"),
+        ({"offset": -1}, "offset must be an integer >= 0, got -1"),
+        ({"rows": 1.5}, "rows must be an integer >= 0, got 1.5"),
+        ({"pos": True}, "pos must be an integer >= 0, got True"),
+        ({"shape": (48, -8)}, r"shape must be non-negative integers, got \[48, -8\]"),
+        ({"field": ""}, "field is empty"),
+    ],
+)
+def test_bad_fields_are_named(kwargs, message):
+    args = {
+        "field": "routed_experts",
+        "file": "f",
+        "offset": 0,
+        "pos": 0,
+        "rows": 1,
+        "dtype": "uint8",
+        "shape": (2,),
+    }
+    args.update(kwargs)
+    with pytest.raises(SegmentError, match=message):
+        Segment(**args)
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        ("x", "must be a JSON object"),
+        ({"field": "r"}, "lacks file, offset, pos, rows, dtype, shape"),
+        (
+            {
+                "field": "r",
+                "file": 3,
+                "offset": 0,
+                "pos": 0,
+                "rows": 1,
+                "dtype": "uint8",
+                "shape": [],
+            },
+            "file must be a string, got 3",
+        ),
+        (
+            {
+                "field": "r",
+                "file": "f",
+                "offset": 0,
+                "pos": 0,
+                "rows": 1,
+                "dtype": "uint8",
+                "shape": 3,
+            },
+            "shape must be a list",
+        ),
+        (
+            {
+                "field": "r",
+                "file": "f",
+                "offset": 0,
+                "pos": 0,
+                "rows": 1,
+                "dtype": "uint8",
+                "shape": ["8"],
+            },
+            "shape must be non-negative integers",
+        ),
+    ],
+)
+def test_bad_json_is_named(obj, message):
+    with pytest.raises(SegmentError, match=message):
+        Segment.from_json(obj)
+
+
+def test_segments_from_json_needs_a_list():
+    with pytest.raises(SegmentError, match="payload must be a list"):
+        segments_from_json({"field": "x"})
+
+
+def test_clip_all_and_files_of():
+    a = routing(pos=0, rows=4, file="a")
+    b = routing(pos=4, rows=4, file="b")
+    c = routing(pos=8, rows=4, file="a")
+    assert [s.pos for s in clip_all([a, b, c], 3, 9)] == [3, 4, 8]
+    assert clip_all([a, b, c], 20, 30) == []
+    assert files_of([a, b, c]) == ["a", "b"]
