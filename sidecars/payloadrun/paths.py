@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-_VERSION_DIR = re.compile(r"v([0-9]{1,18})")
+_VERSION_DIR = re.compile(r"v(0|[1-9][0-9]{0,17})")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 

@@ -133,13 +133,16 @@ class PayloadReader:
         fill: int | float | None = None,
         row_shape: Sequence[int] | None = None,
         dtype: Any = None,
+        out: np.ndarray | None = None,
         as_torch: bool = False,
     ) -> Any:
         """Rows of ``field`` for token positions ``[lo, hi)``: ``out[i]`` is position ``lo + i``.
 
         The row shape is the widest of the segments' (or ``row_shape``), the dtype theirs (or
         ``dtype``); cells no segment covers hold ``fill`` (by default 0 for routing, -1 for
-        masks). With ``as_torch`` the result is a torch tensor sharing the array's memory.
+        masks). ``out`` is a C-contiguous array of that shape and dtype to read into (a buffer
+        reused across micro-batches saves the page faults of a new one). With ``as_torch`` the
+        result is a torch tensor sharing the array's memory.
         """
         if hi < lo:
             raise ValueError(f"read range [{lo}, {hi}) is reversed")
@@ -158,10 +161,15 @@ class PayloadReader:
         tiled = _check_no_overlap(chosen)
         covered = sum(s.rows for s in chosen) == hi - lo and tiled
         uniform = all(s.shape == shape for s in chosen)
-        if covered and uniform:
+        if out is None:
             out = np.empty((hi - lo, *shape), dtype=out_dtype)
-        else:
-            out = np.full((hi - lo, *shape), fill, dtype=out_dtype)
+        elif out.shape != (hi - lo, *shape) or out.dtype != out_dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"out must be a C-contiguous {out_dtype} array of shape {(hi - lo, *shape)}, got "
+                f"{out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not contiguous)'}"
+            )
+        if not (covered and uniform):
+            out.fill(fill)
         self._read_into(out, chosen, lo)
         if as_torch:
             import torch

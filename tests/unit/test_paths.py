@@ -20,7 +20,8 @@ def root(tmp_path):
 def test_version_dir_names():
     assert version_dir_name(7) == "v7"
     assert parse_version_dir_name("v7") == 7
-    assert parse_version_dir_name("v0012") == 12
+    assert parse_version_dir_name("v0") == 0
+    assert parse_version_dir_name("v0012") is None  # one name per version: no leading zeros
     for bad in ("v", "7", "v-1", "v1a", "V1", "v1 ", "v" + "9" * 19):
         assert parse_version_dir_name(bad) is None
     with pytest.raises(PayloadPathError):

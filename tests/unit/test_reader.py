@@ -220,3 +220,15 @@ def test_torch_output_shares_memory(root):
     assert out.numpy().tolist() == rows.tolist()
     out.numpy()[0, 0, 0] = 99  # same memory: no copy was made
     assert out[0, 0, 0].item() == 99
+
+
+def test_read_into_a_reused_buffer(root, reader):
+    a = write(root, 1, "routed_experts", np.full((2, 1, 1), 5, np.uint8), pos=0)
+    buf = np.full((4, 1, 1), 9, np.uint8)
+    got = reader.read([a], "routed_experts", 0, 4, out=buf)
+    assert got is buf
+    assert buf.ravel().tolist() == [5, 5, 0, 0]  # uncovered rows are filled, not left stale
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous uint8 array of shape \(4, 1, 1\)"):
+        reader.read([a], "routed_experts", 0, 4, out=np.empty((4, 1, 2), np.uint8)[:, :, :1])
+    with pytest.raises(ValueError, match="got int32"):
+        reader.read([a], "routed_experts", 0, 4, out=np.empty((4, 1, 1), np.int32))
