@@ -1,4 +1,4 @@
-"""Data-plane benchmark: the store and the reader against raw I/O of the same bytes, same disk, same run.
+"""Data-plane benchmark: the store and the reader against raw I/O of the same bytes, same run.
 
 Writes: ``PayloadStore.write`` (path checks, O_EXCL create, write, fsync, close) against a raw
 ``open/write/fsync/close`` of the same bytes in the same directory, interleaved so both see the
@@ -173,7 +173,8 @@ def bench_small_files(root: Path, files: int, per_call: int, reader: PayloadRead
 def print_table(results: list[dict]) -> None:
     head = (
         f"{'case':<24} {'raw write':>10} {'store':>10} {'ratio':>5} | {'raw pread':>10} "
-        f"{'reader':>10} {'ratio':>5} | {'into a reused buffer: raw':>26} {'reader':>10} {'ratio':>5}"
+        f"{'reader':>10} {'ratio':>5} | {'into a reused buffer: raw':>26} {'reader':>10} "
+        f"{'ratio':>5}"
     )
     print(head)
     print("-" * len(head))

@@ -228,7 +228,8 @@ def test_read_into_a_reused_buffer(root, reader):
     got = reader.read([a], "routed_experts", 0, 4, out=buf)
     assert got is buf
     assert buf.ravel().tolist() == [5, 5, 0, 0]  # uncovered rows are filled, not left stale
-    with pytest.raises(ValueError, match=r"out must be a C-contiguous uint8 array of shape \(4, 1, 1\)"):
+    wanted = r"out must be a C-contiguous uint8 array of shape \(4, 1, 1\)"
+    with pytest.raises(ValueError, match=wanted):
         reader.read([a], "routed_experts", 0, 4, out=np.empty((4, 1, 2), np.uint8)[:, :, :1])
     with pytest.raises(ValueError, match="got int32"):
         reader.read([a], "routed_experts", 0, 4, out=np.empty((4, 1, 1), np.int32))
