@@ -28,6 +28,9 @@ print(hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:1
 PY
 )
 venv=$cache/venv/$key
+# The editable install records the checkout's place and its entry points: redo it (in a second)
+# when either changes.
+stamp="$repo $(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
 
 if [ ! -f "$venv/.complete" ]; then
   log "creating $venv (extras: $extras); the first time this downloads torch and takes minutes"
@@ -36,12 +39,12 @@ if [ ! -f "$venv/.complete" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel >&2
   "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -e "$repo[$extras]" >&2
-  echo "$repo" >"$venv/.source"
+  echo "$stamp" >"$venv/.source"
   touch "$venv/.complete"
   log "ready"
-elif [ "$(cat "$venv/.source" 2>/dev/null)" != "$repo" ]; then
-  log "pointing $venv at this checkout ($repo)"
+elif [ "$(cat "$venv/.source" 2>/dev/null)" != "$stamp" ]; then
+  log "installing this checkout ($repo) into $venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
-  echo "$repo" >"$venv/.source"
+  echo "$stamp" >"$venv/.source"
 fi
 echo "$venv"

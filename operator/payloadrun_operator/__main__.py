@@ -1,0 +1,74 @@
+"""``payloadrun-operator``: run the operator (kopf) with its metrics and health endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kopf
+from prometheus_client import start_http_server
+
+from payloadrun_operator import __version__
+from payloadrun_operator.handlers import Operator, register
+from payloadrun_operator.kube import KubeClient
+from payloadrun_operator.metrics import OperatorMetrics
+from payloadrun_operator.settings import OperatorSettings, SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="payloadrun-operator",
+        description="Reconcile PayloadRun resources: the shared payload volume, the payload mode, "
+        "the inference/orchestrator/trainer workloads and their sidecars. Credentials come from "
+        "the pod's service account, else from KUBECONFIG. Settings come from PAYLOADRUN_* "
+        "environment variables (see docs/operator.md).",
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: PAYLOADRUN_NAMESPACES, else all",
+    )
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address of the metrics and liveness endpoints (127.0.0.1 outside a pod)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every API call")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = OperatorSettings.from_env()
+    except SettingsError as exc:
+        print(f"payloadrun-operator: {exc}", file=sys.stderr)
+        return 2
+    namespaces = tuple(args.namespace) or settings.namespaces
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    op = Operator(settings, KubeClient(), OperatorMetrics())
+    registry = kopf.OperatorRegistry()
+    register(registry, op)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=args.host, registry=op.metrics.registry)
+    liveness = (
+        f"http://{args.host}:{settings.health_port}/healthz" if settings.health_port else None
+    )
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

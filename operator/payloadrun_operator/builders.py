@@ -1,0 +1,463 @@
+"""Pure functions from a PayloadRun to the manifests of its children.
+
+Children: the ReadWriteMany claim (unless the run names an existing one), a ConfigMap with the
+run's effective settings, and three workloads with their Services:
+
+- inference: a StatefulSet of vLLM pods. By handle, the writer sidecar runs beside vLLM (a native
+  sidecar, so it starts first and stops last) and the ``<run>-inference`` Service targets it;
+  inline, the Service targets vLLM itself.
+- orchestrator: a Deployment of one pod. By handle, the retention sidecar runs beside it.
+- trainer: a StatefulSet; by handle it mounts the volume read-only.
+
+Every child carries an owner reference to the run (garbage-collected with it), except a managed
+claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
+same name returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from payloadrun_operator.decisions import (
+    DEFAULT_CLAIM_SIZE,
+    ModeDecision,
+    claim_name,
+    claim_owned_by_run,
+    manages_claim,
+    payload_root,
+)
+from payloadrun_operator.models import (
+    GROUP,
+    KIND,
+    VERSION,
+    EnvVar,
+    PayloadRunSpec,
+    Resources,
+)
+from payloadrun_operator.settings import OperatorSettings
+
+Manifest = dict[str, Any]
+
+VOLUME_NAME = "payloads"
+MANAGER = "payloadrun-operator"
+RUN_LABEL = f"{GROUP}/run"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything the builders need: the run's identity, spec, mode and the operator settings."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: PayloadRunSpec
+    decision: ModeDecision
+    settings: OperatorSettings
+
+    @property
+    def by_handle(self) -> bool:
+        return self.decision.by_handle
+
+    @property
+    def root(self) -> str | None:
+        return payload_root(self.spec, self.namespace, self.name) if self.by_handle else None
+
+    @property
+    def claim(self) -> str | None:
+        return claim_name(self.spec, self.name) if self.by_handle else None
+
+    def child_name(self, component: str) -> str:
+        return f"{self.name}-{component}"
+
+
+# --- shared pieces -------------------------------------------------------------------------------
+
+
+def labels(ctx: RunContext, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "payloadrun",
+        "app.kubernetes.io/instance": ctx.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGER,
+        RUN_LABEL: ctx.name,
+    }
+
+
+def selector(ctx: RunContext, component: str) -> dict[str, str]:
+    return {RUN_LABEL: ctx.name, "app.kubernetes.io/component": component}
+
+
+def owner_reference(ctx: RunContext) -> Manifest:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": ctx.name,
+        "uid": ctx.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(ctx: RunContext, name: str, component: str, *, owned: bool = True) -> Manifest:
+    meta: Manifest = {"name": name, "namespace": ctx.namespace, "labels": labels(ctx, component)}
+    if owned:
+        meta["ownerReferences"] = [owner_reference(ctx)]
+    return meta
+
+
+def env_list(values: dict[str, str | None]) -> list[Manifest]:
+    return [{"name": k, "value": v} for k, v in values.items() if v is not None]
+
+
+def user_env(env: list[EnvVar]) -> list[Manifest]:
+    return [e.model_dump(by_alias=True, exclude_none=True) for e in env]
+
+
+def resources(res: Resources | None, default: dict[str, Any] | None = None) -> Manifest:
+    if res is None:
+        return dict(default or {})
+    return res.model_dump(by_alias=True, exclude_none=True)
+
+
+def sidecar_security_context(ctx: RunContext) -> Manifest:
+    uid = ctx.settings.sidecar_uid
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def run_env(ctx: RunContext) -> dict[str, str | None]:
+    """What every container of the run is told about it (the operator's values win)."""
+    return {
+        "PAYLOADRUN_RUN": ctx.name,
+        "PAYLOADRUN_RUN_ID": ctx.uid,
+        "PAYLOADRUN_PAYLOAD_MODE": str(ctx.decision.mode),
+        "PAYLOAD_ROOT": ctx.root,
+    }
+
+
+def inference_url(ctx: RunContext) -> str:
+    port = ctx.spec.inference.writer.port if ctx.by_handle else ctx.spec.inference.port
+    return f"http://{ctx.child_name('inference')}.{ctx.namespace}.svc:{port}"
+
+
+def retention_url(ctx: RunContext) -> str | None:
+    if not ctx.by_handle:
+        return None
+    return f"http://127.0.0.1:{ctx.spec.orchestrator.retention.port}"
+
+
+def volume(ctx: RunContext) -> Manifest:
+    return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": ctx.claim}}
+
+
+def volume_mount(ctx: RunContext, *, read_only: bool) -> Manifest:
+    return {
+        "name": VOLUME_NAME,
+        "mountPath": ctx.spec.payloads.mount_path,
+        "readOnly": read_only,
+    }
+
+
+def pod_spec(ctx: RunContext, containers: list[Manifest], sidecars: list[Manifest]) -> Manifest:
+    placement = ctx.spec.placement
+    spec: Manifest = {"containers": containers}
+    if sidecars:
+        spec["initContainers"] = sidecars
+    if ctx.by_handle:
+        spec["volumes"] = [volume(ctx)]
+        # The sidecars write and delete as this group; the volume's files stay shared with it.
+        spec["securityContext"] = {
+            "fsGroup": ctx.settings.sidecar_uid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
+    if placement.node_selector:
+        spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        spec["tolerations"] = list(placement.tolerations)
+    if placement.service_account_name:
+        spec["serviceAccountName"] = placement.service_account_name
+    if placement.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s.name} for s in placement.image_pull_secrets]
+    return spec
+
+
+def main_container(
+    name: str,
+    image: str,
+    command: list[str] | None,
+    args: list[str],
+    env: list[EnvVar],
+    res: Resources | None,
+    injected: dict[str, str | None],
+) -> Manifest:
+    container: Manifest = {
+        "name": name,
+        "image": image,
+        "args": list(args),
+        "env": user_env(env) + env_list(injected),
+        "resources": resources(res),
+    }
+    if command:
+        container["command"] = list(command)
+    return container
+
+
+def http_probe(path: str, port: int, period: int = 10) -> Manifest:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5}
+
+
+# --- children ------------------------------------------------------------------------------------
+
+
+def build_claim(ctx: RunContext) -> Manifest | None:
+    """The managed ReadWriteMany claim, or None when the run brings its own (or is inline)."""
+    if not ctx.by_handle or not manages_claim(ctx.spec):
+        return None
+    vol = ctx.spec.payloads.volume
+    spec: Manifest = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": str(vol.size or DEFAULT_CLAIM_SIZE)}},
+    }
+    if vol.storage_class_name:
+        spec["storageClassName"] = vol.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(ctx, ctx.claim, "payloads", owned=claim_owned_by_run(ctx.spec)),
+        "spec": spec,
+    }
+
+
+def effective_settings(ctx: RunContext) -> dict[str, str]:
+    spec = ctx.spec
+    values = {
+        "payloadMode": str(ctx.decision.mode),
+        "payloadModeReason": ctx.decision.reason,
+        "payloadModeMessage": ctx.decision.message,
+        "payloadRoot": ctx.root,
+        "claimName": ctx.claim,
+        "runId": ctx.uid,
+        "resume": str(spec.resume).lower(),
+        "maxOffPolicySteps": str(spec.max_off_policy_steps),
+        "maxSteps": None if spec.max_steps is None else str(spec.max_steps),
+        "routerReplay": str(spec.router_replay).lower(),
+        "samplingMaskCapture": str(spec.sampling_mask_capture).lower(),
+        "inferenceUrl": inference_url(ctx),
+        "retentionUrl": retention_url(ctx),
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def build_config_map(ctx: RunContext) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(ctx, ctx.child_name("settings"), "settings"),
+        "data": effective_settings(ctx),
+    }
+
+
+def writer_container(ctx: RunContext) -> Manifest:
+    inference = ctx.spec.inference
+    writer = inference.writer
+    return {
+        "name": "payload-writer",
+        "image": writer.image or ctx.settings.sidecar_image,
+        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
+        "restartPolicy": "Always",  # a native sidecar: up before vLLM, down after it
+        "args": ["writer", *writer.args],
+        "env": env_list(
+            {
+                "PAYLOADRUN_WRITER_UPSTREAM": f"http://127.0.0.1:{inference.port}",
+                "PAYLOADRUN_WRITER_LISTEN": f"0.0.0.0:{writer.port}",
+                "PAYLOADRUN_WRITER_METRICS_HOST": "0.0.0.0",
+                "PAYLOADRUN_WRITER_METRICS_PORT": str(writer.metrics_port),
+                "PAYLOAD_ROOT": ctx.root,
+            }
+        ),
+        "ports": [
+            {"name": "writer", "containerPort": writer.port},
+            {"name": "writer-metrics", "containerPort": writer.metrics_port},
+        ],
+        "readinessProbe": http_probe("/readyz", writer.port, period=5),
+        "livenessProbe": http_probe("/healthz", writer.port),
+        "resources": resources(writer.resources, ctx.settings.writer_resources),
+        "securityContext": sidecar_security_context(ctx),
+        "volumeMounts": [volume_mount(ctx, read_only=False)],
+    }
+
+
+def retention_container(ctx: RunContext) -> Manifest:
+    spec = ctx.spec
+    retention = spec.orchestrator.retention
+    return {
+        "name": "payload-retention",
+        "image": retention.image or ctx.settings.sidecar_image,
+        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
+        "restartPolicy": "Always",
+        "args": ["retention", *retention.args],
+        "env": env_list(
+            {
+                "PAYLOAD_ROOT": ctx.root,
+                "PAYLOADRUN_RUN_ID": ctx.uid,
+                "PAYLOADRUN_RESUME": str(spec.resume).lower(),
+                "PAYLOADRUN_MAX_OFF_POLICY_STEPS": str(spec.max_off_policy_steps),
+                "PAYLOADRUN_MAX_STEPS": None if spec.max_steps is None else str(spec.max_steps),
+                "PAYLOADRUN_RETENTION_PORT": str(retention.port),
+                "PAYLOADRUN_RETENTION_METRICS_PORT": str(retention.metrics_port),
+                "PAYLOADRUN_RETENTION_WORKERS": str(retention.workers),
+                "PAYLOADRUN_RETENTION_SCAN_INTERVAL": str(retention.scan_interval_seconds),
+            }
+        ),
+        "ports": [{"name": "retention-metrics", "containerPort": retention.metrics_port}],
+        # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
+        "readinessProbe": http_probe("/readyz", retention.metrics_port, period=5),
+        "livenessProbe": http_probe("/healthz", retention.metrics_port),
+        "resources": resources(retention.resources, ctx.settings.retention_resources),
+        "securityContext": sidecar_security_context(ctx),
+        "volumeMounts": [volume_mount(ctx, read_only=False)],
+    }
+
+
+def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(ctx, ctx.child_name(f"{component}-headless"), component),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # peers find each other while starting
+            "selector": selector(ctx, component),
+            "ports": ports,
+        },
+    }
+
+
+def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(ctx, ctx.child_name(component), component),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": ctx.child_name(f"{component}-headless"),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector(ctx, component)},
+            "template": {"metadata": {"labels": labels(ctx, component)}, "spec": pod},
+        },
+    }
+
+
+def build_inference(ctx: RunContext) -> list[Manifest]:
+    inference = ctx.spec.inference
+    vllm = main_container(
+        "vllm",
+        inference.image,
+        inference.command,
+        inference.args,
+        inference.env,
+        inference.resources,
+        {k: v for k, v in run_env(ctx).items() if k != "PAYLOAD_ROOT"},
+    )
+    vllm["ports"] = [{"name": "http", "containerPort": inference.port}]
+    sidecars = [writer_container(ctx)] if ctx.by_handle else []
+    front_port = inference.writer.port if ctx.by_handle else inference.port
+    ports = [{"name": "http", "port": front_port, "targetPort": front_port}]
+    if ctx.by_handle:
+        ports.append(
+            {
+                "name": "writer-metrics",
+                "port": inference.writer.metrics_port,
+                "targetPort": inference.writer.metrics_port,
+            }
+        )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(ctx, ctx.child_name("inference"), "inference"),
+        "spec": {"selector": selector(ctx, "inference"), "ports": ports},
+    }
+    return [
+        headless_service(ctx, "inference", ports),
+        service,
+        stateful_set(ctx, "inference", inference.replicas, pod_spec(ctx, [vllm], sidecars)),
+    ]
+
+
+def build_orchestrator(ctx: RunContext) -> list[Manifest]:
+    spec = ctx.spec
+    orch = spec.orchestrator
+    container = main_container(
+        "orchestrator",
+        orch.image,
+        orch.command,
+        orch.args,
+        orch.env,
+        orch.resources,
+        {
+            **run_env(ctx),
+            "PAYLOADRUN_INFERENCE_URL": inference_url(ctx),
+            "PAYLOADRUN_RETENTION_URL": retention_url(ctx),
+            "PAYLOADRUN_MAX_OFF_POLICY_STEPS": str(spec.max_off_policy_steps),
+            "PAYLOADRUN_MAX_STEPS": None if spec.max_steps is None else str(spec.max_steps),
+        },
+    )
+    sidecars = [retention_container(ctx)] if ctx.by_handle else []
+    component = "orchestrator"
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(ctx, ctx.child_name(component), component),
+            "spec": {
+                "replicas": 1,
+                # Two orchestrators would both drive retention of one root: never overlap them.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": selector(ctx, component)},
+                "template": {
+                    "metadata": {"labels": labels(ctx, component)},
+                    "spec": pod_spec(ctx, [container], sidecars),
+                },
+            },
+        }
+    ]
+
+
+def build_trainer(ctx: RunContext) -> list[Manifest]:
+    trainer = ctx.spec.trainer
+    container = main_container(
+        "trainer",
+        trainer.image,
+        trainer.command,
+        trainer.args,
+        trainer.env,
+        trainer.resources,
+        run_env(ctx),
+    )
+    if ctx.by_handle:
+        container["volumeMounts"] = [volume_mount(ctx, read_only=True)]
+    ports = [{"name": "dist", "port": 29500, "targetPort": 29500}]
+    return [
+        headless_service(ctx, "trainer", ports),
+        stateful_set(ctx, "trainer", trainer.replicas, pod_spec(ctx, [container], [])),
+    ]
+
+
+def build_children(ctx: RunContext) -> list[Manifest]:
+    """Every child, in the order to apply them (the claim before the pods that mount it)."""
+    claim = build_claim(ctx)
+    return [
+        *([claim] if claim else []),
+        build_config_map(ctx),
+        *build_inference(ctx),
+        *build_orchestrator(ctx),
+        *build_trainer(ctx),
+    ]

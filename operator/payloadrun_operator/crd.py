@@ -1,0 +1,199 @@
+"""The PayloadRun CustomResourceDefinition, generated from the pydantic models.
+
+``python -m payloadrun_operator.crd`` prints it; ``crds/`` and the chart hold the printed copy,
+and a test fails when they drift from the models.
+
+Pydantic's JSON schema is turned into a Kubernetes *structural* schema: references inlined,
+``Optional`` unwrapped, ``int | str`` marked ``x-kubernetes-int-or-string``, free-form maps marked
+``x-kubernetes-preserve-unknown-fields``, titles dropped, and ``default: {}`` on optional objects so
+the API server applies their nested defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from payloadrun_operator.models import (
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    NAME_LENGTH_MESSAGE,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    PayloadRunSpec,
+    PayloadRunStatus,
+)
+
+CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
+_DROP = {"title"}
+
+
+def _is_null(schema: dict[str, Any]) -> bool:
+    return schema.get("type") == "null"
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return schema
+
+
+def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema node as a Kubernetes structural schema node."""
+    schema = _resolve(schema, defs)
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if not _is_null(o)]
+        rest = {k: v for k, v in schema.items() if k != "anyOf"}
+        types = {_resolve(o, defs).get("type") for o in options}
+        if types == {"integer", "string"}:
+            return _clean({**rest, "x-kubernetes-int-or-string": True})
+        if len(options) != 1:
+            raise ValueError(f"cannot express {schema} as a structural schema")
+        return structural({**_resolve(options[0], defs), **rest}, defs)
+
+    out = _clean(schema)
+    if out.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+    if "properties" in out:
+        out["type"] = "object"
+        required = set(out.get("required", []))
+        out["properties"] = {
+            name: _without_null_default(
+                _default_empty_object(structural(prop, defs), name in required)
+            )
+            for name, prop in out["properties"].items()
+        }
+        out.pop("additionalProperties", None)
+    elif "additionalProperties" in out:
+        extra = out["additionalProperties"]
+        if extra is True or extra == {}:
+            out.pop("additionalProperties")
+            out["x-kubernetes-preserve-unknown-fields"] = True
+        else:
+            out["additionalProperties"] = structural(extra, defs)
+    if out.get("type") == "array" and "items" in out:
+        out["items"] = structural(out["items"], defs)
+    if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
+        out["type"] = "object"
+    return out
+
+
+def _clean(schema: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in schema.items() if k not in _DROP and k != "$defs"}
+
+
+def _default_empty_object(prop: dict[str, Any], required: bool) -> dict[str, Any]:
+    """``default: {}`` on an optional object whose own fields are all optional."""
+    if (
+        not required
+        and prop.get("type") == "object"
+        and "properties" in prop
+        and not prop.get("required")
+        and "default" not in prop
+    ):
+        return {**prop, "default": {}}
+    return prop
+
+
+def _without_null_default(prop: dict[str, Any]) -> dict[str, Any]:
+    """Optional fields are simply absent: a ``null`` default is not valid in a CRD."""
+    if "default" in prop and prop["default"] is None:
+        return {k: v for k, v in prop.items() if k != "default"}
+    return prop
+
+
+def model_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return structural(raw, raw.get("$defs", {}))
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Mode", "type": "string", "jsonPath": ".status.payloadMode"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Claim", "type": "string", "jsonPath": ".status.claimName"},
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": ".status.payloadModeReason",
+            "priority": 1,
+        },
+        {"name": "Root", "type": "string", "jsonPath": ".status.payloadRoot", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def build_crd() -> dict[str, Any]:
+    spec = model_schema(PayloadRunSpec)
+    spec["description"] = "A multi-node RL run whose per-token payloads may move by handle."
+    status = model_schema(PayloadRunStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["payloadrun"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns(),
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                                    "message": NAME_LENGTH_MESSAGE,
+                                }
+                            ],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_yaml() -> str:
+    """The CRD as YAML, with a header that says where it comes from."""
+    import yaml
+
+    header = (
+        "# Generated by `python -m payloadrun_operator.crd` from payloadrun_operator/models.py.\n"
+        "# Do not edit: change the models and regenerate (a test fails when this file drifts).\n"
+    )
+    return header + yaml.safe_dump(json.loads(json.dumps(build_crd())), sort_keys=False, width=100)
+
+
+def main() -> None:
+    sys.stdout.write(render_yaml())
+
+
+if __name__ == "__main__":
+    main()

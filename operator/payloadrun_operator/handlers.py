@@ -1,0 +1,260 @@
+"""kopf handlers: each validates, builds, applies and reports, and nothing more.
+
+Registered on a registry of their own (no module-level handler state), with the operator's client,
+settings and metrics passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.decisions import decide_payload_mode, validation_errors
+from payloadrun_operator.kube import KubeApiError, KubeClient
+from payloadrun_operator.metrics import OperatorMetrics
+from payloadrun_operator.models import (
+    GROUP,
+    MAX_NAME_LENGTH,
+    NAME_LENGTH_MESSAGE,
+    PLURAL,
+    VERSION,
+    PayloadRunSpec,
+)
+from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.status import (
+    READY,
+    VALIDATED,
+    VOLUME_READY,
+    Check,
+    claim_check,
+    phase,
+    set_condition,
+    transitions,
+    workloads_check,
+)
+
+RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+WORKLOADS = (
+    ("apps/v1", "StatefulSet", "inference"),
+    ("apps/v1", "Deployment", "orchestrator"),
+    ("apps/v1", "StatefulSet", "trainer"),
+)
+SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
+
+
+@dataclass
+class Operator:
+    settings: OperatorSettings
+    client: KubeClient
+    metrics: OperatorMetrics
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def spec_errors(body: kopf.Body | dict[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
+    """The parsed spec, or the reasons it is refused (the same rules the CRD's CEL applies)."""
+    name = body["metadata"]["name"]
+    errors = []
+    if len(name) > MAX_NAME_LENGTH:
+        errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
+    try:
+        spec = PayloadRunSpec.model_validate(dict(body.get("spec") or {}))
+    except ValidationError as exc:
+        details = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        return None, [*errors, details]
+    return spec, errors + validation_errors(spec)
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
+    kopf_settings.persistence.finalizer = f"{GROUP}/finalizer"
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    kopf_settings.watching.server_timeout = settings.watch_server_timeout
+    kopf_settings.watching.client_timeout = settings.watch_client_timeout
+    kopf_settings.watching.inactivity_timeout = settings.watch_inactivity_timeout
+    kopf_settings.watching.connect_timeout = 30
+    kopf_settings.networking.request_timeout = 60
+    kopf_settings.posting.reporting_component = "payloadrun-operator"
+    kopf_settings.peering.standalone = True
+
+
+def report(
+    op: Operator,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    checks: dict[str, Check],
+    fields: dict[str, Any],
+) -> str:
+    """Write the conditions and fields into status, post an event per transition; the phase."""
+    status = body.get("status") or {}
+    before = list(status.get("conditions") or [])
+    generation = body["metadata"].get("generation")
+    now = utc_now()
+    after = before
+    for ctype, check in checks.items():
+        after = set_condition(after, ctype, check, generation=generation, now=now)
+    run_phase = phase(after)
+    changed = transitions(before, after)
+    new_fields = {**fields, "phase": run_phase}
+    if changed or any(status.get(k) != v for k, v in new_fields.items()):
+        for key, value in new_fields.items():
+            patch.status[key] = value
+        patch.status["conditions"] = after
+    for cond in changed:
+        kind = "Normal" if cond["status"] == "True" or cond["type"] == READY else "Warning"
+        kopf.event(
+            body,
+            type=kind,
+            reason=cond["reason"],
+            message=f"{cond['type']} is {cond['status']}: {cond['message']}",
+        )
+    meta = body["metadata"]
+    mode = fields.get("payloadMode") or status.get("payloadMode") or "Unknown"
+    op.metrics.observe_run(meta["namespace"], meta["name"], run_phase, mode)
+    return run_phase
+
+
+async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
+    started = time.perf_counter()
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    spec, errors = spec_errors(body)
+    if errors:
+        message = "; ".join(errors)
+        logger.warning("rejected: %s", message)
+        report(
+            op,
+            body,
+            patch,
+            {VALIDATED: Check(False, "InvalidSpec", message)},
+            {"observedGeneration": generation},
+        )
+        op.metrics.reconciles.labels("rejected").inc()
+        return
+    assert spec is not None
+    decision = decide_payload_mode(spec)
+    ctx = RunContext(meta["name"], meta["namespace"], meta["uid"], spec, decision, op.settings)
+    applied: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        for child in build_children(ctx):
+            applied[(child["kind"], child["metadata"]["name"])] = await op.client.apply(child)
+    except KubeApiError as exc:
+        op.metrics.reconciles.labels("error").inc()
+        report(
+            op,
+            body,
+            patch,
+            {
+                VALIDATED: SPEC_VALID,
+                READY: Check(False, "ApplyFailed", str(exc)),
+            },
+            {"observedGeneration": generation},
+        )
+        raise kopf.TemporaryError(f"{exc}; retrying", delay=15) from exc
+    claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
+    if ctx.claim and claim is None:  # a claim the run brings: read it
+        claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
+    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
+    report(
+        op,
+        body,
+        patch,
+        {
+            VALIDATED: SPEC_VALID,
+            VOLUME_READY: claim_check(claim, ctx.claim),
+            READY: workloads_check(workloads),
+        },
+        {
+            "observedGeneration": generation,
+            "payloadMode": str(decision.mode),
+            "payloadModeReason": decision.reason,
+            "payloadModeMessage": decision.message,
+            "payloadRoot": ctx.root,
+            "claimName": ctx.claim,
+        },
+    )
+    op.metrics.reconciles.labels("applied").inc()
+    op.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+    logger.info(
+        "applied %d children, payloads %s (%s)", len(applied), decision.mode, decision.reason
+    )
+
+
+async def refresh_readiness(op: Operator, body: kopf.Body, patch: kopf.Patch) -> None:
+    """Follow the claim's binding and the workloads' readiness after the reconcile."""
+    status = body.get("status") or {}
+    meta = body["metadata"]
+    if status.get("observedGeneration") != meta.get("generation") or status.get("phase") in (
+        None,
+        "Rejected",
+    ):
+        return  # a reconcile is pending or the spec is refused: nothing to follow
+    namespace, name = meta["namespace"], meta["name"]
+    claim_name = status.get("claimName")
+    claim = None
+    if claim_name:
+        claim = await op.client.get("v1", "PersistentVolumeClaim", namespace, claim_name)
+    workloads = [
+        await op.client.get(api, kind, namespace, f"{name}-{component}")
+        for api, kind, component in WORKLOADS
+    ]
+    report(
+        op,
+        body,
+        patch,
+        {VOLUME_READY: claim_check(claim, claim_name), READY: workloads_check(workloads)},
+        {},
+    )
+
+
+def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
+    """Attach the operator's handlers to ``registry``."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, op.settings)
+
+    @kopf.on.login(registry=registry)
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        if info is None:
+            raise kopf.LoginError(
+                "no credentials: run in a pod with a service account, or set KUBECONFIG"
+            )
+        op.client.login(info)
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await op.client.close()
+
+    @kopf.on.resume(**RESOURCE, registry=registry)
+    @kopf.on.create(**RESOURCE, registry=registry)
+    @kopf.on.update(**RESOURCE, registry=registry)
+    async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        await reconcile(op, body, patch, logger)
+
+    @kopf.timer(
+        **RESOURCE,
+        interval=op.settings.readiness_check_seconds,
+        initial_delay=op.settings.readiness_check_seconds,
+        registry=registry,
+    )
+    async def follow_readiness(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await refresh_readiness(op, body, patch)
+
+    @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
+    def forget(namespace: str, name: str, **_: Any) -> None:
+        op.metrics.forget_run(namespace, name)

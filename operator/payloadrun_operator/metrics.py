@@ -1,0 +1,51 @@
+"""The operator's Prometheus metrics (kopf exports none of its own)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+RESULTS = ("applied", "rejected", "error")
+
+
+class OperatorMetrics:
+    """One registry per operator instance, so tests can run several in one process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.reconciles = Counter(
+            "payloadrun_operator_reconciles",
+            "PayloadRun reconciliations by result (applied, rejected, error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "payloadrun_operator_reconcile_duration_seconds",
+            "Time to validate, build and apply one PayloadRun's children.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.runs = Gauge(
+            "payloadrun_operator_runs",
+            "PayloadRuns this operator handles, by phase and payload mode.",
+            ["phase", "mode"],
+            registry=self.registry,
+        )
+        self._run_labels: dict[tuple[str, str], tuple[str, str]] = {}
+        for result in RESULTS:
+            self.reconciles.labels(result)
+
+    def observe_run(self, namespace: str, name: str, phase: str, mode: str) -> None:
+        """Record a run's phase and mode (it leaves its previous label pair)."""
+        key = (namespace, name)
+        old = self._run_labels.get(key)
+        if old == (phase, mode):
+            return
+        if old is not None:
+            self.runs.labels(*old).dec()
+        self.runs.labels(phase, mode).inc()
+        self._run_labels[key] = (phase, mode)
+
+    def forget_run(self, namespace: str, name: str) -> None:
+        old = self._run_labels.pop((namespace, name), None)
+        if old is not None:
+            self.runs.labels(*old).dec()

@@ -1,0 +1,125 @@
+"""Pure functions for the run's status: conditions, readiness of children, phase."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+VALIDATED = "Validated"
+VOLUME_READY = "VolumeReady"
+READY = "Ready"
+
+PHASE_REJECTED = "Rejected"
+PHASE_PROVISIONING = "Provisioning"
+PHASE_RUNNING = "Running"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One condition's verdict: ``True``/``False`` with a CamelCase reason and a message."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
+def set_condition(
+    conditions: Iterable[dict[str, Any]],
+    ctype: str,
+    check: Check,
+    *,
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``ctype`` set; its transition time moves only when its status does."""
+    status = "True" if check.ok else "False"
+    out = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") != ctype:
+            out.append(dict(cond))
+            continue
+        found = True
+        since = cond.get("lastTransitionTime") if cond.get("status") == status else now
+        out.append(_condition(ctype, status, check, generation, since or now))
+    if not found:
+        out.append(_condition(ctype, status, check, generation, now))
+    return out
+
+
+def _condition(
+    ctype: str, status: str, check: Check, generation: int | None, since: str
+) -> dict[str, Any]:
+    cond = {
+        "type": ctype,
+        "status": status,
+        "reason": check.reason,
+        "message": check.message,
+        "lastTransitionTime": since,
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def condition(conditions: Iterable[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == ctype), None)
+
+
+def transitions(
+    before: Iterable[dict[str, Any]], after: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The conditions whose status or reason changed (each deserves an event)."""
+    old = {c["type"]: (c.get("status"), c.get("reason")) for c in before}
+    return [c for c in after if old.get(c["type"]) != (c["status"], c["reason"])]
+
+
+def phase(conditions: Iterable[dict[str, Any]]) -> str:
+    conds = list(conditions)
+    validated = condition(conds, VALIDATED)
+    if validated is not None and validated["status"] == "False":
+        return PHASE_REJECTED
+    ready = condition(conds, READY)
+    if ready is not None and ready["status"] == "True":
+        return PHASE_RUNNING
+    return PHASE_PROVISIONING
+
+
+def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
+    """Is the payload volume usable? ``name`` None means inline mode: no volume needed."""
+    if name is None:
+        return Check(True, "NotNeeded", "payloads move inline: no shared volume")
+    if claim is None:
+        return Check(False, "ClaimMissing", f"PersistentVolumeClaim {name} does not exist yet")
+    claim_phase = claim.get("status", {}).get("phase", "Pending")
+    if claim_phase == "Bound":
+        return Check(True, "ClaimBound", f"PersistentVolumeClaim {name} is bound")
+    return Check(
+        False,
+        f"Claim{claim_phase}",
+        f"PersistentVolumeClaim {name} is {claim_phase}: it needs a ReadWriteMany volume "
+        "(a storage class that provisions one, or a matching PersistentVolume)",
+    )
+
+
+def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
+    """A StatefulSet's or Deployment's readiness, and what it is waiting for."""
+    if obj is None:
+        return False, "not created yet"
+    name = obj["metadata"]["name"]
+    want = obj.get("spec", {}).get("replicas", 1)
+    status = obj.get("status", {})
+    ready = status.get("readyReplicas", 0)
+    current = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
+    if current and ready >= want:
+        return True, f"{name} {ready}/{want} ready"
+    return False, f"{name} {ready}/{want} ready"
+
+
+def workloads_check(workloads: Iterable[dict[str, Any] | None]) -> Check:
+    results = [workload_ready(w) for w in workloads]
+    waiting = [msg for ok, msg in results if not ok]
+    if waiting:
+        return Check(False, "WorkloadsNotReady", "waiting for " + ", ".join(waiting))
+    return Check(True, "WorkloadsReady", ", ".join(msg for _, msg in results))

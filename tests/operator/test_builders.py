@@ -1,0 +1,207 @@
+import pytest
+
+from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.decisions import decide_payload_mode
+from payloadrun_operator.models import PayloadRunSpec
+from payloadrun_operator.settings import OperatorSettings
+
+SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
+
+
+def context(spec_dict, name="run1", namespace="ml"):
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    return RunContext(name, namespace, "uid-123", spec, decide_payload_mode(spec), SETTINGS)
+
+
+def by_kind(children):
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_by_handle_children(spec_dict):
+    children = by_kind(build_children(context(spec_dict)))
+    assert sorted(children) == [
+        ("ConfigMap", "run1-settings"),
+        ("Deployment", "run1-orchestrator"),
+        ("PersistentVolumeClaim", "run1-payloads"),
+        ("Service", "run1-inference"),
+        ("Service", "run1-inference-headless"),
+        ("Service", "run1-trainer-headless"),
+        ("StatefulSet", "run1-inference"),
+        ("StatefulSet", "run1-trainer"),
+    ]
+    for child in children.values():
+        assert child["metadata"]["namespace"] == "ml"
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "payloadrun.dev/v1alpha1",
+            "kind": "PayloadRun",
+            "name": "run1",
+            "uid": "uid-123",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert child["metadata"]["labels"]["payloadrun.dev/run"] == "run1"
+
+
+def test_claim_is_read_write_many(spec_dict):
+    spec_dict["payloads"] = {"volume": {"size": "2Ti", "storageClassName": "nfs"}}
+    claim = by_kind(build_children(context(spec_dict)))[("PersistentVolumeClaim", "run1-payloads")]
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "2Ti"}},
+        "storageClassName": "nfs",
+    }
+
+
+def test_retained_claim_has_no_owner(spec_dict):
+    spec_dict["payloads"] = {"volume": {"deletionPolicy": "Retain"}}
+    claim = by_kind(build_children(context(spec_dict)))[("PersistentVolumeClaim", "run1-payloads")]
+    assert "ownerReferences" not in claim["metadata"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
+
+
+def test_existing_claim_is_used_not_created(spec_dict):
+    spec_dict["payloads"] = {"volume": {"claimName": "team-nfs"}}
+    children = by_kind(build_children(context(spec_dict)))
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in children)
+    pod = children[("StatefulSet", "run1-trainer")]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "payloads", "persistentVolumeClaim": {"claimName": "team-nfs"}}
+    ]
+
+
+def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
+    children = by_kind(build_children(context(spec_dict)))
+    sts = children[("StatefulSet", "run1-inference")]
+    assert sts["spec"]["replicas"] == 2
+    pod = sts["spec"]["template"]["spec"]
+    (vllm,) = pod["containers"]
+    (writer,) = pod["initContainers"]
+    assert vllm["image"] == "vllm/vllm-openai:v0.33.0"
+    assert "volumeMounts" not in vllm  # vLLM itself never touches the volume
+    assert "PAYLOAD_ROOT" not in env_of(vllm)
+    assert writer["restartPolicy"] == "Always" and writer["args"][0] == "writer"
+    assert writer["image"] == "registry.example/payloadrun:test"
+    assert env_of(writer) == {
+        "PAYLOADRUN_WRITER_UPSTREAM": "http://127.0.0.1:8000",
+        "PAYLOADRUN_WRITER_LISTEN": "0.0.0.0:8001",
+        "PAYLOADRUN_WRITER_METRICS_HOST": "0.0.0.0",
+        "PAYLOADRUN_WRITER_METRICS_PORT": "9401",
+        "PAYLOAD_ROOT": "/payloads/ml/run1/payloads",
+    }
+    assert writer["volumeMounts"] == [
+        {"name": "payloads", "mountPath": "/payloads", "readOnly": False}
+    ]
+    security = writer["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert writer["resources"] == SETTINGS.writer_resources
+    service = children[("Service", "run1-inference")]
+    assert service["spec"]["ports"][0]["targetPort"] == 8001
+    assert service["spec"]["selector"] == {
+        "payloadrun.dev/run": "run1",
+        "app.kubernetes.io/component": "inference",
+    }
+
+
+def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
+    spec_dict["maxSteps"] = 100
+    spec_dict["orchestrator"]["env"] = [{"name": "USER_VAR", "value": "1"}]
+    children = by_kind(build_children(context(spec_dict)))
+    deploy = children[("Deployment", "run1-orchestrator")]
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    (orch,) = pod["containers"]
+    (retention,) = pod["initContainers"]
+    env = env_of(orch)
+    assert env["USER_VAR"] == "1"
+    assert env["PAYLOAD_ROOT"] == "/payloads/ml/run1/payloads"
+    assert env["PAYLOADRUN_RETENTION_URL"] == "http://127.0.0.1:8002"
+    assert env["PAYLOADRUN_INFERENCE_URL"] == "http://run1-inference.ml.svc:8001"
+    assert env["PAYLOADRUN_RUN_ID"] == "uid-123"
+    assert env["PAYLOADRUN_MAX_STEPS"] == "100"
+    assert "volumeMounts" not in orch
+    renv = env_of(retention)
+    assert renv["PAYLOAD_ROOT"] == "/payloads/ml/run1/payloads"
+    assert renv["PAYLOADRUN_RUN_ID"] == "uid-123"
+    assert renv["PAYLOADRUN_RESUME"] == "false"
+    assert renv["PAYLOADRUN_MAX_OFF_POLICY_STEPS"] == "8"
+    assert retention["readinessProbe"]["httpGet"]["port"] == 9402
+    assert pod["securityContext"]["fsGroup"] == SETTINGS.sidecar_uid
+
+
+def test_trainer_mounts_read_only(spec_dict):
+    children = by_kind(build_children(context(spec_dict)))
+    pod = children[("StatefulSet", "run1-trainer")]["spec"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    assert trainer["volumeMounts"] == [
+        {"name": "payloads", "mountPath": "/payloads", "readOnly": True}
+    ]
+    assert env_of(trainer)["PAYLOAD_ROOT"] == "/payloads/ml/run1/payloads"
+    assert "initContainers" not in pod
+
+
+def test_inline_mode_adds_no_sidecar_and_no_volume(spec_dict):
+    spec_dict["deploymentType"] = "SingleNode"
+    children = build_children(context(spec_dict))
+    kinds = by_kind(children)
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in kinds)
+    for child in children:
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            pod = child["spec"]["template"]["spec"]
+            assert "initContainers" not in pod and "volumes" not in pod
+            for container in pod["containers"]:
+                assert "PAYLOAD_ROOT" not in env_of(container)
+                assert env_of(container)["PAYLOADRUN_PAYLOAD_MODE"] == "Inline"
+    service = kinds[("Service", "run1-inference")]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [8000]
+    config = kinds[("ConfigMap", "run1-settings")]["data"]
+    assert config["payloadMode"] == "Inline" and config["payloadModeReason"] == "SingleNode"
+    assert "payloadRoot" not in config and "retentionUrl" not in config
+
+
+def test_placement_applies_to_every_pod(spec_dict):
+    spec_dict["placement"] = {
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "serviceAccountName": "rl",
+        "imagePullSecrets": [{"name": "regcred"}],
+    }
+    for child in build_children(context(spec_dict)):
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            pod = child["spec"]["template"]["spec"]
+            assert pod["nodeSelector"] == {"pool": "gpu"}
+            assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert pod["serviceAccountName"] == "rl"
+            assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_overrides(spec_dict):
+    spec_dict["inference"]["writer"] = {
+        "image": "mine/writer:2",
+        "port": 9000,
+        "args": ["--workers", "4"],
+    }
+    spec_dict["inference"]["command"] = ["vllm", "serve"]
+    spec_dict["inference"]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
+    children = by_kind(build_children(context(spec_dict)))
+    pod = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
+    writer = pod["initContainers"][0]
+    assert writer["image"] == "mine/writer:2" and writer["args"] == ["writer", "--workers", "4"]
+    assert env_of(writer)["PAYLOADRUN_WRITER_LISTEN"] == "0.0.0.0:9000"
+    assert pod["containers"][0]["command"] == ["vllm", "serve"]
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 40])
+def test_child_names_are_valid_dns_labels(spec_dict, name):
+    import re
+
+    for child in build_children(context(spec_dict, name=name)):
+        child_name = child["metadata"]["name"]
+        assert len(child_name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", child_name)
