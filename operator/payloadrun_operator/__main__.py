@@ -50,13 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     namespaces = tuple(args.namespace) or settings.namespaces
 
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL, log_prefix=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     op = Operator(settings, KubeClient(), OperatorMetrics())
     registry = kopf.OperatorRegistry()
     register(registry, op)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr=args.host, registry=op.metrics.registry)
+        try:
+            start_http_server(settings.metrics_port, addr=args.host, registry=op.metrics.registry)
+        except OSError as exc:
+            print(
+                f"payloadrun-operator: cannot serve metrics on {args.host}:"
+                f"{settings.metrics_port} ({exc.strerror}): set PAYLOADRUN_METRICS_PORT to a "
+                "free port, or 0 to turn metrics off",
+                file=sys.stderr,
+            )
+            return 2
     liveness = (
         f"http://{args.host}:{settings.health_port}/healthz" if settings.health_port else None
     )

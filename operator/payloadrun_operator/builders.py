@@ -317,7 +317,7 @@ def retention_container(ctx: RunContext) -> Manifest:
                 "PAYLOADRUN_RETENTION_SCAN_INTERVAL": str(retention.scan_interval_seconds),
             }
         ),
-        "ports": [{"name": "retention-metrics", "containerPort": retention.metrics_port}],
+        "ports": [{"name": "metrics", "containerPort": retention.metrics_port}],
         # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
         "readinessProbe": http_probe("/readyz", retention.metrics_port, period=5),
         "livenessProbe": http_probe("/healthz", retention.metrics_port),

@@ -6,6 +6,7 @@ settings and metrics passed in.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,6 +88,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     kopf_settings.watching.connect_timeout = 30
     kopf_settings.networking.request_timeout = 60
     kopf_settings.posting.reporting_component = "payloadrun-operator"
+    # Events are posted for condition transitions; per-handler log lines stay in the log.
+    kopf_settings.posting.level = logging.WARNING
     kopf_settings.peering.standalone = True
 
 
@@ -112,14 +115,15 @@ def report(
         for key, value in new_fields.items():
             patch.status[key] = value
         patch.status["conditions"] = after
-    for cond in changed:
-        kind = "Normal" if cond["status"] == "True" or cond["type"] == READY else "Warning"
-        kopf.event(
-            body,
-            type=kind,
-            reason=cond["reason"],
-            message=f"{cond['type']} is {cond['status']}: {cond['message']}",
-        )
+    changed_types = {c["type"] for c in changed}
+    for ctype, check in checks.items():
+        if ctype in changed_types:
+            kopf.event(
+                body,
+                type="Warning" if check.warning else "Normal",
+                reason=check.reason,
+                message=f"{ctype} is {check.ok}: {check.message}",
+            )
     meta = body["metadata"]
     mode = fields.get("payloadMode") or status.get("payloadMode") or "Unknown"
     op.metrics.observe_run(meta["namespace"], meta["name"], run_phase, mode)
@@ -138,7 +142,7 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
             op,
             body,
             patch,
-            {VALIDATED: Check(False, "InvalidSpec", message)},
+            {VALIDATED: Check(False, "InvalidSpec", message, warning=True)},
             {"observedGeneration": generation},
         )
         op.metrics.reconciles.labels("rejected").inc()
@@ -152,15 +156,13 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
             applied[(child["kind"], child["metadata"]["name"])] = await op.client.apply(child)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
+        # observedGeneration stays behind: the readiness timer waits for a complete reconcile
         report(
             op,
             body,
             patch,
-            {
-                VALIDATED: SPEC_VALID,
-                READY: Check(False, "ApplyFailed", str(exc)),
-            },
-            {"observedGeneration": generation},
+            {VALIDATED: SPEC_VALID, READY: Check(False, "ApplyFailed", str(exc), warning=True)},
+            {},
         )
         raise kopf.TemporaryError(f"{exc}; retrying", delay=15) from exc
     claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
@@ -202,7 +204,7 @@ async def refresh_readiness(op: Operator, body: kopf.Body, patch: kopf.Patch) ->
     ):
         return  # a reconcile is pending or the spec is refused: nothing to follow
     namespace, name = meta["namespace"], meta["name"]
-    claim_name = status.get("claimName")
+    claim_name = status.get("claimName") if status.get("payloadMode") == "ByHandle" else None
     claim = None
     if claim_name:
         claim = await op.client.get("v1", "PersistentVolumeClaim", namespace, claim_name)

@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import ssl
-import tempfile
 from typing import Any
 
 import aiohttp
@@ -52,26 +49,6 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     return f"{path}/{name}" if name else path
 
 
-def ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if info.insecure:
-        return False
-    ca_data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
-    ctx = ssl.create_default_context(cafile=info.ca_path, cadata=ca_data)
-    cert, key = info.certificate_path, info.private_key_path
-    if info.certificate_data and info.private_key_data:
-        # load_cert_chain reads files: write the inline data to a private directory briefly.
-        with tempfile.TemporaryDirectory(prefix="payloadrun-cert-") as tmp:
-            cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
-            for path, data in ((cert, info.certificate_data), (key, info.private_key_data)):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data if isinstance(data, bytes) else data.encode())
-            ctx.load_cert_chain(cert, key)
-    elif cert and key:
-        ctx.load_cert_chain(cert, key)
-    return ctx
-
-
 class KubeClient:
     """Async REST calls with kopf's credentials; call :meth:`login` before use."""
 
@@ -83,18 +60,11 @@ class KubeClient:
 
     def login(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from now on (kopf calls its login handler again on expiry)."""
-        headers = {}
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        auth = None
-        if info.username and info.password:
-            auth = aiohttp.BasicAuth(info.username, info.password)
         old = self._session
         self._server = info.server.rstrip("/")
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl_context(info), limit=32),
-            headers=headers,
-            auth=auth,
+            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=32),
+            headers=info.as_http_headers(),
             timeout=self._timeout,
         )
         if old is not None and not old.closed:

@@ -17,11 +17,16 @@ PHASE_RUNNING = "Running"
 
 @dataclass(frozen=True)
 class Check:
-    """One condition's verdict: ``True``/``False`` with a CamelCase reason and a message."""
+    """One condition's verdict: ``True``/``False`` with a CamelCase reason and a message.
+
+    ``warning`` marks a failure that needs someone's attention (its event is a Warning), as
+    opposed to progress that only has to wait (a claim being bound, pods starting).
+    """
 
     ok: bool
     reason: str
     message: str
+    warning: bool = False
 
 
 def set_condition(
@@ -100,6 +105,7 @@ def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
         f"Claim{claim_phase}",
         f"PersistentVolumeClaim {name} is {claim_phase}: it needs a ReadWriteMany volume "
         "(a storage class that provisions one, or a matching PersistentVolume)",
+        warning=claim_phase == "Lost",
     )
 
 

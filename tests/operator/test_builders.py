@@ -205,3 +205,20 @@ def test_child_names_are_valid_dns_labels(spec_dict, name):
     for child in build_children(context(spec_dict, name=name)):
         child_name = child["metadata"]["name"]
         assert len(child_name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", child_name)
+
+
+def test_port_names_are_iana_service_names(spec_dict):
+    import re
+
+    for child in build_children(context(spec_dict)):
+        pods = []
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            pods.append(child["spec"]["template"]["spec"])
+        for pod in pods:
+            for container in pod["containers"] + pod.get("initContainers", []):
+                for port in container.get("ports", []):
+                    name = port["name"]
+                    assert len(name) <= 15 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+        if child["kind"] == "Service":
+            for port in child["spec"]["ports"]:
+                assert len(port["name"]) <= 15

@@ -1,0 +1,184 @@
+"""Operator benchmark on the local control plane (cluster/build.sh builds it).
+
+Latency: from the create call of a PayloadRun to its status reporting every child applied
+(``observedGeneration`` set, which the operator writes only after the last child), p50 and p95,
+for 50 runs created one at a time and 50 created at once. Baseline, same run: the same children
+server-side applied straight from this process, one run's worth at a time (the API server's own
+share of the work).
+
+Memory: the operator's resident set after the runs, against a process that only imports kopf and
+the official Kubernetes client (where a client-based kopf operator starts).
+
+    python bench/operator.py [--runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+from payloadrun_devcluster import LocalCluster
+from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.decisions import decide_payload_mode
+from payloadrun_operator.local import LocalOperator
+from payloadrun_operator.models import GROUP, PLURAL, VERSION, PayloadRunSpec
+from payloadrun_operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = yaml.safe_load((REPO / "examples/multinode-by-handle.yaml").read_text())
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def client_floor_mib() -> float:
+    """RSS of a Python that imported kopf and the official client, nothing else."""
+    code = (
+        "import kopf, kubernetes, kubernetes.client, kubernetes.config;"
+        "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout) / 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_body(name: str) -> dict:
+    body = copy.deepcopy(EXAMPLE)
+    body["metadata"] = {"name": name}
+    return body
+
+
+def wait_reconciled(custom: client.CustomObjectsApi, ns: str, names: set[str], t0: dict) -> dict:
+    done: dict[str, float] = {}
+    deadline = time.monotonic() + 300
+    while len(done) < len(names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(names) - len(done)} runs not reconciled after 300 s")
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        now = time.monotonic()
+        for item in items:
+            name = item["metadata"]["name"]
+            reported = (item.get("status") or {}).get("observedGeneration") == 1
+            if name in names and name not in done and reported:
+                done[name] = now - t0[name]
+        time.sleep(0.02)
+    return done
+
+
+def make_namespace(core: client.CoreV1Api, name: str) -> str:
+    core.create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def bench_operator(api_client: client.ApiClient, runs: int) -> dict[str, list[float]]:
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    out = {}
+    ns = make_namespace(core, "bench-one-at-a-time")
+    latencies = []
+    for i in range(runs):
+        name = f"run-{i:03d}"
+        t0 = {name: time.monotonic()}
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, run_body(name))
+        latencies += wait_reconciled(custom, ns, {name}, t0).values()
+    out["one at a time"] = latencies
+    ns = make_namespace(core, "bench-all-at-once")
+    t0 = {}
+    for i in range(runs):
+        name = f"run-{i:03d}"
+        t0[name] = time.monotonic()
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, run_body(name))
+    out[f"{runs} at once"] = list(wait_reconciled(custom, ns, set(t0), t0).values())
+    return out
+
+
+def bench_direct_apply(api_client: client.ApiClient, runs: int) -> list[float]:
+    """Server-side apply of one run's children from here: the API server's share."""
+    core = client.CoreV1Api(api_client)
+    ns = make_namespace(core, "bench-direct")
+    spec = PayloadRunSpec.model_validate(EXAMPLE["spec"])
+    settings = OperatorSettings()
+    times = []
+    for i in range(runs):
+        ctx = RunContext(f"run-{i:03d}", ns, f"uid-{i}", spec, decide_payload_mode(spec), settings)
+        t0 = time.monotonic()
+        for child in build_children(ctx):
+            child["metadata"].pop("ownerReferences", None)  # no owner object exists here
+            api_client.call_api(
+                _path(child),
+                "PATCH",
+                query_params=[("fieldManager", "bench"), ("force", "true")],
+                header_params={"Content-Type": "application/apply-patch+yaml"},
+                body=child,
+                response_type="object",
+                _return_http_data_only=True,
+            )
+        times.append(time.monotonic() - t0)
+    return times
+
+
+def _path(manifest: dict) -> str:
+    from payloadrun_operator.kube import object_path
+
+    meta = manifest["metadata"]
+    return object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=50)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="payloadrun-bench-op-") as tmp,
+        LocalCluster(Path(tmp) / "cluster") as cluster,
+    ):
+        print(f"control plane up at {cluster.server}", flush=True)
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"), check=True)
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", check=True)
+        api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        direct = bench_direct_apply(api_client, args.runs)
+        with LocalOperator(cluster.kubeconfig, log_path=Path(tmp) / "operator.log") as op:
+            start_rss = rss_mib(op.pid)
+            results = bench_operator(api_client, args.runs)
+            end_rss = rss_mib(op.pid)
+        floor = client_floor_mib()
+
+    base_p50 = statistics.median(direct)
+    print()
+    print(f"{'apply -> status reported':<28} {'p50':>8} {'p95':>8} {'p95/direct p50':>15}")
+    rows = [("direct SSA of the children", direct, None)]
+    rows += [(f"operator, {label}", values, base_p50) for label, values in results.items()]
+    for label, values, base in rows:
+        p50, p95 = statistics.median(values), percentile(values, 0.95)
+        ratio = f"{p95 / base:>15.1f}" if base else ""
+        print(f"{label:<28} {p50 * 1e3:>6.0f}ms {p95 * 1e3:>6.0f}ms {ratio}")
+    print("goal: p95 <= 2 s")
+    print()
+    print(
+        f"operator RSS at start {start_rss:.0f} MiB, after {2 * args.runs} runs {end_rss:.0f} MiB"
+    )
+    print(f"a process that only imports kopf + the kubernetes client: {floor:.0f} MiB")
+    print(f"ratio operator / client floor: {end_rss / floor:.2f}   (goal: operator <= 100 MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""The operator against the real local control plane: CRD, CEL rules, children, status, GC."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from payloadrun_operator.crd import CRD_FILE, build_crd
+from payloadrun_operator.local import LocalOperator
+from payloadrun_operator.models import GROUP, PLURAL, VERSION
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+CEL_MESSAGE = "the P/D router does not stitch by-handle routing segments"
+
+
+def eventually(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail with the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except ApiException as exc:
+            last = f"{exc.status} {exc.reason}"
+        if last and not isinstance(last, str):
+            return last
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def install_crd(kube_cluster, crd: dict[str, Any]) -> None:
+    result = kube_cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
+    )
+    assert result.returncode == 0, result.stderr
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
+    )
+
+
+@pytest.fixture(scope="module")
+def crd(kube_cluster):
+    result = kube_cluster.kubectl("apply", "--server-side", "-f", str(REPO / CRD_FILE))
+    assert result.returncode == 0, result.stderr
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
+    )
+    return build_crd()
+
+
+@pytest.fixture(scope="module")
+def operator(kube_cluster, crd, tmp_path_factory):
+    op = LocalOperator(
+        kube_cluster.kubeconfig,
+        env={
+            "PAYLOADRUN_READINESS_CHECK_SECONDS": "1",
+            "PAYLOADRUN_SIDECAR_IMAGE": "payloadrun:test",
+        },
+        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+    )
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture(scope="module")
+def api(kube_api_client):
+    return {
+        "custom": client.CustomObjectsApi(kube_api_client),
+        "core": client.CoreV1Api(kube_api_client),
+        "apps": client.AppsV1Api(kube_api_client),
+    }
+
+
+def load_example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def create_run(api, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    return api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def get_run(api, namespace: str, name: str) -> dict[str, Any]:
+    return api["custom"].get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def reconciled(api, namespace: str, name: str, generation: int | None = None):
+    def probe():
+        run = get_run(api, namespace, name)
+        status = run.get("status") or {}
+        want = generation or run["metadata"]["generation"]
+        return run if status.get("observedGeneration") == want and status.get("phase") else None
+
+    return eventually(f"{namespace}/{name} reconciled", probe)
+
+
+def condition(run: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next(c for c in run["status"]["conditions"] if c["type"] == ctype)
+
+
+def children(api, namespace: str, name: str) -> dict[tuple[str, str], Any]:
+    selector = f"payloadrun.dev/run={name}"
+    found = {}
+    for kind, lister in (
+        ("ConfigMap", api["core"].list_namespaced_config_map),
+        ("Service", api["core"].list_namespaced_service),
+        ("PersistentVolumeClaim", api["core"].list_namespaced_persistent_volume_claim),
+        ("StatefulSet", api["apps"].list_namespaced_stateful_set),
+        ("Deployment", api["apps"].list_namespaced_deployment),
+    ):
+        for item in lister(namespace, label_selector=selector).items:
+            found[(kind, item.metadata.name)] = item
+    return found
+
+
+def writes(obj) -> tuple[str, list]:
+    """An object's uid and the times the operator's field manager last wrote it."""
+    ours = [f.time for f in obj.metadata.managed_fields or [] if f.manager == "payloadrun-operator"]
+    assert ours, f"{obj.metadata.name} has no fields managed by the operator"
+    return obj.metadata.uid, ours
+
+
+def env_of(container) -> dict[str, str]:
+    return {e.name: e.value for e in container.env or []}
+
+
+# --- the examples, through kubectl ----------------------------------------------------------------
+
+
+def test_kubectl_apply_of_each_example(kube_cluster, operator, api, namespace):
+    for example in (
+        "multinode-by-handle.yaml",
+        "singlenode-inline.yaml",
+        "disaggregated-inline.yaml",
+    ):
+        result = kube_cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / example))
+        assert result.returncode == 0, f"{example}: {result.stderr}"
+
+    rejected = kube_cluster.kubectl(
+        "apply", "-n", namespace, "-f", str(EXAMPLES / "disaggregated-root-rejected.yaml")
+    )
+    assert rejected.returncode != 0
+    assert CEL_MESSAGE in rejected.stderr
+    assert "pd-with-root" not in kube_cluster.kubectl("get", "prun", "-n", namespace).stdout
+
+    expected = {
+        "qwen3-moe-grpo": ("ByHandle", "MultiNodePerTokenPayloads"),
+        "small-moe-debug": ("Inline", "SingleNode"),
+        "pd-disaggregated": ("Inline", "Disaggregated"),
+    }
+    for name, (mode, reason) in expected.items():
+        run = reconciled(api, namespace, name)
+        assert (run["status"]["payloadMode"], run["status"]["payloadModeReason"]) == (mode, reason)
+        assert condition(run, "Validated")["status"] == "True"
+
+    table = kube_cluster.kubectl("get", "payloadruns", "-n", namespace).stdout
+    assert "MODE" in table and "PHASE" in table and "CLAIM" in table
+    assert "qwen3-moe-grpo-payloads" in table
+
+
+def test_python_client_gets_the_cel_message(operator, api, namespace):
+    body = load_example("disaggregated-root-rejected.yaml")
+    with pytest.raises(ApiException) as info:
+        create_run(api, namespace, body)
+    assert info.value.status == 422
+    assert CEL_MESSAGE in info.value.body
+
+
+def test_claim_name_is_immutable(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    body["spec"]["payloads"]["volume"] = {"claimName": "team-nfs"}
+    create_run(api, namespace, body)
+    patch = {"spec": {"payloads": {"volume": {"claimName": "other"}}}}
+    with pytest.raises(ApiException) as info:
+        api["custom"].patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body["metadata"]["name"], patch
+        )
+    assert "volume.claimName cannot change after creation" in info.value.body
+
+
+# --- children, status, events ---------------------------------------------------------------------
+
+
+def test_by_handle_run_children_status_and_events(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    created = create_run(api, namespace, body)
+    uid = created["metadata"]["uid"]
+    run = reconciled(api, namespace, name)
+    status = run["status"]
+    root = f"/payloads/{namespace}/{name}/payloads"
+    assert status["payloadRoot"] == root
+    assert status["claimName"] == f"{name}-payloads"
+    assert status["phase"] == "Provisioning"
+    assert condition(run, "Validated")["reason"] == "SpecValid"
+    # no provisioner serves the nfs-rwx class here: the claim waits, and the status says so
+    volume = condition(run, "VolumeReady")
+    assert (volume["status"], volume["reason"]) == ("False", "ClaimPending")
+    assert condition(run, "Ready")["status"] == "False"
+
+    kids = children(api, namespace, name)
+    assert {kind for kind, _ in kids} == {
+        "ConfigMap",
+        "Service",
+        "PersistentVolumeClaim",
+        "StatefulSet",
+        "Deployment",
+    }
+    for (kind, child_name), obj in kids.items():
+        refs = obj.metadata.owner_references
+        assert refs and refs[0].uid == uid and refs[0].controller, (kind, child_name)
+
+    claim = kids[("PersistentVolumeClaim", f"{name}-payloads")]
+    assert claim.spec.access_modes == ["ReadWriteMany"]
+    assert claim.spec.storage_class_name == "nfs-rwx"
+
+    inference = kids[("StatefulSet", f"{name}-inference")].spec.template.spec
+    (writer,) = inference.init_containers
+    assert writer.restart_policy == "Always" and writer.image == "payloadrun:test"
+    assert env_of(writer)["PAYLOAD_ROOT"] == root
+    assert writer.security_context.run_as_non_root
+    assert (
+        writer.volume_mounts[0].mount_path == "/payloads" and not writer.volume_mounts[0].read_only
+    )
+    assert inference.containers[0].volume_mounts is None
+
+    orchestrator = kids[("Deployment", f"{name}-orchestrator")].spec.template.spec
+    (retention,) = orchestrator.init_containers
+    assert env_of(retention)["PAYLOADRUN_RUN_ID"] == uid
+    assert env_of(orchestrator.containers[0])["PAYLOADRUN_RETENTION_URL"] == "http://127.0.0.1:8002"
+
+    trainer = kids[("StatefulSet", f"{name}-trainer")].spec.template.spec
+    assert trainer.containers[0].volume_mounts[0].read_only is True
+
+    settings = kids[("ConfigMap", f"{name}-settings")].data
+    assert settings["payloadMode"] == "ByHandle" and settings["payloadRoot"] == root
+
+    def events():
+        items = (
+            api["core"]
+            .list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+            .items
+        )
+        return {e.reason for e in items} >= {"SpecValid", "ClaimPending"} and items
+
+    eventually("events for the condition transitions", events)
+
+
+def test_volume_becomes_ready_when_a_volume_binds(kube_cluster, operator, api, namespace, tmp_path):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    body["spec"]["payloads"]["volume"] = {"size": "10Gi"}  # no storage class: a static PV serves it
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"pv-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "hostPath": {"path": str(tmp_path)},
+            "claimRef": {"namespace": namespace, "name": f"{name}-payloads"},
+        },
+    }
+    api["core"].create_persistent_volume(pv)
+    try:
+
+        def volume_ready():
+            run = get_run(api, namespace, name)
+            return condition(run, "VolumeReady")["status"] == "True" and run
+
+        run = eventually("VolumeReady=True", volume_ready, timeout=60)
+        assert condition(run, "VolumeReady")["reason"] == "ClaimBound"
+    finally:
+        api["core"].delete_persistent_volume(f"pv-{namespace}")
+
+
+def test_inline_run_has_no_volume_and_no_sidecars(operator, api, namespace):
+    body = load_example("singlenode-inline.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    run = reconciled(api, namespace, name)
+    assert condition(run, "VolumeReady")["reason"] == "NotNeeded"
+    assert "claimName" not in run["status"]
+    kids = children(api, namespace, name)
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in kids)
+    for (kind, _), obj in kids.items():
+        if kind in ("StatefulSet", "Deployment"):
+            assert obj.spec.template.spec.init_containers is None
+            assert obj.spec.template.spec.volumes is None
+
+
+def test_spec_update_reconciles(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    api["custom"].patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": {"inference": {"replicas": 3}}}
+    )
+    run = reconciled(api, namespace, name, generation=2)
+    assert run["status"]["observedGeneration"] == 2
+    sts = api["apps"].read_namespaced_stateful_set(f"{name}-inference", namespace)
+    assert sts.spec.replicas == 3
+
+
+def test_operator_restart_creates_no_duplicates(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    before = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
+    marker = f"[{namespace}/{name}] applied"
+    assert operator.log_tail(10_000).count(marker) == 1
+    operator.stop()
+    operator.start()
+    # the resume handler re-applies every child: wait until it has handled this run again
+    eventually("the resume handler", lambda: operator.log_tail(10_000).count(marker) == 2 or None)
+    after = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
+    # the same objects (no duplicate, none re-created), and the operator wrote none of them again:
+    # server-side apply of an unchanged manifest is a no-op
+    assert after == before
+    assert "Traceback" not in operator.log_tail(200)
+
+
+def test_delete_collects_children_and_keeps_a_retained_claim(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    body["spec"]["payloads"]["volume"]["deletionPolicy"] = "Retain"
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    claim = api["core"].read_namespaced_persistent_volume_claim(f"{name}-payloads", namespace)
+    assert not claim.metadata.owner_references
+
+    api["custom"].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def only_claim_left():
+        left = children(api, namespace, name)
+        return set(left) == {("PersistentVolumeClaim", f"{name}-payloads")} and left
+
+    eventually("garbage collection of every child but the retained claim", only_claim_left, 60)
+
+    # the same run returns and adopts the claim by name
+    create_run(api, namespace, copy.deepcopy(body))
+    run = reconciled(api, namespace, name)
+    assert run["status"]["claimName"] == f"{name}-payloads"
+    again = api["core"].read_namespaced_persistent_volume_claim(f"{name}-payloads", namespace)
+    assert again.metadata.uid == claim.metadata.uid
+
+
+def test_deleting_a_run_collects_its_managed_claim(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    api["custom"].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    eventually("every child collected", lambda: not children(api, namespace, name) or None, 60)
+
+
+def test_operator_rejects_what_cel_would_on_a_cluster_without_cel(
+    kube_cluster, operator, api, namespace
+):
+    crd = build_crd()
+    no_cel = json.loads(json.dumps(crd).replace('"x-kubernetes-validations"', '"x-dropped"'))
+
+    # structural schemas prune unknown keys: drop the renamed ones for a valid CRD
+    def strip(node):
+        if isinstance(node, dict):
+            node.pop("x-dropped", None)
+            for value in node.values():
+                strip(value)
+        elif isinstance(node, list):
+            for value in node:
+                strip(value)
+
+    strip(no_cel)
+    install_crd(kube_cluster, no_cel)
+    try:
+        body = load_example("disaggregated-root-rejected.yaml")
+        create_run(api, namespace, body)  # accepted: no CEL now
+        run = reconciled(api, namespace, body["metadata"]["name"])
+        assert run["status"]["phase"] == "Rejected"
+        validated = condition(run, "Validated")
+        assert (validated["status"], validated["reason"]) == ("False", "InvalidSpec")
+        assert CEL_MESSAGE in validated["message"]
+        assert children(api, namespace, body["metadata"]["name"]) == {}
+
+        def warning():
+            items = api["core"].list_namespaced_event(namespace).items
+            return any(e.type == "Warning" and e.reason == "InvalidSpec" for e in items)
+
+        eventually("a warning event", lambda: warning() or None)
+    finally:
+        install_crd(kube_cluster, crd)
+
+
+def test_fifty_runs_at_once_all_reconcile(operator, api, namespace):
+    body = load_example("multinode-by-handle.yaml")
+    names = [f"run-{i:02d}" for i in range(50)]
+    for name in names:
+        run = copy.deepcopy(body)
+        run["metadata"]["name"] = name
+        create_run(api, namespace, run)
+
+    def all_reconciled():
+        items = api["custom"].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+            "items"
+        ]
+        done = [i for i in items if (i.get("status") or {}).get("observedGeneration") == 1]
+        return len(done) == 50 and done
+
+    done = eventually("50 runs reconciled", all_reconciled, timeout=120)
+    assert {r["status"]["payloadMode"] for r in done} == {"ByHandle"}
+    statefulsets = api["apps"].list_namespaced_stateful_set(namespace).items
+    assert len(statefulsets) == 100  # inference and trainer per run, no duplicates
+
+
+def test_operator_metrics(operator, api, namespace):
+    import urllib.request
+
+    body = load_example("singlenode-inline.yaml")
+    create_run(api, namespace, body)
+    reconciled(api, namespace, body["metadata"]["name"])
+    text = urllib.request.urlopen(operator.metrics_url, timeout=5).read().decode()
+    assert 'payloadrun_operator_reconciles_total{result="applied"}' in text
+    assert 'payloadrun_operator_runs{mode="Inline",phase="Provisioning"}' in text
