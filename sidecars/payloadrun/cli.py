@@ -7,7 +7,11 @@ import importlib
 import sys
 
 # Modules with ``register(subparsers)``; each adds one subcommand whose handler is ``args.run``.
-SUBCOMMANDS = ("payloadrun.roundtrip",)
+SUBCOMMANDS = (
+    "payloadrun.roundtrip",
+    "payloadrun.writer.cli",
+    "payloadrun.fakevllm",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

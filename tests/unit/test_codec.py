@@ -187,3 +187,23 @@ def test_decode_sampling_mask_forms():
 def test_decode_sampling_mask_rejects(value, message):
     with pytest.raises(CodecError, match=message):
         decode_sampling_mask(value)
+
+
+@pytest.mark.parametrize("form", [str, bytes, memoryview])
+def test_npy_base64_from_str_or_bytes_spanning_many_slices(form, monkeypatch):
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", 8)
+    arr = (np.arange(5 * 3 * 2) * 7 % 256).astype(np.uint8).reshape(5, 3, 2)
+    text = encode_npy_base64(arr)
+    value = text if form is str else form(text.encode())
+    decoded, start = decode_routed_experts(value)
+    assert start is None
+    np.testing.assert_array_equal(decoded, arr)
+
+
+@pytest.mark.parametrize("bad", ["QUJD=QUJD", "QUJDRA=AQUJD", "QU\nJD"])
+def test_sliced_base64_is_as_strict_as_whole(bad, monkeypatch):
+    with pytest.raises(CodecError, match="not valid base64"):
+        decode_npy_base64(bad)
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", 4)
+    with pytest.raises(CodecError, match="not valid base64"):
+        decode_npy_base64(bad)

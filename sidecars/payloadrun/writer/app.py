@@ -1,0 +1,438 @@
+"""The writer sidecar's HTTP server: a reverse proxy to vLLM on localhost.
+
+Three paths through it:
+
+- **passthrough**: any request that does not name a ``payload_dir``, every streaming request,
+  every other path and method. The body goes to vLLM as sent and vLLM's answer comes back as it
+  arrives, chunk by chunk, status, headers and bytes unchanged.
+- **handle**: a non-streaming generate / completions / chat request that names a valid
+  ``payload_dir``. vLLM's answer is read whole, its inline arrays are written to one payload file
+  (fsynced and closed first) and replaced by segments (see :mod:`payloadrun.writer.transform`).
+- **rejected**: a ``payload_dir`` outside the root, not ``v<digits>``, through ``..``, a
+  percent-encoded character or a symlink: 400, nothing forwarded, nothing written.
+
+Parsing, writing and serializing run on a thread pool (:mod:`payloadrun.writer.rewrite`); the
+event loop only moves bytes. Liveness is ``/healthz``, readiness ``/readyz``; metrics are served
+on their own port so that vLLM's own ``/metrics`` still passes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
+
+from payloadrun.paths import PayloadPathError
+from payloadrun.store import PayloadStore
+from payloadrun.writer.metrics import WriterMetrics
+from payloadrun.writer.rewrite import admit_request, dumps, rewrite_response
+from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
+
+log = logging.getLogger("payloadrun.writer")
+
+T = TypeVar("T")
+
+# Headers that belong to one connection, not to the message (RFC 9110 section 7.6.1), and those
+# aiohttp computes itself from the body it sends.
+_HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+    )
+)
+_REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_DROP = _HOP_BY_HOP | {"content-length"}
+MODE_HEADER = "X-Payloadrun-Mode"
+FALLBACK_HEADER = "X-Payloadrun-Fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class WriterConfig:
+    """Everything the writer is configured with (flags and environment, see ``cli.py``)."""
+
+    upstream: str = "http://127.0.0.1:8000"
+    payload_root: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 1800.0
+    health_timeout: float = 2.0
+    max_request_bytes: int = 256 * 1024 * 1024
+    workers: int = 8
+
+
+class StoreHolder:
+    """The payload store, opened on first use and reopened while the root is missing.
+
+    The root may not be mounted yet when the sidecar starts (or may go away): the writer still
+    serves, sends responses inline, and reports not ready, instead of crash-looping. ``get`` runs
+    on worker threads only (it stats the root, which can hang on a dead NFS mount).
+    """
+
+    def __init__(self, root: str | None) -> None:
+        self.root = root
+        self._store: PayloadStore | None = None
+        self._lock = threading.Lock()
+        self.error = "no payload root configured: set --payload-root or PAYLOAD_ROOT"
+
+    def get(self) -> PayloadStore | None:
+        if self._store is not None or self.root is None:
+            return self._store
+        with self._lock:
+            if self._store is None:
+                try:
+                    self._store = PayloadStore(self.root)
+                except PayloadPathError as exc:
+                    self.error = str(exc)
+        return self._store
+
+
+def probe_root(holder: StoreHolder) -> str | None:
+    """None when a file can be created and deleted in the payload root, else what failed."""
+    store = holder.get()
+    if store is None:
+        return holder.error
+    path = store.root.path / f".payloadrun-writer-probe-{uuid.uuid4().hex}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        os.unlink(path)
+    except OSError as exc:
+        return f"payload root {str(store.root.path)!r} is not writable: {exc}"
+    return None
+
+
+def error_response(status: int, message: str, **extra: Any) -> web.Response:
+    """An error in vLLM's own ``ErrorResponse`` shape, so clients parse it the same way."""
+    kind = {400: "BadRequestError", 502: "BadGatewayError", 504: "GatewayTimeoutError"}
+    error = {"message": message, "type": kind.get(status, "Error"), "param": None, "code": status}
+    error.update(extra)
+    return web.Response(
+        status=status, body=dumps({"error": error}), content_type="application/json"
+    )
+
+
+def _forward_headers(headers: Any, *, drop: frozenset[str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
+        if key.lower() not in drop:
+            out.add(key, value)
+    return out
+
+
+class Writer:
+    """The state one writer app holds: config, store, upstream session, thread pool, metrics."""
+
+    def __init__(self, config: WriterConfig, metrics: WriterMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or WriterMetrics()
+        self.holder = StoreHolder(config.payload_root)
+        self.upstream = URL(config.upstream.rstrip("/"))
+        self.session: aiohttp.ClientSession | None = None
+        self.executor: ThreadPoolExecutor | None = None
+
+    # --- lifecycle ---
+
+    async def start(self, _app: web.Application) -> None:
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.config.workers, thread_name_prefix="payloadrun-writer"
+        )
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                sock_connect=self.config.connect_timeout,
+                sock_read=self.config.read_timeout,
+            ),
+            auto_decompress=False,  # passthrough is byte for byte, compressed or not
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+        )
+        await self.run(self.holder.get)  # open the store now when the root is there
+
+    async def stop(self, _app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work on the writer's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    # --- handlers ---
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"alive": True})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        upstream_problem, root_problem = await asyncio.gather(
+            self._upstream_problem(), self.run(probe_root, self.holder)
+        )
+        ready = upstream_problem is None and root_problem is None
+        body = {
+            "ready": ready,
+            "upstream": upstream_problem or "ok",
+            "payload_root": root_problem or "ok",
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def _upstream_problem(self) -> str | None:
+        assert self.session is not None
+        url = self.upstream / "health"
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
+            async with self.session.get(url, timeout=timeout) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    return f"vLLM at {self.upstream} is not healthy: /health answered {resp.status}"
+        except TimeoutError:
+            return (
+                f"vLLM at {self.upstream} did not answer /health within "
+                f"{self.config.health_timeout} s"
+            )
+        except aiohttp.ClientError as exc:
+            return f"vLLM at {self.upstream} is unreachable: {exc}"
+        return None
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        self.metrics.in_flight.inc()
+        try:
+            return await self._proxy(request)
+        finally:
+            self.metrics.in_flight.dec()
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        endpoint = endpoint_of(request.method, request.path)
+        plan: RequestPlan | None = None
+        if endpoint is not None and body:
+            store = await self.run(self.holder.get)
+            try:
+                plan = await self.run(admit_request, store, endpoint, body)
+            except RequestError as exc:
+                self.metrics.request(Mode.REJECTED, 400)
+                log.warning("refused a request: %s", exc)
+                return error_response(
+                    400, str(exc), param="payload_dir", value=_jsonable(exc.value)
+                )
+        if plan is None or plan.stream:
+            return await self._passthrough(request, body)
+        return await self._by_handle(request, body, plan)
+
+    # --- upstream ---
+
+    def _upstream_url(self, request: web.Request) -> URL:
+        return URL(str(self.upstream) + request.raw_path, encoded=True)
+
+    async def _send_upstream(
+        self, request: web.Request, body: bytes, headers: CIMultiDict[str]
+    ) -> aiohttp.ClientResponse | web.Response:
+        """vLLM's response (headers read), or the 502/504 to send instead."""
+        assert self.session is not None
+        try:
+            return await self.session.request(
+                request.method,
+                self._upstream_url(request),
+                headers=headers,
+                data=body if body else None,
+                allow_redirects=False,
+            )
+        except Exception as exc:  # every failure becomes a clear 502/504
+            return self._upstream_error(exc, "sending the request")
+
+    def _upstream_error(self, exc: BaseException, during: str) -> web.Response:
+        if isinstance(exc, TimeoutError):
+            kind, status = "timeout", 504
+            message = (
+                f"vLLM at {self.upstream} did not answer in time while {during} "
+                f"(connect timeout {self.config.connect_timeout} s, read timeout "
+                f"{self.config.read_timeout} s): check that vLLM is not overloaded or stuck, "
+                "or raise --read-timeout"
+            )
+        elif isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+            kind, status = "unreachable", 502
+            message = (
+                f"vLLM at {self.upstream} is unreachable ({exc}): check that vLLM is running "
+                "and that --upstream names its address"
+            )
+        elif isinstance(exc, aiohttp.ClientError | OSError):
+            kind, status = "broken", 502
+            message = f"vLLM at {self.upstream} failed while {during}: {type(exc).__name__}: {exc}"
+        else:
+            raise exc
+        self.metrics.upstream_failures.labels(kind=kind).inc()
+        self.metrics.request(Mode.PASSTHROUGH, status)
+        log.warning("%s", message)
+        return error_response(status, message)
+
+    async def _passthrough(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        headers = _forward_headers(request.headers, drop=_REQUEST_DROP)
+        upstream = await self._send_upstream(request, body, headers)
+        if isinstance(upstream, web.Response):
+            return upstream
+        async with upstream:
+            return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
+
+    async def _stream_back(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, mode: Mode
+    ) -> web.StreamResponse:
+        """Relay vLLM's response as it arrives; a break mid-body cuts the client connection."""
+        resp = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=_forward_headers(upstream.headers, drop=_RESPONSE_DROP),
+        )
+        chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
+        if upstream.content_length is not None and not chunked:
+            resp.content_length = upstream.content_length
+        await resp.prepare(request)
+        sent = 0
+        try:
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+                sent += len(chunk)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            kind = "timeout" if isinstance(exc, TimeoutError) else "broken"
+            self.metrics.upstream_failures.labels(kind=kind).inc()
+            self.metrics.request(mode, upstream.status)
+            self.metrics.sent(mode, sent)
+            log.warning(
+                "vLLM at %s broke off a response after %d bytes: %r", self.upstream, sent, exc
+            )
+            raise ConnectionResetError(f"upstream broke off: {exc}") from exc
+        await resp.write_eof()
+        self.metrics.request(mode, upstream.status)
+        self.metrics.sent(mode, sent)
+        return resp
+
+    async def _by_handle(
+        self, request: web.Request, body: bytes, plan: RequestPlan
+    ) -> web.StreamResponse:
+        # Ask vLLM for an uncompressed answer: the writer has to read it.
+        headers = _forward_headers(request.headers, drop=_REQUEST_DROP | {"accept-encoding"})
+        upstream = await self._send_upstream(request, body, headers)
+        if isinstance(upstream, web.Response):
+            return upstream
+        async with upstream:
+            encoding = upstream.headers.get("Content-Encoding", "identity").lower()
+            if (
+                upstream.status != 200
+                or upstream.content_type != "application/json"
+                or encoding != "identity"
+            ):
+                # vLLM's errors and anything that is not a JSON completion go back untouched.
+                return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
+            try:
+                raw = await upstream.read()
+            except Exception as exc:
+                return self._upstream_error(exc, "reading the response")
+            response_headers = _forward_headers(
+                upstream.headers, drop=_RESPONSE_DROP | {"content-type"}
+            )
+        store = await self.run(self.holder.get)
+        result = await self.run(rewrite_response, store, plan, raw)
+        m = self.metrics
+        if result.fallback is not None:
+            m.fallbacks.labels(reason=result.fallback).inc()
+            log.warning("payload sent back inline (%s): %s", result.fallback, result.detail)
+            response_headers[FALLBACK_HEADER] = result.fallback
+        if result.write_seconds is not None:
+            m.write_seconds.observe(result.write_seconds)
+        for name, nbytes in result.written.items():
+            if nbytes:
+                m.payload_bytes.labels(field=name).inc(nbytes)
+        if result.mode is Mode.HANDLE:
+            m.inline_bytes_avoided.inc(max(0, len(raw) - len(result.body)))
+        response_headers[MODE_HEADER] = result.mode.value
+        m.request(result.mode, 200)
+        m.sent(result.mode, len(result.body))
+        return web.Response(
+            status=200, body=result.body, headers=response_headers, content_type="application/json"
+        )
+
+
+def _jsonable(value: object) -> Any:
+    return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+
+
+WRITER_KEY = web.AppKey("writer", Writer)
+
+
+def build_app(config: WriterConfig, metrics: WriterMetrics | None = None) -> web.Application:
+    """The proxy app; ``app[WRITER_KEY]`` is its :class:`Writer`."""
+    writer = Writer(config, metrics)
+    app = web.Application(client_max_size=config.max_request_bytes)
+    app[WRITER_KEY] = writer
+    app.on_startup.append(writer.start)
+    app.on_cleanup.append(writer.stop)
+    app.router.add_get("/healthz", writer.healthz)
+    app.router.add_get("/readyz", writer.readyz)
+    app.router.add_route("*", "/{tail:.*}", writer.proxy)
+    return app
+
+
+def build_metrics_app(metrics: WriterMetrics) -> web.Application:
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(metrics.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    return app
+
+
+async def serve(
+    config: WriterConfig,
+    host: str,
+    port: int,
+    metrics_host: str,
+    metrics_port: int,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve the proxy (and metrics, unless ``metrics_port`` is 0) until ``stop`` is set."""
+    metrics = WriterMetrics()
+    runners = [web.AppRunner(build_app(config, metrics), access_log=None)]
+    sites = [(runners[0], host, port)]
+    if metrics_port:
+        runners.append(web.AppRunner(build_metrics_app(metrics), access_log=None))
+        sites.append((runners[1], metrics_host, metrics_port))
+    stop = stop or asyncio.Event()
+    try:
+        for runner, h, p in sites:
+            await runner.setup()
+            await web.TCPSite(runner, h, p).start()
+        log.info(
+            "writer listening on %s:%d, upstream %s, payload root %s, metrics %s",
+            host,
+            port,
+            config.upstream,
+            config.payload_root,
+            f"{metrics_host}:{metrics_port}" if metrics_port else "off",
+        )
+        await stop.wait()
+    finally:
+        for runner in reversed(runners):
+            with contextlib.suppress(Exception):
+                await runner.cleanup()

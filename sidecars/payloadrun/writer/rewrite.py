@@ -1,0 +1,139 @@
+"""The blocking half of the writer: parsing bodies, writing payload files, serializing.
+
+Each function here runs on a worker thread, never on the event loop: a vLLM response with router
+replay is tens of MB of JSON, and parsing it or fsyncing its file would stall every other request
+for that long. They take bytes and return bytes plus what happened, so the loop only moves bytes
+and counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from payloadrun.codec import CodecError
+from payloadrun.paths import PayloadPathError
+from payloadrun.store import PayloadStore, PayloadWriteError
+from payloadrun.writer.inline import cut_routed_experts, restore_into_choices
+from payloadrun.writer.transform import (
+    Endpoint,
+    Mode,
+    RequestError,
+    RequestPlan,
+    apply_segments,
+    may_name_payload_dir,
+    plan_payload,
+    plan_request,
+)
+
+# Why a by-handle response went back inline: the store's reasons plus the writer's own.
+FALLBACK_REASONS = (
+    "no_space",  # ENOSPC / EDQUOT
+    "permission",  # EACCES / EPERM / EROFS
+    "volume_gone",  # the payload root is missing, stale or unmounted
+    "io_error",  # any other write error
+    "bad_payload",  # an inline array could not be decoded or placed
+    "bad_response",  # the upstream body is not a JSON completion
+)
+
+
+def admit_request(
+    store: PayloadStore | None, endpoint: Endpoint, body: bytes
+) -> RequestPlan | None:
+    """The by-handle plan of a request body, None to pass it through.
+
+    Raises :class:`RequestError` when the request names a ``payload_dir`` the writer refuses:
+    not a string, outside the payload root, not ``v<digits>``, through ``..``, a percent-encoded
+    character or a symlink (all checked by ``PayloadRoot.version_dir``). A body that is not JSON
+    passes through: vLLM answers it with its own 400.
+    """
+    if not may_name_payload_dir(body):
+        return None
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    plan = plan_request(endpoint, request)
+    if plan is not None and store is not None:
+        try:
+            store.root.version_dir(plan.payload_dir)
+        except PayloadPathError as exc:
+            raise RequestError(str(exc), plan.payload_dir) from exc
+    return plan
+
+
+@dataclass(slots=True)
+class RewriteResult:
+    """What became of one by-handle response."""
+
+    mode: Mode
+    body: bytes
+    fallback: str | None = None
+    detail: str = ""
+    write_seconds: float | None = None
+    written: dict[str, int] = field(default_factory=dict)
+
+
+def _inline(body: bytes, reason: str, detail: str) -> RewriteResult:
+    return RewriteResult(Mode.INLINE, body, fallback=reason, detail=detail)
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON as vLLM (Starlette's ``JSONResponse``) writes it: compact, UTF-8."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape: keep it escaped
+        return json.dumps(obj, separators=(",", ":")).encode("ascii")
+
+
+def parse_response(body: bytes) -> Any:
+    """The response as JSON, its routed-experts strings left as views into ``body`` when possible.
+
+    See :mod:`payloadrun.writer.inline` for why; the result is the same either way once the
+    codec has decoded the strings.
+    """
+    cut = cut_routed_experts(body)
+    if cut is not None:
+        response = json.loads(cut.skeleton)
+        if restore_into_choices(response, cut.values):
+            return response
+    return json.loads(body)
+
+
+def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: bytes) -> RewriteResult:
+    """Take the inline arrays off a vLLM response, write them, and return the smaller body.
+
+    Whatever goes wrong, the caller gets a body to send: the original one, untouched, with the
+    reason it stayed inline. No response is lost to a full disk or a missing volume.
+    """
+    try:
+        response = parse_response(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _inline(body, "bad_response", f"upstream body is not JSON: {exc}")
+    try:
+        payload = plan_payload(plan, response)
+    except CodecError as exc:
+        return _inline(body, "bad_payload", str(exc))
+    if payload.empty:
+        return RewriteResult(Mode.INLINE, body)
+    if store is None:
+        return _inline(body, "volume_gone", "the payload root is not available")
+    started = time.perf_counter()
+    try:
+        segments = store.write(plan.payload_dir, payload.parts)
+    except PayloadWriteError as exc:
+        return _inline(body, exc.reason, str(exc))
+    except PayloadPathError as exc:  # v<k> was replaced by a symlink since the request came in
+        return _inline(body, "permission", str(exc))
+    except OSError as exc:
+        return _inline(body, "io_error", str(exc))
+    elapsed = time.perf_counter() - started
+    apply_segments(response, payload, segments)
+    return RewriteResult(
+        Mode.HANDLE,
+        dumps(response),
+        write_seconds=elapsed,
+        written=payload.bytes_by_field(),
+    )

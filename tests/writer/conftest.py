@@ -1,0 +1,224 @@
+"""Real servers on 127.0.0.1 for the writer's tests: the fake vLLM and the writer itself.
+
+Each server runs its aiohttp app on its own event loop in a thread, so tests are plain functions
+that talk HTTP through real sockets. Nothing is mocked: the writer writes through the real store
+into a real directory (or a small tmpfs for the disk-full tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client as httpclient
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from aiohttp import web
+
+from payloadrun.fakevllm import FAKE_KEY, FakeConfig
+from payloadrun.fakevllm import build_app as build_fake
+from payloadrun.writer.app import WRITER_KEY, WriterConfig
+from payloadrun.writer.app import build_app as build_writer
+
+CREATED = 1_764_460_800  # fixed, so direct and proxied answers are byte-comparable
+
+
+class ServerThread:
+    """An aiohttp app served on 127.0.0.1 (a free port) from its own loop in a thread."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        runner = web.AppRunner(self.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Reply:
+    """One request over a fresh connection; the raw body and headers of the answer."""
+    parts = urlsplit(url)
+    conn = httpclient.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    hdrs = {"Content-Type": "application/json"} if data is not None else {}
+    hdrs.update(headers or {})
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), data, hdrs)
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def fake() -> Iterator[ServerThread]:
+    server = ServerThread(build_fake(FakeConfig(created=CREATED))).start()
+    yield server
+    server.stop()
+
+
+def fake_config(server: ServerThread) -> FakeConfig:
+    return server.app[FAKE_KEY].config
+
+
+def fake_posts(server: ServerThread) -> int:
+    """How many generation requests the fake received."""
+    stats = fake_config(server).stats
+    return sum(v for k, v in stats.items() if k != "/health")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "payloads"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def start_writer() -> Iterator:
+    """``start_writer(upstream, root, **config)`` -> a running writer; all stopped at the end."""
+    servers: list[ServerThread] = []
+
+    def start(upstream: str, payload_root: Path | str | None, **kwargs: Any) -> ServerThread:
+        config = WriterConfig(
+            upstream=upstream,
+            payload_root=None if payload_root is None else str(payload_root),
+            **kwargs,
+        )
+        server = ServerThread(build_writer(config)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def writer(fake: ServerThread, root: Path, start_writer) -> ServerThread:
+    return start_writer(fake.url, root)
+
+
+def metric(server: ServerThread, name: str, **labels: str) -> float:
+    value = server.app[WRITER_KEY].metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.returncode == 0
+
+
+def umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], check=False, capture_output=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class FakeProcess:
+    """The fake vLLM as a separate process (its CPU work then does not share our GIL)."""
+
+    def __init__(self, *args: str) -> None:
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "payloadrun.cli", "fake-vllm", "--port", str(port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self, timeout: float = 20) -> FakeProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if http("GET", self.url + "/health", timeout=1).status == 200:
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"fake vLLM did not start: {self.proc.stdout.read()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
