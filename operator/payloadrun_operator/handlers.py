@@ -91,6 +91,9 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     # Events are posted for condition transitions; per-handler log lines stay in the log.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.peering.standalone = True
+    # Resources are discovered once at start (the chart installs the CRD first): no watch on
+    # CustomResourceDefinitions or Namespaces, so the RBAC needs neither.
+    kopf_settings.scanning.disabled = True
 
 
 def report(

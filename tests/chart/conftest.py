@@ -1,0 +1,41 @@
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from payloadrun_devcluster import BinariesMissing, find_binaries
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "payloadrun"
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The helm that cluster/build.sh built, else one on PATH."""
+    try:
+        return str(find_binaries(("helm",)).path("helm"))
+    except BinariesMissing as exc:
+        found = shutil.which("helm")
+        if found:
+            return found
+        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
+            pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(helm: str, *sets: str, namespace: str = "payloadrun-system") -> list[dict]:
+    args = ["template", "rel", str(CHART), "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    docs = yaml.safe_load_all(run_helm(helm, *args).stdout)
+    return [d for d in docs if d]

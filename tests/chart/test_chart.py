@@ -1,0 +1,168 @@
+"""The Helm chart: lint, rendering with default and other values, the schema, the CRD copy."""
+
+import json
+
+import pytest
+
+from payloadrun_operator.crd import CRD_FILE
+
+from .conftest import CHART, REPO, render, run_helm
+
+
+def by_kind(docs):
+    out = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_lint(helm):
+    run_helm(helm, "lint", "--strict", str(CHART))
+
+
+def test_chart_crd_is_the_generated_one():
+    assert (CHART / "crds" / "payloadrun.dev_payloadruns.yaml").read_text() == (
+        REPO / CRD_FILE
+    ).read_text(), "charts/payloadrun/crds/ drifted from crds/: copy crds/ into the chart"
+
+
+def test_defaults(helm):
+    kinds = by_kind(render(helm))
+    assert sorted(kinds) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    (deploy,) = kinds["Deployment"]
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 1
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["image"] == "ghcr.io/payloadrun/payloadrun-operator:0.1.0"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    assert container["resources"]["limits"]["memory"] == "256Mi"
+    env = env_of(container)
+    # the sidecar defaults flow from the chart to the operator, so runs name no sidecar image
+    assert env["PAYLOADRUN_SIDECAR_IMAGE"] == "ghcr.io/payloadrun/payloadrun:0.1.0"
+    assert json.loads(env["PAYLOADRUN_WRITER_RESOURCES"])["limits"]["memory"] == "4Gi"
+    assert env["PAYLOADRUN_NAMESPACES"] == ""
+    assert pod["serviceAccountName"] == "rel-payloadrun"
+    dashboards = [c for c in kinds["ConfigMap"] if c["metadata"]["labels"].get("grafana_dashboard")]
+    assert len(dashboards) == 3
+    for cm in dashboards:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_rbac_grants_only_what_the_operator_calls(helm):
+    (role,) = by_kind(render(helm))["ClusterRole"]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    resources = {r for _, r, _ in granted}
+    assert "secrets" not in resources and "pods" not in resources and "*" not in resources
+    assert not any(verb in ("delete", "deletecollection", "*", "update") for _, _, verb in granted)
+    assert ("payloadrun.dev", "payloadruns/status", "patch") in granted
+    assert ("apps", "statefulsets", "create") in granted
+
+
+def test_namespaced_install(helm):
+    kinds = by_kind(
+        render(
+            helm,
+            "operator.watchNamespaces={team-a,team-b}",
+            "podMonitor.enabled=true",
+            "serviceMonitor.enabled=true",
+        )
+    )
+    assert "ClusterRoleBinding" not in kinds
+    bindings = {b["metadata"]["namespace"] for b in kinds["RoleBinding"]}
+    assert bindings == {"team-a", "team-b"}
+    (deploy,) = kinds["Deployment"]
+    assert env_of(deploy["spec"]["template"]["spec"]["containers"][0])["PAYLOADRUN_NAMESPACES"] == (
+        "team-a,team-b"
+    )
+    (pm,) = kinds["PodMonitor"]
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"writer-metrics", "metrics"}
+    assert "ServiceMonitor" in kinds
+
+
+def test_non_default_values(helm):
+    kinds = by_kind(
+        render(
+            helm,
+            "image.tag=1.2.3",
+            "sidecars.image.repository=registry.local/pr",
+            "sidecars.image.tag=v9",
+            "dashboards.enabled=false",
+            "metrics.service.enabled=false",
+            "serviceAccount.name=custom",
+            "operator.verbose=true",
+        )
+    )
+    (deploy,) = kinds["Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["image"].endswith(":1.2.3")
+    assert container["args"] == ["--verbose"]
+    assert env_of(container)["PAYLOADRUN_SIDECAR_IMAGE"] == "registry.local/pr:v9"
+    assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
+    assert "Service" not in kinds and "ConfigMap" not in kinds
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("image.pullPolicy=Sometimes", "value must be one of 'Always', 'IfNotPresent', 'Never'"),
+        ("metrics.port=70000", "/metrics/port"),
+        ("operator.readinessCheckSeconds=0", "/operator/readinessCheckSeconds"),
+        ("operator.watchNamespaces={Not_A_Namespace}", "/operator/watchNamespaces/0"),
+        ("serviceMonitor.interval=often", "/serviceMonitor/interval"),
+        ("replicas=2", "additional properties 'replicas' not allowed"),
+    ],
+)
+def test_schema_rejects_bad_values(helm, value, message):
+    result = run_helm(helm, "template", "rel", str(CHART), "--set", value, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_dashboards_are_generated_and_portable():
+    import subprocess
+    import sys
+
+    check = subprocess.run(
+        [sys.executable, str(REPO / "hack" / "dashboards.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout
+    for path in (CHART / "dashboards").glob("*.json"):
+        text = path.read_text()
+        board = json.loads(text)
+        assert "__inputs" not in board and "DS_PROMETHEUS" not in text
+        assert board["uid"].startswith("payloadrun-")
+        assert board["schemaVersion"] >= 39
+        names = [v["name"] for v in board["templating"]["list"]]
+        assert names[0] == "datasource"
+        for panel in board["panels"]:
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            for target in panel["targets"]:
+                assert target["datasource"]["uid"] == "${datasource}"

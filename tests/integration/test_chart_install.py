@@ -1,0 +1,161 @@
+"""`helm install` into the local control plane, then the operator with the chart's own identity.
+
+No kubelet runs here, so the chart's Deployment never starts a pod: the operator runs as a local
+process instead, authenticated with a token of the chart's ServiceAccount and configured with the
+environment the chart gives its container. That proves the RBAC is sufficient (a run reconciles)
+and not broader than needed (Secrets and other namespaces are denied).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from payloadrun_operator.local import LocalOperator
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "payloadrun"
+RELEASE = "prun"
+SYSTEM_NS = "payloadrun-system"
+
+
+def kubectl_json(cluster, *args: str, kubeconfig=None) -> dict:
+    result = cluster.kubectl(*args, "-o", "json", kubeconfig=kubeconfig)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def create_namespace(cluster, name: str) -> None:
+    status, body = cluster.request(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+    assert status in (201, 409), body
+
+
+@pytest.fixture(scope="module")
+def installed(kube_cluster):
+    helm = str(kube_cluster.binaries.path("helm"))
+    for ns in ("team-a", "team-b"):
+        create_namespace(kube_cluster, ns)
+    env = kube_cluster.env()
+    install = subprocess.run(
+        [
+            helm,
+            "upgrade",
+            "--install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            SYSTEM_NS,
+            "--create-namespace",
+            "--set",
+            "operator.watchNamespaces={team-a}",
+            "--set",
+            "sidecars.image.repository=registry.local/payloadrun",
+            "--set",
+            "sidecars.image.tag=test",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "HOME": str(kube_cluster.state_dir)},
+        check=False,
+        timeout=180,
+    )
+    assert install.returncode == 0, install.stderr
+    assert "payloadrun 0.1.0 is installed" in install.stdout  # NOTES.txt
+    yield helm, env
+    subprocess.run(
+        [helm, "uninstall", RELEASE, "--namespace", SYSTEM_NS],
+        env={**env, "HOME": str(kube_cluster.state_dir)},
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def chart_environment(cluster) -> dict[str, str]:
+    deploy = kubectl_json(cluster, "get", "deployment", f"{RELEASE}-payloadrun", "-n", SYSTEM_NS)
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_installed_objects(kube_cluster, installed):
+    crd = kubectl_json(kube_cluster, "get", "crd", "payloadruns.payloadrun.dev")
+    assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
+    sa = kubectl_json(
+        kube_cluster, "get", "serviceaccount", f"{RELEASE}-payloadrun", "-n", SYSTEM_NS
+    )
+    assert sa["metadata"]["name"] == f"{RELEASE}-payloadrun"
+    binding = kubectl_json(
+        kube_cluster, "get", "rolebinding", f"{RELEASE}-payloadrun", "-n", "team-a"
+    )
+    assert binding["roleRef"]["name"] == f"{RELEASE}-payloadrun"
+    missing = kube_cluster.kubectl("get", "rolebinding", f"{RELEASE}-payloadrun", "-n", "team-b")
+    assert missing.returncode != 0
+    dashboards = kubectl_json(
+        kube_cluster, "get", "configmap", "-n", SYSTEM_NS, "-l", "grafana_dashboard=1"
+    )
+    assert len(dashboards["items"]) == 3
+
+
+def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
+    sa_config = kube_cluster.service_account_kubeconfig(
+        SYSTEM_NS, f"{RELEASE}-payloadrun", tmp_path / "sa.kubeconfig"
+    )
+    env = chart_environment(kube_cluster)
+    for key in ("PAYLOADRUN_METRICS_PORT", "PAYLOADRUN_HEALTH_PORT"):
+        env.pop(key)  # the local process gets free loopback ports instead
+    env["PAYLOADRUN_READINESS_CHECK_SECONDS"] = "1"
+
+    # denied what it does not need
+    for args in (
+        ("get", "secrets", "-n", "team-a"),
+        ("get", "configmaps", "-n", "team-b"),
+        ("get", "payloadruns", "-n", "team-b"),
+        ("get", "pods", "-n", "team-a"),
+        ("get", "namespaces"),
+        ("delete", "configmap", "anything", "-n", "team-a"),
+    ):
+        denied = kube_cluster.kubectl(*args, kubeconfig=sa_config)
+        assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), (
+            args,
+            denied.stderr,
+        )
+
+    run = yaml.safe_load((REPO / "examples" / "multinode-by-handle.yaml").read_text())
+    with LocalOperator(
+        sa_config, namespaces=("team-a",), env=env, log_path=tmp_path / "op.log"
+    ) as op:
+        created = kube_cluster.kubectl("apply", "-n", "team-a", "-f", "-", input=json.dumps(run))
+        assert created.returncode == 0, created.stderr
+        name = run["metadata"]["name"]
+        deadline = time.monotonic() + 60
+        status = {}
+        while time.monotonic() < deadline:
+            status = (
+                kubectl_json(kube_cluster, "get", "payloadrun", name, "-n", "team-a").get("status")
+                or {}
+            )
+            if status.get("observedGeneration") == 1:
+                break
+            time.sleep(0.3)
+        assert status.get("payloadMode") == "ByHandle", f"{status}\n{op.log_tail()}"
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert conditions["Validated"]["status"] == "True"
+        assert conditions["Ready"]["reason"] != "ApplyFailed", conditions["Ready"]["message"]
+        sts = kubectl_json(kube_cluster, "get", "statefulset", f"{name}-inference", "-n", "team-a")
+        (writer,) = sts["spec"]["template"]["spec"]["initContainers"]
+        # the sidecar image came from the chart's values, not from the run
+        assert writer["image"] == "registry.local/payloadrun:test"
+        events = kubectl_json(kube_cluster, "get", "events", "-n", "team-a")
+        assert any(e["reason"] == "SpecValid" for e in events["items"])
+        assert "Forbidden" not in op.log_tail(400) and "403" not in op.log_tail(400), op.log_tail()
