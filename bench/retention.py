@@ -1,0 +1,315 @@
+"""Retention benchmark: delete-on-consume against the version sweep, and the sidecar's overheads.
+
+1. Directory size: the same simulated RL workload (``payloadrun simulate``: batch 512 rollouts,
+   ``max_off_policy_steps`` 32, 40 steps, one 4 KiB file per rollout) under delete-on-consume (the
+   retention sidecar) and under the version sweep of public prime-rl (``rmtree`` of ``v<k>`` for
+   ``k < min_fresh_version(step + 1, m)``). Goal: a peak of at most 3 batches, and at least 8x
+   smaller than the sweep. Writes ``bench/out/retention_directory.png`` (size per step).
+2. Unlink rate: the sidecar deleting a consumed step of N files (from ``policy_updated`` to an
+   empty queue) against a raw ``os.unlink`` of as many files on a thread pool of the same size.
+   Goal: ratio at least 0.8.
+3. ``policy_updated`` latency (client round trip) while 15,000 files are being deleted. Goal:
+   p99 at most 10 ms.
+4. ``/metrics`` latency with 100,000 files under the root. Goal: at most 20 ms.
+
+    python bench/retention.py            # the full run (a few minutes)
+    python bench/retention.py --quick    # batch 128, fewer files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from payloadrun.retention.client import RetentionClient
+from payloadrun.retention.process import SidecarProcess
+from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Summary, Workload, run_policy
+
+OUT = Path(__file__).resolve().parent / "out"
+WORKERS = 8
+
+
+def make_files(directory: Path, n: int, size: int = 4096) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = b"x" * size
+    paths = []
+    for _ in range(n):
+        path = directory / f"{uuid.uuid4().hex}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        paths.append(str(path))
+    return paths
+
+
+def wait_idle(client: RetentionClient, poll: float = 0.002) -> None:
+    while True:
+        st = client.status()
+        if st["queue_files"] == 0 and st["outstanding_jobs"] == 0:
+            return
+        time.sleep(poll)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+# ------------------------------------------------------------------------------ 1. directory
+
+
+def directory_case(workload: Workload, tmp: Path) -> tuple[Summary, Summary]:
+    doc = run_policy(workload, DELETE_ON_CONSUME, tmp / "doc")
+    sweep = run_policy(workload, VERSION_SWEEP, tmp / "sweep")
+    return doc, sweep
+
+
+def plot(doc: Summary, sweep: Summary, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w = doc.workload
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for s, colour in ((sweep, "tab:red"), (doc, "tab:blue")):
+        steps = [r.step for r in s.steps]
+        ax.plot(steps, [r.high_bytes / 1e6 for r in s.steps], color=colour, label=s.policy)
+        ax.plot(steps, [r.after_bytes / 1e6 for r in s.steps], color=colour, ls=":", lw=1)
+    ax.axhline(3 * w.batch_bytes / 1e6, color="grey", ls="--", lw=1, label="3 batches")
+    ax.set_xlabel("step")
+    ax.set_ylabel("payload directory (MB): before / after the policy update")
+    ax.set_title(
+        f"batch {w.batch_size} rollouts, max_off_policy_steps {w.max_off_policy_steps}, "
+        f"{w.bytes_per_file // 1024} KiB per rollout"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- 2. unlink rate
+
+
+def delete_seconds(metrics_url: str) -> float:
+    """The sidecar's own sum of ``policy_updated``-to-last-unlink durations."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("payloadrun_retention_policy_update_delete_seconds_sum"):
+                return float(line.split()[-1])
+    raise RuntimeError("policy_update_delete_seconds missing from /metrics")
+
+
+def unlink_rate_case(sidecar: SidecarProcess, client: RetentionClient, n: int, rounds: int) -> dict:
+    """Sidecar time is its own measurement (no polling in it); raw is timed around the pool."""
+    sidecar_rates, raw_rates = [], []
+    root = sidecar.root
+    step = 1000
+    for _ in range(rounds):
+        step += 1
+        files = make_files(root / f"v{step}", n)
+        client.record_batch(step, files)
+        before = delete_seconds(sidecar.metrics_url)
+        client.policy_updated(step)
+        wait_idle(client, poll=0.05)
+        sidecar_rates.append(n / (delete_seconds(sidecar.metrics_url) - before))
+        assert not any(os.path.exists(f) for f in files[:50])
+
+        files = make_files(root / f"v{step}", n)
+        chunks = [files[i : i + 256] for i in range(0, n, 256)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(lambda c: [os.unlink(f) for f in c], chunks))
+        raw_rates.append(n / (time.perf_counter() - t0))
+    s, r = statistics.median(sidecar_rates), statistics.median(raw_rates)
+    return {"files": n, "sidecar_files_per_s": s, "raw_files_per_s": r, "ratio": s / r}
+
+
+# ------------------------------------------------------------------------- 3. call latency
+
+
+def policy_latency_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
+    """``policy_updated`` round trips while a step of ``n`` files is being unlinked.
+
+    ``status`` round trips (no journal write) are timed alongside as a control: the difference is
+    the journal's ``fdatasync``, which shares the file system's journal with the unlinks.
+    """
+    step = 5000
+    calls: list[float] = []
+    control: list[float] = []
+    for _ in range(rounds):
+        files = make_files(root / f"v{step}", n)
+        client.record_batch(step, files)
+        client.policy_updated(step)
+        while True:
+            step += 1
+            t0 = time.perf_counter()
+            client.policy_updated(step)
+            t1 = time.perf_counter()
+            busy = client.status()["queue_files"] > 0
+            t2 = time.perf_counter()
+            calls.append(t1 - t0)
+            control.append(t2 - t1)
+            if not busy:
+                break
+            time.sleep(0.001)
+        wait_idle(client)
+        step += 1
+    return {
+        "files": n,
+        "rounds": rounds,
+        "calls": len(calls),
+        "p50_ms": percentile(calls, 50) * 1e3,
+        "p99_ms": percentile(calls, 99) * 1e3,
+        "max_ms": max(calls) * 1e3,
+        "status_p50_ms": percentile(control, 50) * 1e3,
+        "status_p99_ms": percentile(control, 99) * 1e3,
+    }
+
+
+# ------------------------------------------------------------------------ 4. metrics latency
+
+
+def metrics_latency_case(tmp: Path, n: int, scrapes: int) -> dict:
+    root = tmp / "metrics-root"
+    per_dir = 10_000
+    for k in range(0, n, per_dir):
+        make_files(root / f"v{k // per_dir}", min(per_dir, n - k), size=0)
+    args = ("--resume", "--max-off-policy-steps", "32")
+    with SidecarProcess(root, "bench-metrics", args=args) as sidecar:
+        with RetentionClient(sidecar.url) as client:
+            while client.status()["directory"]["scans"] < 1:
+                time.sleep(0.05)
+            seen = client.status()["directory"]["files"]
+        latencies = []
+        for _ in range(scrapes):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(sidecar.metrics_url, timeout=5) as resp:
+                resp.read()
+            latencies.append(time.perf_counter() - t0)
+    return {
+        "files": n,
+        "files_reported": seen,
+        "scrapes": scrapes,
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+    }
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def print_report(doc: Summary, sweep: Summary, unlink: dict, call: dict, metrics: dict) -> dict:
+    w = doc.workload
+    ratio = sweep.peak_bytes / doc.peak_bytes
+    print()
+    print(
+        f"directory size: batch {w.batch_size} rollouts, max_off_policy_steps "
+        f"{w.max_off_policy_steps}, {w.steps} steps, {w.bytes_per_file} B per rollout, "
+        f"seed {w.seed}"
+    )
+    head = f"{'policy':<20}{'peak MB':>10}{'peak files':>12}{'peak batches':>14}{'final MB':>10}"
+    print(head)
+    print("-" * len(head))
+    for s in (sweep, doc):
+        print(
+            f"{s.policy:<20}{s.peak_bytes / 1e6:>10.1f}{s.peak_files:>12}"
+            f"{s.peak_batches:>14.2f}{s.final_bytes / 1e6:>10.1f}"
+        )
+    print()
+    goals = [
+        ("peak, delete-on-consume (batches)", doc.peak_batches, "<= 3", doc.peak_batches <= 3),
+        ("peak, version sweep / delete-on-consume", ratio, ">= 8", ratio >= 8),
+        ("unlink rate, sidecar / raw threaded", unlink["ratio"], ">= 0.8", unlink["ratio"] >= 0.8),
+        ("policy_updated p99 while deleting (ms)", call["p99_ms"], "<= 10", call["p99_ms"] <= 10),
+        ("/metrics p99 (ms)", metrics["p99_ms"], "<= 20", metrics["p99_ms"] <= 20),
+    ]
+    head = f"{'measure':<44}{'value':>10}  {'goal':<8}{'met':>4}"
+    print(head)
+    print("-" * len(head))
+    for name, value, goal, met in goals:
+        print(f"{name:<44}{value:>10.2f}  {goal:<8}{'yes' if met else 'NO':>4}")
+    print()
+    print(
+        f"unlink: {unlink['files']} files, sidecar {unlink['sidecar_files_per_s']:,.0f} files/s, "
+        f"raw {unlink['raw_files_per_s']:,.0f} files/s ({WORKERS} threads each, median)"
+    )
+    print(
+        f"policy_updated during {call['rounds']} deletions of {call['files']} files: "
+        f"{call['calls']} calls, "
+        f"p50 {call['p50_ms']:.2f} ms, p99 {call['p99_ms']:.2f} ms, max {call['max_ms']:.2f} ms; "
+        f"status (no journal write) p50 {call['status_p50_ms']:.2f} ms, "
+        f"p99 {call['status_p99_ms']:.2f} ms"
+    )
+    print(
+        f"/metrics with {metrics['files']} files under the root ({metrics['files_reported']} "
+        f"reported): {metrics['scrapes']} scrapes, p50 {metrics['p50_ms']:.2f} ms, "
+        f"p99 {metrics['p99_ms']:.2f} ms"
+    )
+    return {name: {"value": v, "goal": g, "met": m} for name, v, g, m in goals}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="batch 128, fewer files and calls")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one)")
+    args = parser.parse_args()
+    workload = Workload(batch_size=128 if args.quick else 512, steps=40, seed=args.seed)
+    unlink_files, rounds = (5_000, 2) if args.quick else (15_000, 3)
+    metrics_files = 20_000 if args.quick else 100_000
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="payloadrun-bench-", dir=args.dir) as tmp_name:
+        tmp = Path(tmp_name)
+        print(f"work directory {tmp}, {os.cpu_count()} CPUs", flush=True)
+        print("1. directory size under both policies ...", flush=True)
+        doc, sweep = directory_case(workload, tmp)
+        png = OUT / "retention_directory.png"
+        plot(doc, sweep, png)
+        root = tmp / "calls"
+        root.mkdir()
+        sidecar_args = ("--workers", str(WORKERS))
+        with (
+            SidecarProcess(root, "bench-calls", args=sidecar_args) as sidecar,
+            RetentionClient(sidecar.url) as client,
+        ):
+            print(f"2. unlink rate, {unlink_files} files x {rounds} ...", flush=True)
+            unlink = unlink_rate_case(sidecar, client, unlink_files, rounds)
+            print("3. policy_updated latency while deleting 15,000 files ...", flush=True)
+            call = policy_latency_case(root, client, 15_000, 2 if args.quick else 5)
+        print(f"4. /metrics latency with {metrics_files} files ...", flush=True)
+        metrics = metrics_latency_case(tmp, metrics_files, 200)
+    goals = print_report(doc, sweep, unlink, call, metrics)
+    print(f"\nplot: {png}")
+    results = {
+        "workload": doc.to_json()["workload"],
+        "delete_on_consume": {k: v for k, v in doc.to_json().items() if k != "steps"},
+        "version_sweep": {k: v for k, v in sweep.to_json().items() if k != "steps"},
+        "per_step": {
+            "step": [r.step for r in doc.steps],
+            "delete_on_consume_bytes": [r.high_bytes for r in doc.steps],
+            "version_sweep_bytes": [r.high_bytes for r in sweep.steps],
+        },
+        "unlink": unlink,
+        "policy_updated": call,
+        "metrics": metrics,
+        "goals": goals,
+    }
+    (OUT / "retention.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

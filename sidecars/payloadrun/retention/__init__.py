@@ -1,0 +1,29 @@
+"""The retention sidecar: deletes payload files once the trainer has consumed them.
+
+It runs beside the orchestrator. The orchestrator tells it which files each batch holds
+(``record_batch``), when the trainer has read batches (``policy_updated``) and which files no
+batch will read (``discard``); the sidecar journals each event durably, acknowledges it at once
+and unlinks in the background. A version sweep stays as a backstop for files nobody claims.
+
+Modules: ``policy`` (pure rules), ``state`` (the in-memory model the rules act on), ``journal``
+(durability), ``service`` (deletion queue, accounting, run identity), ``app`` (HTTP),
+``client`` (sync and async clients for the orchestrator), ``metrics`` and ``cli``.
+"""
+
+from payloadrun.retention.client import (
+    AsyncRetentionClient,
+    DiscardConflictError,
+    RetentionClient,
+    RetentionError,
+    RetentionUnavailableError,
+)
+from payloadrun.retention.policy import min_fresh_version
+
+__all__ = [
+    "AsyncRetentionClient",
+    "DiscardConflictError",
+    "RetentionClient",
+    "RetentionError",
+    "RetentionUnavailableError",
+    "min_fresh_version",
+]

@@ -1,0 +1,110 @@
+"""The retention sidecar's Prometheus metrics, in a registry of their own per service.
+
+Names follow the project's convention: prefix ``payloadrun_retention_``, base units, ``_total``
+on counters; the only labels are ``reason`` (consumed, discarded, backstop, wipe) and ``error``
+(a handful of failure classes), so every series is bounded. Values that live in the service
+(policy step, pending batches, directory size) are read at scrape time through callbacks, never by
+walking the tree: the directory figures come from accounting corrected by a periodic scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from payloadrun.retention.policy import Reason
+
+PREFIX = "payloadrun_retention_"
+ERROR_LABELS = (
+    "no_space",
+    "permission",
+    "volume_gone",
+    "io_error",
+    "not_a_directory",
+    "is_a_directory",
+)
+
+
+class RetentionMetrics:
+    """Every metric of one retention service, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        p = PREFIX
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(p + name, doc, registry=registry)
+
+        self.directory_bytes = gauge(
+            "directory_bytes", "Bytes of payload files under the root (accounting + last scan)."
+        )
+        self.directory_files = gauge(
+            "directory_files", "Payload files under the root (accounting + last scan)."
+        )
+        self.version_directories = gauge(
+            "version_directories", "v<k> directories under the payload root."
+        )
+        self.policy_step = gauge("policy_step", "Last policy step reported (-1 before any).")
+        self.pending_batches = gauge("pending_batches", "Recorded batches not yet consumed.")
+        self.pending_files = gauge("pending_files", "Files of recorded batches not yet consumed.")
+        self.queue_files = gauge("delete_queue_files", "Files queued for deletion.")
+        self.journal_bytes = gauge("journal_bytes", "Size of the retention journal.")
+        self.deleted_files = Counter(
+            p + "deleted_files",
+            "Payload files deleted, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.deleted_bytes = Counter(
+            p + "deleted_bytes",
+            "Bytes of payload files deleted, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.delete_errors = Counter(
+            p + "delete_errors",
+            "Failed unlink attempts (each retry counts), by error class.",
+            ["error"],
+            registry=registry,
+        )
+        self.delete_given_up = Counter(
+            p + "delete_given_up_files",
+            "Files left in place after the last retry (the backstop tries again).",
+            registry=registry,
+        )
+        self.refused = Counter(
+            p + "refused_requests",
+            "Requests refused: bad_request (400) or discard_conflict (409).",
+            ["reason"],
+            registry=registry,
+        )
+        self.policy_update_delete_seconds = Histogram(
+            p + "policy_update_delete_seconds",
+            "From policy_updated to the last of its files deleted (consumed and backstop).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320),
+            registry=registry,
+        )
+        self.scan_seconds = Histogram(
+            p + "scan_duration_seconds",
+            "Duration of the periodic scan that corrects the directory accounting.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.compactions = Counter(
+            p + "journal_compactions",
+            "Journal rewrites that dropped settled events.",
+            registry=registry,
+        )
+        for reason in Reason:
+            self.deleted_files.labels(reason.value)
+            self.deleted_bytes.labels(reason.value)
+        for label in ERROR_LABELS:
+            self.delete_errors.labels(label)
+        for label in ("bad_request", "discard_conflict"):
+            self.refused.labels(label)
+
+    def bind(self, **sources: Callable[[], float]) -> None:
+        """Read the named gauges from the service at scrape time (cheap callbacks only)."""
+        for name, fn in sources.items():
+            getattr(self, name).set_function(fn)

@@ -1,0 +1,507 @@
+"""``payloadrun simulate``: an RL loop (inference, orchestrator, trainer) against a payload root.
+
+It plays prime-rl's parts with files instead of models, to show what a retention policy does to
+the payload directory:
+
+- inference dispatches groups of rollouts at the current policy version ``k``; each rollout
+  finishes after a random delay and writes its files into ``v<k>`` (stragglers take many steps);
+- the orchestrator waits for whole groups, drops some (``--drop-rate``: zero-advantage groups, the
+  files discarded), sweeps groups older than ``min_fresh_version(step, m)`` (finished ones
+  discarded; cancelled in-flight ones leave their files for the backstop), and records each
+  batch's files;
+- the trainer reads batch ``s - lag`` (every file must still exist: a missing one is a retention
+  bug and is counted) and publishes ``v{s - lag}``: ``policy_updated``.
+
+Under ``--policy delete-on-consume`` it drives a retention sidecar over HTTP (its own child process
+on a free loopback port, or ``--url``). Under ``--policy version-sweep`` it does what public
+prime-rl does: ``rmtree`` of ``v<k>`` for ``k < min_fresh_version(step + 1, m)`` and nothing else.
+The workload is a function of ``--seed`` only, so both policies see the same rollouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from payloadrun.paths import PayloadRoot, version_dir_name
+from payloadrun.retention.policy import backstop_bound, min_fresh_version
+from payloadrun.store import FILE_SUFFIX
+
+DELETE_ON_CONSUME = "delete-on-consume"
+VERSION_SWEEP = "version-sweep"
+POLICIES = (DELETE_ON_CONSUME, VERSION_SWEEP)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The simulated run; the same workload (and seed) gives the same rollouts under any policy."""
+
+    batch_size: int = 512
+    group_size: int = 16
+    files_per_rollout: int = 1
+    bytes_per_file: int = 4096
+    max_off_policy_steps: int = 32
+    steps: int = 40
+    drop_rate: float = 0.1
+    straggler_rate: float = 0.03
+    trainer_lag: int = 1
+    inflight_batches: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.group_size < 1 or self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch size {self.batch_size} must be a positive multiple of the group size "
+                f"{self.group_size}"
+            )
+        if self.files_per_rollout < 0 or self.bytes_per_file < 0:
+            raise ValueError("files and bytes per rollout must be >= 0")
+        if self.steps < 1 or self.max_off_policy_steps < 0 or self.trainer_lag < 0:
+            raise ValueError("steps must be >= 1; max_off_policy_steps and lag >= 0")
+        if not 0 <= self.drop_rate < 1 or not 0 <= self.straggler_rate <= 1:
+            raise ValueError("drop rate must be in [0, 1), straggler rate in [0, 1]")
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.batch_size // self.group_size
+
+    @property
+    def batch_bytes(self) -> int:
+        return self.batch_size * self.files_per_rollout * self.bytes_per_file
+
+
+@dataclass
+class StepRecord:
+    """The payload directory around one step's policy update."""
+
+    step: int
+    policy_step: int | None
+    batch_rollouts: int
+    written_files: int
+    high_bytes: int  # before the policy update (the step's high-water mark)
+    high_files: int
+    after_bytes: int  # after its deletions finished
+    after_files: int
+    seconds: float
+
+
+@dataclass
+class Summary:
+    policy: str
+    workload: Workload
+    steps: list[StepRecord] = field(default_factory=list)
+    written_files: int = 0
+    written_bytes: int = 0
+    dropped_groups: int = 0
+    stale_groups: int = 0
+    cancelled_groups: int = 0
+    missing_files: int = 0
+    deleted: dict[str, dict[str, int]] = field(default_factory=dict)
+    final_bytes: int = 0
+    final_files: int = 0
+    seconds: float = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((s.high_bytes for s in self.steps), default=0)
+
+    @property
+    def peak_files(self) -> int:
+        return max((s.high_files for s in self.steps), default=0)
+
+    @property
+    def peak_batches(self) -> float:
+        return self.peak_bytes / self.workload.batch_bytes if self.workload.batch_bytes else 0.0
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(
+            peak_bytes=self.peak_bytes,
+            peak_files=self.peak_files,
+            peak_batches=round(self.peak_batches, 3),
+        )
+        return out
+
+
+@dataclass
+class _Group:
+    version: int
+    done_at: list[int]  # per rollout: the step its files are written
+    files: list[str] = field(default_factory=list)
+    written: int = 0  # rollouts whose files exist
+
+    @property
+    def complete(self) -> bool:
+        return self.written == len(self.done_at)
+
+
+class _Retention:
+    """What the loop asks of a retention policy."""
+
+    def record(self, step: int, files: list[str]) -> None: ...
+    def discard(self, files: list[str]) -> None: ...
+    def policy_updated(self, step: int) -> None: ...
+    def drain(self) -> None: ...
+    def deleted(self) -> dict[str, dict[str, int]]:
+        return {}
+
+
+class _SidecarRetention(_Retention):
+    def __init__(self, client) -> None:  # a RetentionClient
+        self.client = client
+
+    def record(self, step: int, files: list[str]) -> None:
+        self.client.record_batch(step, files, empty=not files)
+
+    def discard(self, files: list[str]) -> None:
+        if files:
+            self.client.discard(files)
+
+    def policy_updated(self, step: int) -> None:
+        self.client.policy_updated(step)
+
+    def drain(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.client.status()
+            if st["queue_files"] == 0 and st["outstanding_jobs"] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"retention queue not drained after {timeout} s: {st}")
+            time.sleep(0.005)
+
+    def deleted(self) -> dict[str, dict[str, int]]:
+        return self.client.status()["deleted"]
+
+
+class _VersionSweep(_Retention):
+    """Public prime-rl: rmtree of whole old version directories, nothing on consume."""
+
+    def __init__(self, root: PayloadRoot, max_off_policy_steps: int) -> None:
+        self.root = root
+        self.m = max_off_policy_steps
+        self.files = 0
+        self.bytes = 0
+
+    def policy_updated(self, step: int) -> None:
+        bound = backstop_bound(step, self.m)
+        for k, path in self.root.version_dirs().items():
+            if k < bound:
+                size, n = directory_size([path])
+                self.files += n
+                self.bytes += size
+                shutil.rmtree(path, ignore_errors=True)
+
+    def deleted(self) -> dict[str, dict[str, int]]:
+        return {"backstop": {"files": self.files, "bytes": self.bytes}}
+
+
+def directory_size(dirs) -> tuple[int, int]:
+    """Bytes and files directly inside ``dirs`` (the simulator's own measurement)."""
+    size = files = 0
+    for d in dirs:
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_file(follow_symlinks=False):
+                        size += e.stat(follow_symlinks=False).st_size
+                        files += 1
+        except FileNotFoundError:
+            continue
+    return size, files
+
+
+def measure(root: PayloadRoot) -> tuple[int, int]:
+    return directory_size(root.version_dirs().values())
+
+
+class _Loop:
+    """The simulated inference, orchestrator and trainer, one method per part."""
+
+    def __init__(self, workload: Workload, root: PayloadRoot, retention: _Retention, policy: str):
+        self.w = workload
+        self.root = root
+        self.retention = retention
+        self.rng = random.Random(workload.seed)
+        self.payload = os.urandom(workload.bytes_per_file)
+        self.summary = Summary(policy=policy, workload=workload)
+        self.inflight: list[_Group] = []
+        self.ready: deque[_Group] = deque()
+        self.recorded: dict[int, list[str]] = {}
+        self.policy_version = 0
+
+    def dispatch(self, step: int) -> None:
+        """Inference: keep enough groups in flight for this batch and part of the next."""
+        w = self.w
+        target = math.ceil(w.groups_per_batch * (1 + w.inflight_batches) / (1 - w.drop_rate))
+        soon = sum(1 for g in self.inflight if g.done_at[-1] <= step + 1)  # not stragglers
+        while soon + len(self.ready) < target:
+            soon += 1
+            # A group finishes within its step or the next; its rollouts at random before that.
+            # A straggler (a long agentic episode) holds its group back for many steps.
+            last = self.rng.randint(0, 1)
+            done = sorted(step + self.rng.randint(0, last) for _ in range(w.group_size))
+            if self.rng.random() < w.straggler_rate:
+                done[-1] = step + self.rng.randint(2, 2 * w.max_off_policy_steps + 2)
+            self.inflight.append(_Group(self.policy_version, done))
+
+    def finish_rollouts(self, step: int) -> int:
+        """Rollouts due by ``step`` write their files; whole groups are dropped or queued."""
+        written = 0
+        still: list[_Group] = []
+        for g in self.inflight:
+            while g.written < len(g.done_at) and g.done_at[g.written] <= step:
+                written += self._write_rollout(g)
+            if not g.complete:
+                still.append(g)
+            elif self.rng.random() < self.w.drop_rate:
+                self.summary.dropped_groups += 1
+                self.retention.discard(g.files)
+            else:
+                self.ready.append(g)
+        self.inflight = still
+        return written
+
+    def _write_rollout(self, group: _Group) -> int:
+        w = self.w
+        d = self.root.path / version_dir_name(group.version)
+        d.mkdir(exist_ok=True)
+        for _ in range(w.files_per_rollout):
+            path = d / f"{uuid.UUID(int=self.rng.getrandbits(128)).hex}{FILE_SUFFIX}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, self.payload)
+            finally:
+                os.close(fd)
+            group.files.append(str(path))
+        group.written += 1
+        self.summary.written_files += w.files_per_rollout
+        self.summary.written_bytes += w.files_per_rollout * w.bytes_per_file
+        return w.files_per_rollout
+
+    def build_batch(self, step: int) -> int:
+        """Orchestrator: drop stale groups, record the oldest whole groups as batch ``step``."""
+        fresh = min_fresh_version(step, self.w.max_off_policy_steps)
+        stale = [g for g in self.ready if g.version < fresh]
+        if stale:
+            self.summary.stale_groups += len(stale)
+            self.ready = deque(g for g in self.ready if g.version >= fresh)
+            self.retention.discard([f for g in stale for f in g.files])
+        cancelled = [g for g in self.inflight if g.version < fresh]
+        if cancelled:  # cancelled in flight: nobody claims their files (the backstop does)
+            self.summary.cancelled_groups += len(cancelled)
+            self.inflight = [g for g in self.inflight if g.version >= fresh]
+        count = min(self.w.groups_per_batch, len(self.ready))
+        batch = [self.ready.popleft() for _ in range(count)]
+        files = [f for g in batch for f in g.files]
+        self.recorded[step] = files
+        self.retention.record(step, files)
+        return count * self.w.group_size
+
+    def train(self, step: int) -> None:
+        """Trainer: read batch ``step`` in full (every file must exist), publish ``v{step}``."""
+        for f in self.recorded.pop(step, []):
+            if not os.path.exists(f):
+                self.summary.missing_files += 1
+        self.retention.policy_updated(step)
+        self.policy_version = step
+
+    def run(self, progress: Callable[[StepRecord], None] | None) -> Summary:
+        w, summary = self.w, self.summary
+        t_start = time.perf_counter()
+        for step in range(1, w.steps + 1):
+            t0 = time.perf_counter()
+            self.dispatch(step)
+            written = self.finish_rollouts(step)
+            rollouts = self.build_batch(step)
+            high_bytes, high_files = measure(self.root)
+            trained = step - w.trainer_lag
+            if trained >= 1:
+                self.train(trained)
+                self.retention.drain()
+            after_bytes, after_files = measure(self.root)
+            record = StepRecord(
+                step,
+                trained if trained >= 1 else None,
+                rollouts,
+                written,
+                high_bytes,
+                high_files,
+                after_bytes,
+                after_files,
+                time.perf_counter() - t0,
+            )
+            summary.steps.append(record)
+            if progress:
+                progress(record)
+        for trained in range(max(1, w.steps - w.trainer_lag + 1), w.steps + 1):
+            self.train(trained)
+        self.retention.drain()
+        summary.final_bytes, summary.final_files = measure(self.root)
+        summary.deleted = self.retention.deleted()
+        summary.seconds = time.perf_counter() - t_start
+        return summary
+
+
+def simulate(
+    workload: Workload,
+    root: PayloadRoot,
+    retention: _Retention,
+    *,
+    policy: str,
+    progress: Callable[[StepRecord], None] | None = None,
+) -> Summary:
+    """Play the RL loop for ``workload.steps`` batches; returns the per-step directory sizes."""
+    return _Loop(workload, root, retention, policy).run(progress)
+
+
+def run_policy(
+    workload: Workload,
+    policy: str,
+    root: Path,
+    *,
+    url: str | None = None,
+    progress: Callable[[StepRecord], None] | None = None,
+    sidecar_args: tuple[str, ...] = (),
+) -> Summary:
+    """Run ``workload`` under ``policy`` on ``root`` (starting a sidecar unless ``url``)."""
+    from payloadrun.retention.client import RetentionClient
+    from payloadrun.retention.process import SidecarProcess
+
+    root.mkdir(parents=True, exist_ok=True)
+    payload_root = PayloadRoot(root)
+    if policy == VERSION_SWEEP:
+        for path in payload_root.version_dirs().values():
+            shutil.rmtree(path)
+        sweep = _VersionSweep(payload_root, workload.max_off_policy_steps)
+        return simulate(workload, payload_root, sweep, policy=policy, progress=progress)
+    if policy != DELETE_ON_CONSUME:
+        raise ValueError(f"unknown policy {policy!r}: use one of {POLICIES}")
+    if url is not None:
+        with RetentionClient(url) as client:
+            served = client.status()["root"]
+            if os.path.realpath(served) != str(payload_root.path):
+                raise ValueError(
+                    f"the sidecar at {url} serves {served!r}, not {str(payload_root.path)!r}: "
+                    "pass the same --root"
+                )
+            return simulate(
+                workload, payload_root, _SidecarRetention(client), policy=policy, progress=progress
+            )
+    args = (
+        "--max-off-policy-steps",
+        str(workload.max_off_policy_steps),
+        "--max-steps",
+        str(workload.steps),
+        "--scan-interval",
+        "1",
+        *sidecar_args,
+    )
+    run_id = f"simulate-{workload.seed}-{uuid.uuid4().hex[:8]}"
+    with SidecarProcess(root, run_id, args=args) as sidecar, RetentionClient(sidecar.url) as client:
+        return simulate(
+            workload, payload_root, _SidecarRetention(client), policy=policy, progress=progress
+        )
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_step(w: Workload, r: StepRecord) -> str:
+    policy = "-" if r.policy_step is None else f"v{r.policy_step}"
+    return (
+        f"step {r.step:>4}/{w.steps}  policy {policy:>5}  wrote {r.written_files:>6} files  "
+        f"batch {r.batch_rollouts:>5} rollouts  dir {_mb(r.high_bytes):>11} "
+        f"{r.high_files:>7} files ({r.high_bytes / w.batch_bytes:5.2f} batches) -> "
+        f"{_mb(r.after_bytes):>11} {r.after_files:>7} files  {r.seconds * 1e3:7.1f} ms"
+    )
+
+
+def format_summary(s: Summary) -> str:
+    w = s.workload
+    deleted = ", ".join(f"{k} {v['files']} files/{_mb(v['bytes'])}" for k, v in s.deleted.items())
+    return "\n".join(
+        [
+            f"policy {s.policy}: {w.steps} steps, batch {w.batch_size} rollouts "
+            f"({w.groups_per_batch} groups of {w.group_size}), m={w.max_off_policy_steps}, "
+            f"seed {w.seed}",
+            f"peak directory: {_mb(s.peak_bytes)}, {s.peak_files} files "
+            f"({s.peak_batches:.2f} batches of {_mb(w.batch_bytes)})",
+            f"final directory: {_mb(s.final_bytes)}, {s.final_files} files",
+            f"written: {s.written_files} files, {_mb(s.written_bytes)}; groups dropped "
+            f"{s.dropped_groups}, stale {s.stale_groups}, cancelled in flight {s.cancelled_groups}",
+            f"deleted: {deleted or 'nothing'}",
+            f"trainer reads of missing files: {s.missing_files}",
+            f"time: {s.seconds:.2f} s",
+        ]
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="play an RL loop against a payload root under a retention policy",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    d = Workload()
+    p.add_argument("--policy", choices=POLICIES, default=DELETE_ON_CONSUME)
+    p.add_argument("--root", type=Path, help="payload root (default: a temporary directory)")
+    p.add_argument("--url", help="use the retention sidecar at this URL instead of starting one")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per batch")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per group")
+    p.add_argument("--files-per-rollout", type=int, default=d.files_per_rollout)
+    p.add_argument("--bytes-per-file", type=int, default=d.bytes_per_file)
+    p.add_argument("--max-off-policy-steps", type=int, default=d.max_off_policy_steps)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--drop-rate", type=float, default=d.drop_rate, help="groups dropped")
+    p.add_argument(
+        "--straggler-rate", type=float, default=d.straggler_rate, help="groups with a slow rollout"
+    )
+    p.add_argument("--trainer-lag", type=int, default=d.trainer_lag, help="batches in flight")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        workload = Workload(
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            files_per_rollout=args.files_per_rollout,
+            bytes_per_file=args.bytes_per_file,
+            max_off_policy_steps=args.max_off_policy_steps,
+            steps=args.steps,
+            drop_rate=args.drop_rate,
+            straggler_rate=args.straggler_rate,
+            trainer_lag=args.trainer_lag,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"simulate: {exc}") from exc
+    out = sys.stderr if args.json else sys.stdout
+
+    def progress(record: StepRecord) -> None:
+        print(format_step(workload, record), file=out, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="payloadrun-simulate-") as tmp:
+        root = args.root or Path(tmp) / "payloads"
+        summary = run_policy(workload, args.policy, root, url=args.url, progress=progress)
+    print(format_summary(summary), file=out)
+    if args.json:
+        print(json.dumps(summary.to_json()))
+    return 1 if summary.missing_files else 0

@@ -1,0 +1,266 @@
+"""The retention service in-process, on real files in a tmp dir."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from retention_helpers import existing, make_files
+
+from payloadrun.retention.deleter import Retry
+from payloadrun.retention.journal import read_records
+from payloadrun.retention.service import (
+    DiscardConflictError,
+    RefusedPathError,
+    StartMode,
+)
+
+
+def test_batches_are_kept_until_consumed_then_deleted(service_factory, root):
+    svc = service_factory()
+    b1, b2 = make_files(root, 0, 20), make_files(root, 1, 5)
+    unclaimed = make_files(root, 1, 3)
+    assert svc.record_batch(1, b1)["disposition"] == "pending"
+    assert svc.record_batch(2, b2)["disposition"] == "pending"
+    result = svc.policy_updated(1)
+    assert result["settled"] == [1] and result["deleting"] == 20
+    assert svc.wait_idle(10)
+    assert existing(b1) == []
+    assert existing(b2) == b2 and existing(unclaimed) == unclaimed
+    st = svc.status()
+    assert st["policy_step"] == 1 and st["pending_steps"] == [2] and st["pending_files"] == 5
+    assert st["deleted"]["consumed"] == {"files": 20, "bytes": 2000}
+    svc.policy_updated(2)
+    assert svc.wait_idle(10)
+    assert existing(b2) == [] and existing(unclaimed) == unclaimed
+
+
+def test_empty_past_max_steps_and_late_batches_go_at_once(service_factory, root):
+    svc = service_factory(max_steps=5)
+    empty, past, late = make_files(root, 0, 3), make_files(root, 0, 4), make_files(root, 3, 2)
+    assert svc.record_batch(1, empty, empty=True)["disposition"] == "discarded"
+    assert svc.record_batch(6, past)["disposition"] == "discarded"
+    svc.policy_updated(3)
+    assert svc.record_batch(3, late)["disposition"] == "consumed"
+    assert svc.wait_idle(10)
+    assert existing(empty + past + late) == []
+    deleted = svc.status()["deleted"]
+    assert deleted["discarded"]["files"] == 7 and deleted["consumed"]["files"] == 2
+
+
+def test_discard_of_a_pending_file_is_refused_whole(service_factory, root):
+    svc = service_factory()
+    batch, loose = make_files(root, 0, 2), make_files(root, 0, 2)
+    svc.record_batch(4, batch)
+    with pytest.raises(DiscardConflictError, match=r"batch 4") as info:
+        svc.discard([loose[0], batch[1]])
+    assert info.value.conflicts == {batch[1]: 4}
+    assert svc.wait_idle(10)
+    assert existing(batch + loose) == batch + loose  # nothing at all was deleted
+    svc.discard(loose)
+    assert svc.wait_idle(10)
+    assert existing(loose) == [] and existing(batch) == batch
+
+
+def test_backstop_sweeps_old_versions_but_spares_pending_files(service_factory, root):
+    svc = service_factory(max_off_policy_steps=2)
+    old = make_files(root, 0, 5) + make_files(root, 1, 5)
+    protected = make_files(root, 1, 1)  # a (buggy) batch that holds an old file
+    keep = make_files(root, 2, 3) + make_files(root, 3, 3)
+    svc.record_batch(9, protected)
+    result = svc.policy_updated(4)  # bound min_fresh_version(5, 2) = 2: v0 and v1 go
+    assert result["backstop_below"] == 2
+    assert svc.wait_idle(10)
+    assert existing(old) == [] and existing(keep) == keep and existing(protected) == protected
+    assert not (root / "v0").exists() and (root / "v1").exists() and (root / "v2").exists()
+    assert svc.status()["deleted"]["backstop"]["files"] == 10
+
+
+def test_paths_outside_the_root_are_refused_with_the_path(service_factory, root, tmp_path):
+    svc = service_factory()
+    outside = tmp_path / "elsewhere" / "v1" / "x.bin"
+    for bad in (str(outside), f"{root}/v1/../../x.bin", f"{root}/x1/a.bin", "v1/a/b.bin"):
+        with pytest.raises(RefusedPathError) as info:
+            svc.record_batch(1, [f"{root}/v0/ok.bin", bad])
+        assert info.value.path == bad and repr(bad) in str(info.value)
+    with pytest.raises(ValueError, match="step must be an integer >= 0"):
+        svc.policy_updated(-1)
+    with pytest.raises(ValueError, match="a single string"):
+        svc.discard(f"{root}/v0/ok.bin")
+    assert svc.status()["pending_batches"] == 0
+    assert [r["op"] for r in read_records(svc.state_dir / "journal.jsonl")] == ["run"]
+
+
+def test_a_symlinked_version_dir_is_never_followed(service_factory, root, tmp_path):
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    (victim_dir / "precious.bin").write_bytes(b"keep me")
+    (root / "v3").symlink_to(victim_dir)
+    svc = service_factory(max_off_policy_steps=0)
+    svc.discard([f"{root}/v3/precious.bin"])
+    svc.policy_updated(10)  # the backstop ignores symlinks too
+    assert svc.wait_idle(10)
+    assert (victim_dir / "precious.bin").read_bytes() == b"keep me"
+    errors = svc.metrics.delete_errors.labels("not_a_directory")._value.get()
+    assert errors == 1
+
+
+def test_failed_unlinks_are_retried_counted_and_given_up(service_factory, root):
+    attempts: dict[str, int] = {}
+
+    def flaky(name, *, dir_fd):
+        attempts[name] = attempts.get(name, 0) + 1
+        if name.startswith("stuck") or attempts[name] <= 2:
+            raise OSError(errno.EBUSY, "injected busy error")
+        os.unlink(name, dir_fd=dir_fd)
+
+    svc = service_factory(unlink=flaky)
+    (root / "v0").mkdir()
+    (root / "v0" / "ok.bin").write_bytes(b"1")
+    (root / "v0" / "stuck.bin").write_bytes(b"2")
+    svc.discard([f"{root}/v0/ok.bin", f"{root}/v0/stuck.bin"])
+    assert svc.wait_idle(20)
+    assert not (root / "v0" / "ok.bin").exists() and (root / "v0" / "stuck.bin").exists()
+    assert attempts == {"ok.bin": 3, "stuck.bin": 5}
+    assert svc.metrics.delete_errors.labels("io_error")._value.get() == 2 + 5
+    assert svc.metrics.delete_given_up._value.get() == 1
+    assert svc.status()["deleted"]["discarded"]["files"] == 1
+
+
+def test_calls_return_while_unlinks_are_blocked(service_factory, root):
+    release = threading.Event()
+
+    def slow(name, *, dir_fd):
+        release.wait(30)
+        os.unlink(name, dir_fd=dir_fd)
+
+    svc = service_factory(unlink=slow, workers=2, chunk_files=10)
+    files = make_files(root, 0, 100)
+    svc.record_batch(1, files)
+    t0 = time.perf_counter()
+    svc.policy_updated(1)
+    svc.record_batch(2, make_files(root, 1, 3))
+    svc.policy_updated(2)
+    assert time.perf_counter() - t0 < 1.0
+    st = svc.status()
+    assert st["queue_files"] > 0 and st["outstanding_jobs"] >= 1
+    assert len(existing(files)) >= 98
+    release.set()
+    assert svc.wait_idle(20)
+    assert existing(files) == []
+
+
+def test_accounting_follows_deletions_and_scans_correct_it(service_factory, root):
+    make_files(root, 0, 10, size=1000)
+    files = make_files(root, 1, 10, size=500)
+    svc = service_factory(resume=True)
+    svc.scan()
+    st = svc.status()["directory"]
+    assert (st["bytes"], st["files"], st["version_directories"]) == (15000, 20, 2)
+    svc.discard(files[:4])
+    assert svc.wait_idle(10)
+    st = svc.status()["directory"]
+    assert (st["bytes"], st["files"]) == (13000, 16)  # by accounting, no scan
+    make_files(root, 2, 1, size=7)  # written behind its back: seen at the next scan
+    svc.scan()
+    st = svc.status()["directory"]
+    assert (st["bytes"], st["files"], st["version_directories"]) == (13007, 17, 3)
+
+
+def test_fresh_run_wipes_resumed_keeps(service_factory, root):
+    old = make_files(root, 0, 5) + make_files(root, 7, 5)
+    svc = service_factory(run_id="run-1", resume=True)
+    assert svc.mode is StartMode.RESUMED
+    assert svc.wait_idle(10) and existing(old) == old
+    svc.close()
+    fresh = service_factory(run_id="run-2")
+    assert fresh.mode is StartMode.FRESH
+    assert not (root / "v0").exists()  # moved aside at start, before any call
+    assert fresh.wait_idle(10)
+    assert existing(old) == [] and not (root / ".retention-trash").exists()
+    assert fresh.status()["deleted"]["wipe"]["files"] == 10
+
+
+def test_restart_in_the_same_run_replays_and_wipes_nothing(service_factory, root):
+    release = threading.Event()
+
+    def blocked(name, *, dir_fd):
+        if not release.wait(0):
+            raise OSError(errno.EIO, "volume stalled")  # never deletes before the "crash"
+        os.unlink(name, dir_fd=dir_fd)
+
+    svc = service_factory(unlink=blocked)
+    consumed, pending, loose = (
+        make_files(root, 0, 6),
+        make_files(root, 1, 4),
+        make_files(root, 1, 2),
+    )
+    svc.record_batch(1, consumed)
+    svc.record_batch(2, pending)
+    svc.discard(loose[:1])
+    svc.policy_updated(1)
+    svc.close()  # queued deletions dropped, as in a crash
+    assert len(existing(consumed)) >= 1
+    with open(svc.state_dir / "journal.jsonl", "ab") as f:
+        f.write(b'{"op":"discard","files":["v1/')  # an unacknowledged, torn append
+    again = service_factory()
+    assert again.mode is StartMode.RESTARTED
+    assert again.wait_idle(10)
+    assert existing(consumed) == [] and existing(loose) == loose[1:]
+    assert existing(pending) == pending
+    st = again.status()
+    assert st["policy_step"] == 1 and st["pending_steps"] == [2]
+    again.policy_updated(2)
+    assert again.wait_idle(10) and existing(pending) == []
+
+
+def test_journal_is_compacted_as_batches_settle(service_factory, root):
+    svc = service_factory(compact_bytes=4096, max_off_policy_steps=1)
+    for step in range(1, 30):
+        svc.record_batch(step, make_files(root, step, 10))
+        if step > 1:
+            svc.policy_updated(step - 1)
+        svc.wait_idle(10)
+    svc.record_batch(30, make_files(root, 29, 3))
+    assert svc.wait_idle(10)
+    assert svc.metrics.compactions._value.get() >= 1
+    size = (svc.state_dir / "journal.jsonl").stat().st_size
+    assert size < 3 * 4096
+    svc.close()
+    again = service_factory()
+    st = again.status()
+    assert st["policy_step"] == 28 and st["pending_steps"] == [29, 30]
+    assert st["pending_files"] == 13
+
+
+def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_factory, root):
+    volume_up = threading.Event()
+
+    def unlink(name, *, dir_fd):
+        if not volume_up.is_set():
+            raise OSError(errno.EIO, "volume stalled")
+        os.unlink(name, dir_fd=dir_fd)
+
+    fast = Retry(attempts=1, backoff_s=0.001)
+    svc = service_factory(unlink=unlink, retry=fast, compact_bytes=1)
+    consumed, loose = make_files(root, 0, 5), make_files(root, 0, 3)
+    svc.record_batch(1, consumed)
+    svc.discard(loose)
+    svc.policy_updated(1)
+    svc.close()
+    again = service_factory(unlink=unlink, retry=fast, compact_bytes=1)  # compacts at start
+    again.close()
+    records = list(read_records(again.state_dir / "journal.jsonl"))
+    assert [r["op"] for r in records[:2]] == ["run", "policy"]
+    assert {r["op"] for r in records[2:]} == {"delete"}
+    kept = {f for r in records[2:] for f in r["files"]}
+    assert kept == {f"v0/{Path(f).name}" for f in consumed + loose}
+    assert existing(consumed + loose) == consumed + loose
+    volume_up.set()
+    third = service_factory(unlink=unlink)
+    assert third.wait_idle(10)
+    assert existing(consumed + loose) == []
