@@ -7,7 +7,7 @@ SHELL := bash
 VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint format test unit demo bench cluster-binaries
+.PHONY: help venv lint format test unit demo bench bench-all cluster-binaries prometheus
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ format: ## apply ruff's formatting and safe fixes
 cluster-binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, helm (cached)
 	@bash cluster/build.sh
 
-test: lint cluster-binaries ## every test: lint, unit, property and integration (what CI runs)
+prometheus: ## make sure a Prometheus server is installed (Debian's), for the dashboard tests
+	@bash hack/prometheus.sh >/dev/null
+
+test: lint cluster-binaries prometheus ## every test: lint, unit, property, integration (what CI runs)
 	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
 
 unit: ## the tests that need no control plane
@@ -35,3 +38,9 @@ demo: ## the main job: a local round trip of one Qwen3-30B-A3B-sized response
 
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 	@$(PY) bench/dataplane.py
+
+bench-all: cluster-binaries ## every benchmark: data plane, writer, retention, operator
+	@$(PY) bench/dataplane.py
+	@$(PY) bench/writer.py
+	@$(PY) bench/retention.py
+	@$(PY) bench/operator.py

@@ -32,16 +32,24 @@ venv=$cache/venv/$key
 # when either changes.
 stamp="$repo $(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
 
+# One creator at a time: a second caller waits here instead of deleting a half-built venv.
+mkdir -p "$cache/venv"
+exec 9>"$cache/venv/.lock"
+flock 9
+
 if [ ! -f "$venv/.complete" ]; then
   log "creating $venv (extras: $extras); the first time this downloads torch and takes minutes"
   rm -rf "$venv"
-  mkdir -p "$cache/venv"
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel >&2
   "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -e "$repo[$extras]" >&2
   echo "$stamp" >"$venv/.source"
   touch "$venv/.complete"
   log "ready"
+  # keep the cache bounded: environments of other dependency sets go (each is several GB)
+  for old in "$cache"/venv/*/; do
+    [ "${old%/}" = "$venv" ] || { log "removing the stale environment ${old%/}"; rm -rf "${old%/}"; }
+  done
 elif [ "$(cat "$venv/.source" 2>/dev/null)" != "$stamp" ]; then
   log "installing this checkout ($repo) into $venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
