@@ -21,6 +21,7 @@ The workload is a function of ``--seed`` only, so both policies see the same rol
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -95,6 +96,7 @@ class StepRecord:
     after_bytes: int  # after its deletions finished
     after_files: int
     seconds: float
+    batch_bytes: int  # a batch's payload bytes (mean rollout so far x batch size)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Summary:
     steps: list[StepRecord] = field(default_factory=list)
     written_files: int = 0
     written_bytes: int = 0
+    written_rollouts: int = 0
     dropped_groups: int = 0
     stale_groups: int = 0
     cancelled_groups: int = 0
@@ -122,12 +125,20 @@ class Summary:
         return max((s.high_files for s in self.steps), default=0)
 
     @property
+    def batch_bytes(self) -> int:
+        """A batch's payload bytes, from the mean rollout written (inference decides its size)."""
+        if not self.written_rollouts:
+            return self.workload.batch_bytes
+        return round(self.written_bytes / self.written_rollouts * self.workload.batch_size)
+
+    @property
     def peak_batches(self) -> float:
-        return self.peak_bytes / self.workload.batch_bytes if self.workload.batch_bytes else 0.0
+        return self.peak_bytes / self.batch_bytes if self.batch_bytes else 0.0
 
     def to_json(self) -> dict:
         out = asdict(self)
         out.update(
+            batch_bytes=self.batch_bytes,
             peak_bytes=self.peak_bytes,
             peak_files=self.peak_files,
             peak_batches=round(self.peak_batches, 3),
@@ -227,15 +238,93 @@ def measure(root: PayloadRoot) -> tuple[int, int]:
     return directory_size(root.version_dirs().values())
 
 
+class LocalFiles:
+    """Inference as plain file writes: ``files_per_rollout`` files of ``bytes_per_file`` each."""
+
+    def __init__(self, workload: Workload, root: PayloadRoot) -> None:
+        self.w = workload
+        self.root = root
+        self.payload = os.urandom(workload.bytes_per_file)
+
+    def write(self, version: int, rng: random.Random) -> tuple[list[str], int]:
+        d = self.root.path / version_dir_name(version)
+        d.mkdir(exist_ok=True)
+        files = []
+        for _ in range(self.w.files_per_rollout):
+            path = d / f"{uuid.UUID(int=rng.getrandbits(128)).hex}{FILE_SUFFIX}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, self.payload)
+            finally:
+                os.close(fd)
+            files.append(str(path))
+        return files, len(files) * len(self.payload)
+
+
+class ThroughWriter:
+    """Inference through a writer sidecar: each rollout is one tokens-in generate request.
+
+    The request names ``payload_dir = <root>/v<k>``; the writer takes the routed experts and the
+    sampling mask off the (vLLM-format) response, writes them into one file and returns its
+    segments, whose files the loop then tracks like any other. ``wire`` counts the response
+    bytes that came back (segments) against the bytes the same responses carry inline.
+    """
+
+    def __init__(self, url: str, root: PayloadRoot, *, prompt_tokens: int, max_tokens: int):
+        self.url = url.rstrip("/") + "/inference/v1/generate"
+        self.root = root
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.handle_bytes = 0
+
+    def write(self, version: int, rng: random.Random) -> tuple[list[str], int]:
+        import urllib.request
+
+        from payloadrun.segments import files_of, segments_from_json
+
+        body = {
+            "model": "simulate",
+            "token_ids": [rng.randrange(150_000) for _ in range(self.prompt_tokens)],
+            "sampling_params": {
+                "max_tokens": self.max_tokens,
+                "temperature": 1.0,
+                "extra_args": {"payload_dir": f"{self.root.path}/{version_dir_name(version)}"},
+            },
+        }
+        req = urllib.request.Request(
+            self.url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+        self.handle_bytes += len(raw)
+        segments = []
+        for choice in json.loads(raw)["choices"]:
+            if choice.get("payload") is None:
+                raise RuntimeError(
+                    f"the writer at {self.url} answered inline (fallback "
+                    f"{resp.headers.get('X-Payloadrun-Fallback')!r}): is its payload root "
+                    f"{str(self.root.path)!r}?"
+                )
+            segments += segments_from_json(choice["payload"])
+        return files_of(segments), sum(s.nbytes for s in segments)
+
+
 class _Loop:
     """The simulated inference, orchestrator and trainer, one method per part."""
 
-    def __init__(self, workload: Workload, root: PayloadRoot, retention: _Retention, policy: str):
+    def __init__(
+        self,
+        workload: Workload,
+        root: PayloadRoot,
+        retention: _Retention,
+        policy: str,
+        inference: LocalFiles | ThroughWriter | None = None,
+    ):
         self.w = workload
         self.root = root
         self.retention = retention
+        self.inference = inference or LocalFiles(workload, root)
         self.rng = random.Random(workload.seed)
-        self.payload = os.urandom(workload.bytes_per_file)
         self.summary = Summary(policy=policy, workload=workload)
         self.inflight: list[_Group] = []
         self.ready: deque[_Group] = deque()
@@ -275,21 +364,13 @@ class _Loop:
         return written
 
     def _write_rollout(self, group: _Group) -> int:
-        w = self.w
-        d = self.root.path / version_dir_name(group.version)
-        d.mkdir(exist_ok=True)
-        for _ in range(w.files_per_rollout):
-            path = d / f"{uuid.UUID(int=self.rng.getrandbits(128)).hex}{FILE_SUFFIX}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.write(fd, self.payload)
-            finally:
-                os.close(fd)
-            group.files.append(str(path))
+        files, nbytes = self.inference.write(group.version, self.rng)
+        group.files += files
         group.written += 1
-        self.summary.written_files += w.files_per_rollout
-        self.summary.written_bytes += w.files_per_rollout * w.bytes_per_file
-        return w.files_per_rollout
+        self.summary.written_files += len(files)
+        self.summary.written_bytes += nbytes
+        self.summary.written_rollouts += 1
+        return len(files)
 
     def build_batch(self, step: int) -> int:
         """Orchestrator: drop stale groups, record the oldest whole groups as batch ``step``."""
@@ -342,6 +423,7 @@ class _Loop:
                 after_bytes,
                 after_files,
                 time.perf_counter() - t0,
+                summary.batch_bytes,
             )
             summary.steps.append(record)
             if progress:
@@ -362,9 +444,10 @@ def simulate(
     *,
     policy: str,
     progress: Callable[[StepRecord], None] | None = None,
+    inference: LocalFiles | ThroughWriter | None = None,
 ) -> Summary:
     """Play the RL loop for ``workload.steps`` batches; returns the per-step directory sizes."""
-    return _Loop(workload, root, retention, policy).run(progress)
+    return _Loop(workload, root, retention, policy, inference).run(progress)
 
 
 def run_policy(
@@ -375,18 +458,32 @@ def run_policy(
     url: str | None = None,
     progress: Callable[[StepRecord], None] | None = None,
     sidecar_args: tuple[str, ...] = (),
+    writer_url: str | None = None,
+    prompt_tokens: int = 64,
+    max_tokens: int = 16,
 ) -> Summary:
-    """Run ``workload`` under ``policy`` on ``root`` (starting a sidecar unless ``url``)."""
+    """Run ``workload`` under ``policy`` on ``root`` (starting a sidecar unless ``url``).
+
+    With ``writer_url`` the rollouts' payload files come from that writer sidecar (whose payload
+    root must be ``root``) instead of plain file writes.
+    """
     from payloadrun.retention.client import RetentionClient
     from payloadrun.retention.process import SidecarProcess
 
     root.mkdir(parents=True, exist_ok=True)
     payload_root = PayloadRoot(root)
+    inference = None
+    if writer_url is not None:
+        inference = ThroughWriter(
+            writer_url, payload_root, prompt_tokens=prompt_tokens, max_tokens=max_tokens
+        )
+    play = functools.partial(simulate, policy=policy, progress=progress, inference=inference)
     if policy == VERSION_SWEEP:
         for path in payload_root.version_dirs().values():
             shutil.rmtree(path)
-        sweep = _VersionSweep(payload_root, workload.max_off_policy_steps)
-        return simulate(workload, payload_root, sweep, policy=policy, progress=progress)
+        return play(
+            workload, payload_root, _VersionSweep(payload_root, workload.max_off_policy_steps)
+        )
     if policy != DELETE_ON_CONSUME:
         raise ValueError(f"unknown policy {policy!r}: use one of {POLICIES}")
     if url is not None:
@@ -397,9 +494,7 @@ def run_policy(
                     f"the sidecar at {url} serves {served!r}, not {str(payload_root.path)!r}: "
                     "pass the same --root"
                 )
-            return simulate(
-                workload, payload_root, _SidecarRetention(client), policy=policy, progress=progress
-            )
+            return play(workload, payload_root, _SidecarRetention(client))
     args = (
         "--max-off-policy-steps",
         str(workload.max_off_policy_steps),
@@ -411,9 +506,7 @@ def run_policy(
     )
     run_id = f"simulate-{workload.seed}-{uuid.uuid4().hex[:8]}"
     with SidecarProcess(root, run_id, args=args) as sidecar, RetentionClient(sidecar.url) as client:
-        return simulate(
-            workload, payload_root, _SidecarRetention(client), policy=policy, progress=progress
-        )
+        return play(workload, payload_root, _SidecarRetention(client))
 
 
 def _mb(n: float) -> str:
@@ -422,10 +515,11 @@ def _mb(n: float) -> str:
 
 def format_step(w: Workload, r: StepRecord) -> str:
     policy = "-" if r.policy_step is None else f"v{r.policy_step}"
+    batches = r.high_bytes / r.batch_bytes if r.batch_bytes else 0.0
     return (
         f"step {r.step:>4}/{w.steps}  policy {policy:>5}  wrote {r.written_files:>6} files  "
         f"batch {r.batch_rollouts:>5} rollouts  dir {_mb(r.high_bytes):>11} "
-        f"{r.high_files:>7} files ({r.high_bytes / w.batch_bytes:5.2f} batches) -> "
+        f"{r.high_files:>7} files ({batches:5.2f} batches) -> "
         f"{_mb(r.after_bytes):>11} {r.after_files:>7} files  {r.seconds * 1e3:7.1f} ms"
     )
 
@@ -439,7 +533,7 @@ def format_summary(s: Summary) -> str:
             f"({w.groups_per_batch} groups of {w.group_size}), m={w.max_off_policy_steps}, "
             f"seed {w.seed}",
             f"peak directory: {_mb(s.peak_bytes)}, {s.peak_files} files "
-            f"({s.peak_batches:.2f} batches of {_mb(w.batch_bytes)})",
+            f"({s.peak_batches:.2f} batches of {_mb(s.batch_bytes)})",
             f"final directory: {_mb(s.final_bytes)}, {s.final_files} files",
             f"written: {s.written_files} files, {_mb(s.written_bytes)}; groups dropped "
             f"{s.dropped_groups}, stale {s.stale_groups}, cancelled in flight {s.cancelled_groups}",
@@ -461,6 +555,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=POLICIES, default=DELETE_ON_CONSUME)
     p.add_argument("--root", type=Path, help="payload root (default: a temporary directory)")
     p.add_argument("--url", help="use the retention sidecar at this URL instead of starting one")
+    p.add_argument(
+        "--writer-url",
+        help="get each rollout's payload file from this writer sidecar (a tokens-in generate "
+        "request with payload_dir) instead of writing files; its payload root must be --root",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=64, help="with --writer-url")
+    p.add_argument("--max-tokens", type=int, default=16, help="with --writer-url")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per batch")
     p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per group")
     p.add_argument("--files-per-rollout", type=int, default=d.files_per_rollout)
@@ -500,7 +601,18 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="payloadrun-simulate-") as tmp:
         root = args.root or Path(tmp) / "payloads"
-        summary = run_policy(workload, args.policy, root, url=args.url, progress=progress)
+        if args.writer_url and not args.root:
+            raise SystemExit("simulate: --writer-url needs --root, the writer's payload root")
+        summary = run_policy(
+            workload,
+            args.policy,
+            root,
+            url=args.url,
+            progress=progress,
+            writer_url=args.writer_url,
+            prompt_tokens=args.prompt_tokens,
+            max_tokens=args.max_tokens,
+        )
     print(format_summary(summary), file=out)
     if args.json:
         print(json.dumps(summary.to_json()))

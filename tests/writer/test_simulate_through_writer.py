@@ -1,0 +1,39 @@
+"""The simulator with its rollouts coming through the writer sidecar (the demo's data path)."""
+
+from pathlib import Path
+
+from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
+
+from .conftest import metric
+
+WORKLOAD = Workload(batch_size=16, group_size=4, max_off_policy_steps=2, steps=6, seed=3)
+
+
+def test_rollouts_by_handle_are_deleted_on_consume(writer, root: Path):
+    summary = run_policy(
+        WORKLOAD, DELETE_ON_CONSUME, root, writer_url=writer.url, prompt_tokens=24, max_tokens=8
+    )
+    assert summary.missing_files == 0  # the trainer found every file it read
+    assert summary.written_rollouts > 0
+    assert summary.written_files == summary.written_rollouts  # one file per request
+    # every payload file came from the writer: handle mode, and bytes it wrote
+    handled = metric(writer, "payloadrun_writer_requests_total", mode="handle", status="200")
+    assert handled == summary.written_rollouts
+    written = sum(
+        metric(writer, "payloadrun_writer_payload_written_bytes_total", field=field)
+        for field in ("routed_experts", "sampling_mask")
+    )
+    assert written == summary.written_bytes
+    # consumed and discarded files are gone; what is left is in flight or for the backstop
+    assert summary.peak_batches < 3.5
+    left = [p for p in root.rglob("*.bin")]
+    assert len(left) == summary.final_files < summary.written_files
+
+
+def test_the_version_sweep_baseline_keeps_more_on_the_same_rollouts(writer, root: Path):
+    kw = {"writer_url": writer.url, "prompt_tokens": 24, "max_tokens": 8}
+    consume = run_policy(WORKLOAD, DELETE_ON_CONSUME, root, **kw)
+    sweep = run_policy(WORKLOAD, VERSION_SWEEP, root, **kw)
+    assert sweep.missing_files == 0
+    assert sweep.written_rollouts == consume.written_rollouts  # the same seeded workload
+    assert sweep.peak_files > consume.peak_files
