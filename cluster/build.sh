@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# Build the local Kubernetes control plane from the Go module proxy.
+#
+# Builds (only what is missing) at the versions pinned in cluster/versions.env:
+#   kube-apiserver, kube-controller-manager, kubectl  (k8s.io/kubernetes)
+#   etcd                                             (go.etcd.io/etcd/server/v3)
+#   helm                                             (helm.sh/helm/v3)
+# into a cache outside the repository, keyed by version:
+#   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,kube-controller-manager,kubectl}
+#   .../bin/etcd-<v>/etcd
+#   .../bin/helm-<v>/helm
+#   .../bin/controlplane-k<v>-e<v>-h<v>/   symlinks to all of the above (printed on stdout at the end)
+# The Go module and build caches live under the same cache directory, so a bumped
+# component rebuilds from cached modules and packages.
+#
+# Progress goes to stderr with timestamps; the only stdout line is the binary directory,
+# so `BIN=$(bash cluster/build.sh)` works. When everything is built it does not start Go.
+#
+# Environment:
+#   PAYLOADRUN_CACHE       cache root (default $HOME/.cache/payloadrun)
+#   PAYLOADRUN_BUILD_JOBS  go build -p (default 2)
+set -euo pipefail
+
+# Everything runs inside main(), which bash parses whole before running it: editing this file
+# while a build is running cannot change what that build executes.
+main() {
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+: "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}"
+
+CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
+JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
+BIN_ROOT="$CACHE/bin"
+K8S_DIR="$BIN_ROOT/kubernetes-$KUBERNETES_VERSION"
+ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
+HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
+SET_DIR="$BIN_ROOT/controlplane-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION"
+K8S_BINS=(kube-apiserver kube-controller-manager kubectl)
+
+START_S=$SECONDS
+log() { printf '[%s +%4ds] build.sh: %s\n' "$(date +%H:%M:%S)" "$((SECONDS - START_S))" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+have_all() {
+  local b
+  for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
+  [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" ]]
+}
+
+link_set() {
+  # Idempotent: one directory with every binary of this version set.
+  local tmp="$SET_DIR.tmp.$$" b
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for b in "${K8S_BINS[@]}"; do ln -s "$K8S_DIR/$b" "$tmp/$b"; done
+  ln -s "$ETCD_DIR/etcd" "$tmp/etcd"
+  ln -s "$HELM_DIR/helm" "$tmp/helm"
+  rm -rf "$SET_DIR"; mv "$tmp" "$SET_DIR"
+}
+
+# ---- warm path: no Go, no network ---------------------------------------------------------
+if have_all; then
+  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" ]] || link_set
+  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION)"
+  echo "$SET_DIR"
+  exit 0
+fi
+
+# ---- cold path --------------------------------------------------------------------------
+command -v go >/dev/null || die "the Go toolchain is not on PATH; Kubernetes $KUBERNETES_VERSION needs Go >= ${GO_MIN_VERSION#go}"
+GOV="$(go env GOVERSION)"
+if [[ -n "${GO_MIN_VERSION:-}" && "$(printf '%s\n%s\n' "${GO_MIN_VERSION#go}" "${GOV#go}" | sort -V | head -n1)" != "${GO_MIN_VERSION#go}" ]]; then
+  die "$GOV is too old: Kubernetes $KUBERNETES_VERSION needs Go >= ${GO_MIN_VERSION#go} (GO_MIN_VERSION in cluster/versions.env)"
+fi
+log "using $GOV ($(command -v go)); cache $CACHE; go build -p $JOBS"
+
+mkdir -p "$BIN_ROOT" "$CACHE/logs" "$CACHE/go"
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+  log "another build holds $CACHE/.build.lock; waiting for it"
+  flock 9
+  if have_all; then link_set; log "built by the other process"; echo "$SET_DIR"; exit 0; fi
+fi
+
+export GOMODCACHE="$CACHE/go/mod"
+export GOCACHE="$CACHE/go/build"
+export GOPATH="$CACHE/go/path"
+export GOTOOLCHAIN=local
+export GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
+export CGO_ENABLED=0
+export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+
+LOG="$CACHE/logs/build-$(date +%Y%m%dT%H%M%S).log"
+log "full go output: $LOG"
+
+# Run a go command with its output in $LOG; print a progress line every 100 compiled
+# packages (go -v names each package it compiles) and show the log tail on failure.
+run_go() {
+  local what="$1"; shift
+  local n=0 line rc
+  echo "### $what: go $*" >>"$LOG"
+  set +e
+  { go "$@" 2>&1; echo "__RC__=$?"; } | while IFS= read -r line; do
+    printf '%s\n' "$line" >>"$LOG"
+    case "$line" in
+      __RC__=*) exit "${line#__RC__=}" ;;
+      go:\ downloading*) ;;
+      [a-z]*/*|[a-z]*) if [[ "$line" != *" "* ]]; then n=$((n + 1)); (( n % 100 == 0 )) && log "$what: $n packages compiled (last: $line)"; fi ;;
+    esac
+  done
+  rc=$?
+  set -e
+  if (( rc != 0 )); then
+    log "$what failed (exit $rc); last lines of $LOG:"
+    tail -n 40 "$LOG" | sed 's/^/    /' >&2
+    die "$what failed; fix the cause above and rerun: bash cluster/build.sh"
+  fi
+}
+
+# -- kubernetes + etcd ------------------------------------------------------------------------
+# kube-apiserver, kube-controller-manager and kubectl are built in one wrapper module, one go
+# build, so shared packages compile once. etcd joins that build when ETCD_VERSION is the etcd
+# version k8s.io/kubernetes itself requires (then the build list is exactly upstream's);
+# any other etcd version gets its own wrapper module, so it never shifts the dependency
+# versions Kubernetes is built with.
+wrapper_etcd_main() {
+  mkdir -p "$1/cmd/etcd"
+  cat >"$1/cmd/etcd/main.go" <<'EOF_MAIN'
+// Command etcd is the etcd server (go.etcd.io/etcd/server/v3/etcdmain), built by cluster/build.sh.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF_MAIN
+}
+
+need_k8s_pkgs=()
+for b in "${K8S_BINS[@]}"; do
+  [[ -x "$K8S_DIR/$b" ]] || need_k8s_pkgs+=("k8s.io/kubernetes/cmd/$b")
+done
+need_etcd=0
+[[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
+
+if (( ${#need_k8s_pkgs[@]} || need_etcd )); then
+  KMINOR="${KUBERNETES_VERSION#v1.}"; KMINOR="${KMINOR%%.*}"
+  STAGING_VERSION="v0.${KUBERNETES_VERSION#v1.}"
+  WRAP="$CACHE/wrappers/kubernetes-$KUBERNETES_VERSION"
+  rm -rf "$WRAP"; mkdir -p "$WRAP"
+
+  # The staging modules k8s.io/kubernetes requires as v0.0.0 (its own go.mod replaces them
+  # with ./staging/...; replace directives of a dependency do not apply, so we repeat them
+  # with the published v0.X.Y).
+  KMOD="$WRAP/kubernetes.mod"
+  log "fetching k8s.io/kubernetes@$KUBERNETES_VERSION go.mod"
+  (cd "$WRAP" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" >"$WRAP/download.json" 2>>"$LOG") \
+    || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION from $GOPROXY (see $LOG); check KUBERNETES_VERSION in cluster/versions.env"
+  GOMOD_PATH="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' "$WRAP/download.json")"
+  [[ -f "$GOMOD_PATH" ]] || die "go mod download gave no go.mod path for k8s.io/kubernetes@$KUBERNETES_VERSION (see $WRAP/download.json)"
+  cp "$GOMOD_PATH" "$KMOD"
+  mapfile -t STAGING < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$KMOD" | sort -u)
+  mapfile -t REQUIRED_V0 < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$KMOD" | sort -u)
+  (( ${#STAGING[@]} > 10 )) || die "found only ${#STAGING[@]} staging replaces in k8s.io/kubernetes@$KUBERNETES_VERSION go.mod; the wrapper recipe needs updating"
+  K8S_ETCD="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2}' "$KMOD")"
+
+  etcd_with_k8s=0
+  if (( need_etcd )) && [[ "$ETCD_VERSION" == "$K8S_ETCD" ]]; then etcd_with_k8s=1; fi
+  build_pkgs=("${need_k8s_pkgs[@]}")
+  (( etcd_with_k8s )) && build_pkgs+=("./cmd/etcd")
+
+  if (( ${#build_pkgs[@]} )); then
+    log "kubernetes $KUBERNETES_VERSION$( (( etcd_with_k8s )) && echo " + etcd $ETCD_VERSION"): wrapper module $WRAP"
+    {
+      echo "// Generated by cluster/build.sh: builds Kubernetes $KUBERNETES_VERSION components."
+      echo "module payloadrun.local/kubernetes"
+      echo
+      echo "go ${GOV#go}"
+      echo
+      echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+      echo
+      echo "tool ("
+      for b in "${K8S_BINS[@]}"; do echo "	k8s.io/kubernetes/cmd/$b"; done
+      echo ")"
+      echo
+      echo "replace ("
+      for m in "${STAGING[@]}"; do
+        # Only modules the build graph reaches (required as v0.0.0); sample-* modules are not published.
+        if printf '%s\n' "${REQUIRED_V0[@]}" | grep -qxF "$m"; then
+          echo "	$m => $m $STAGING_VERSION"
+        fi
+      done
+      echo ")"
+    } >"$WRAP/go.mod"
+    (( etcd_with_k8s )) && wrapper_etcd_main "$WRAP"
+    log "wrapper go.mod: $(grep -c ' => ' "$WRAP/go.mod") staging replaces to $STAGING_VERSION"
+    log "resolving modules (a cold cache downloads about 1 GB from the module proxy)"
+    # The tool directives make tidy resolve the k8s commands' dependencies.
+    run_go "go mod tidy" -C "$WRAP" mod tidy
+
+    K8S_LDFLAGS="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      K8S_LDFLAGS+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KMINOR -X $pkg.gitTreeState=clean"
+    done
+    OUT="$WRAP/out"; mkdir -p "$OUT"
+    log "compiling ${build_pkgs[*]}$( (( ${#need_k8s_pkgs[@]} )) && echo " (from an empty cache: 15-25 min on 2 cores)")"
+    run_go "kubernetes build" -C "$WRAP" build -v -p "$JOBS" -trimpath -ldflags "$K8S_LDFLAGS" -o "$OUT/" "${build_pkgs[@]}"
+    if (( ${#need_k8s_pkgs[@]} )); then
+      mkdir -p "$K8S_DIR"
+      for b in "${K8S_BINS[@]}"; do
+        [[ -x "$OUT/$b" ]] && mv -f "$OUT/$b" "$K8S_DIR/$b"
+      done
+      "$K8S_DIR/kubectl" version --client >>"$LOG" 2>&1 || die "built kubectl does not run (see $LOG)"
+      log "kubernetes binaries done: $K8S_DIR"
+    fi
+  fi
+
+  if (( need_etcd )); then
+    if (( ! etcd_with_k8s )); then
+      EWRAP="$CACHE/wrappers/etcd-$ETCD_VERSION"
+      log "etcd $ETCD_VERSION differs from the $K8S_ETCD that Kubernetes $KUBERNETES_VERSION requires: own wrapper module $EWRAP"
+      rm -rf "$EWRAP"; mkdir -p "$EWRAP"
+      printf '// Generated by cluster/build.sh: builds etcd %s.\nmodule payloadrun.local/etcd\n\ngo %s\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
+        "$ETCD_VERSION" "${GOV#go}" "$ETCD_VERSION" >"$EWRAP/go.mod"
+      wrapper_etcd_main "$EWRAP"
+      run_go "go mod tidy (etcd)" -C "$EWRAP" mod tidy
+      mkdir -p "$EWRAP/out"
+      run_go "etcd build" -C "$EWRAP" build -v -p "$JOBS" -trimpath -ldflags "-s -w" -o "$EWRAP/out/" ./cmd/etcd
+      OUT="$EWRAP/out"
+    fi
+    mkdir -p "$ETCD_DIR"; mv -f "$OUT/etcd" "$ETCD_DIR/etcd"
+    "$ETCD_DIR/etcd" --version >>"$LOG" 2>&1 || die "built etcd does not run (see $LOG)"
+    log "etcd done: $ETCD_DIR"
+  fi
+fi
+
+# -- helm: its go.mod has no replace directives, so `go install pkg@version` builds it as released
+if [[ ! -x "$HELM_DIR/helm" ]]; then
+  log "helm $HELM_VERSION: compiling helm.sh/helm/v3/cmd/helm"
+  HTMP="$CACHE/wrappers/helm-$HELM_VERSION"; rm -rf "$HTMP"; mkdir -p "$HTMP"
+  HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  KM="${KUBERNETES_VERSION#v1.}"; KM="${KM%%.*}"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/chart/common; do
+    HELM_LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$KM"
+  done
+  (
+    export GOBIN="$HTMP" GOFLAGS="-modcacherw -buildvcs=false"  # go install pkg@version refuses -mod=mod
+    run_go "helm build" -C "$HTMP" install -v -p "$JOBS" -trimpath -ldflags "$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  )
+  mkdir -p "$HELM_DIR"; mv -f "$HTMP/helm" "$HELM_DIR/helm"
+  "$HELM_DIR/helm" version >>"$LOG" 2>&1 || die "built helm does not run (see $LOG)"
+  log "helm done"
+fi
+
+have_all || die "build finished but binaries are missing; see $LOG"
+link_set
+log "done in $((SECONDS - START_S))s; cache size $(du -sh "$CACHE" 2>/dev/null | cut -f1)"
+log "binaries: $SET_DIR"
+echo "$SET_DIR"
+}
+
+main "$@"

@@ -1,0 +1,151 @@
+"""Command line: python -m payloadrun_devcluster {build,up,down,status,env}.
+
+    build    build the binaries that are missing (cluster/build.sh)
+    up       start a detached cluster; prints the kubeconfig path and `export KUBECONFIG=...`
+    down     stop it (every process group; SIGTERM, then SIGKILL)
+    status   show each component and the API server's readiness (exit 1 when not healthy)
+    env      print `export KUBECONFIG=... PATH=...`:
+             eval "$(python -m payloadrun_devcluster env)"
+
+The state directory (certificates, kubeconfig, logs, etcd data, pids) is --state-dir, or
+$PAYLOADRUN_DEVCLUSTER_DIR, or $PAYLOADRUN_CACHE/devcluster (~/.cache/payloadrun/devcluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .binaries import CONTROL_PLANE_NAMES, BinariesMissing, cache_dir, find_binaries, run_build
+from .certs import CertificateError
+from .cluster import STATE_FILE, ClusterError, LocalCluster
+
+
+def default_state_dir() -> Path:
+    configured = os.environ.get("PAYLOADRUN_DEVCLUSTER_DIR")
+    return Path(configured) if configured else cache_dir() / "devcluster"
+
+
+def _say(message: str) -> None:
+    print(
+        f"[{time.strftime('%H:%M:%S')}] payloadrun_devcluster: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _exports(cluster: LocalCluster) -> str:
+    dirs = os.pathsep.join(str(d) for d in cluster.binaries.directories)
+    kubeconfig = shlex.quote(str(cluster.kubeconfig))
+    return f'export KUBECONFIG={kubeconfig}\nexport PATH={shlex.quote(dirs)}:"$PATH"'
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    print(run_build())
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir
+    if (state_dir / STATE_FILE).exists():
+        existing = LocalCluster.attach(state_dir)
+        if existing.healthy():
+            _say(f"already running at {existing.server} (state {state_dir})")
+            print(f"kubeconfig: {existing.kubeconfig}")
+            print(_exports(existing))
+            return 0
+        _say(f"found a stale or unhealthy cluster in {state_dir}; stopping what is left of it")
+        existing.stop()
+    find_binaries(CONTROL_PLANE_NAMES)
+    _say(f"starting etcd, kube-apiserver, kube-controller-manager (state {state_dir})")
+    started = time.monotonic()
+    cluster = LocalCluster(state_dir, detached=True, keep_state=True, startup_timeout=args.timeout)
+    cluster.start()
+    _say(
+        f"ready in {time.monotonic() - started:.1f}s at {cluster.server}; "
+        f"logs in {state_dir}/*.log; stop with: python -m payloadrun_devcluster down"
+    )
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(_exports(cluster))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir
+    if not (state_dir / STATE_FILE).exists():
+        _say(f"no cluster running (no {state_dir / STATE_FILE})")
+        return 0
+    cluster = LocalCluster.attach(state_dir)
+    cluster.stop()
+    _say(f"stopped; logs kept in {state_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir
+    if not (state_dir / STATE_FILE).exists():
+        print(f"not running (no {state_dir / STATE_FILE})")
+        return 1
+    cluster = LocalCluster.attach(state_dir)
+    for name, running in cluster.component_status().items():
+        process = cluster.processes.get(name)
+        pid = process.pid if process else "-"
+        print(f"{name:<24} {'running' if running else 'NOT RUNNING':<12} pid {pid}")
+    healthy = cluster.healthy()
+    print(f"{'api server':<24} {'ready' if healthy else 'NOT READY':<12} {cluster.server}")
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    return 0 if healthy else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir
+    if not (state_dir / STATE_FILE).exists():
+        _say(
+            f"no cluster running in {state_dir}; start one with: python -m payloadrun_devcluster up"
+        )
+        return 1
+    print(_exports(LocalCluster.attach(state_dir)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m payloadrun_devcluster", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=default_state_dir(), help="default: %(default)s"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build missing binaries (cluster/build.sh)").set_defaults(
+        func=cmd_build
+    )
+    up = commands.add_parser("up", help="start a detached cluster")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds to wait for readiness (default %(default)s)",
+    )
+    up.set_defaults(func=cmd_up)
+    commands.add_parser("down", help="stop the cluster").set_defaults(func=cmd_down)
+    commands.add_parser("status", help="show component status").set_defaults(func=cmd_status)
+    commands.add_parser("env", help="print export lines for KUBECONFIG and PATH").set_defaults(
+        func=cmd_env
+    )
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (BinariesMissing, ClusterError, CertificateError) as error:
+        _say(f"error: {error}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

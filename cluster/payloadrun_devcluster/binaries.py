@@ -1,0 +1,145 @@
+"""Where the control-plane binaries built by ``cluster/build.sh`` live.
+
+The layout is keyed by the versions pinned in ``cluster/versions.env``::
+
+    $PAYLOADRUN_CACHE/bin/kubernetes-<v>/{kube-apiserver,kube-controller-manager,kubectl}
+    $PAYLOADRUN_CACHE/bin/etcd-<v>/etcd
+    $PAYLOADRUN_CACHE/bin/helm-<v>/helm
+
+``PAYLOADRUN_CLUSTER_BIN`` overrides all of it with one directory holding every binary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+CLUSTER_DIR = Path(__file__).resolve().parent.parent
+"""The repository's ``cluster/`` directory (holds ``versions.env`` and ``build.sh``)."""
+
+BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
+CONTROL_PLANE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+"""What a running cluster (and its tests) need; helm is only for charts."""
+BUILD_HINT = "run: bash cluster/build.sh  (or: python -m payloadrun_devcluster build)"
+
+
+class BinariesMissing(RuntimeError):
+    """The control-plane binaries are not built (or not where the versions say)."""
+
+
+def cache_dir() -> Path:
+    """The cache root shared with ``build.sh``."""
+    root = os.environ.get("PAYLOADRUN_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "payloadrun"
+
+
+def versions_file() -> Path:
+    return Path(os.environ.get("PAYLOADRUN_CLUSTER_VERSIONS", CLUSTER_DIR / "versions.env"))
+
+
+def build_script() -> Path:
+    return CLUSTER_DIR / "build.sh"
+
+
+_LINE = re.compile(r"^\s*([A-Z][A-Z0-9_]*)=(.*?)\s*$")
+
+
+def read_versions(path: Path | None = None) -> dict[str, str]:
+    """Parse the ``KEY=VALUE`` lines of ``versions.env`` (comments and blanks ignored)."""
+    path = path or versions_file()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BinariesMissing(
+            f"pinned versions file {path} not found; set PAYLOADRUN_CLUSTER_VERSIONS to the "
+            "repository's cluster/versions.env, or PAYLOADRUN_CLUSTER_BIN to a directory of "
+            "binaries"
+        ) from None
+    versions: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match:
+            versions[match.group(1)] = match.group(2).strip("'\"")
+    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"):
+        if not versions.get(key):
+            raise BinariesMissing(f"{path} does not set {key}")
+    return versions
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of the binaries one cluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kubectl: Path
+    helm: Path
+
+    def path(self, name: str) -> Path:
+        return getattr(self, name.replace("-", "_"))
+
+    @property
+    def directories(self) -> list[Path]:
+        """Distinct directories, for prepending to ``PATH``."""
+        seen: list[Path] = []
+        for name in BINARY_NAMES:
+            directory = self.path(name).parent
+            if directory not in seen:
+                seen.append(directory)
+        return seen
+
+
+def expected_binaries(versions: dict[str, str] | None = None) -> Binaries:
+    """Where the binaries should be, whether or not they exist."""
+    override = os.environ.get("PAYLOADRUN_CLUSTER_BIN")
+    if override:
+        base = Path(override)
+        return Binaries(*(base / name for name in BINARY_NAMES))
+    versions = versions or read_versions()
+    bin_root = cache_dir() / "bin"
+    k8s = bin_root / f"kubernetes-{versions['KUBERNETES_VERSION']}"
+    return Binaries(
+        etcd=bin_root / f"etcd-{versions['ETCD_VERSION']}" / "etcd",
+        kube_apiserver=k8s / "kube-apiserver",
+        kube_controller_manager=k8s / "kube-controller-manager",
+        kubectl=k8s / "kubectl",
+        helm=bin_root / f"helm-{versions['HELM_VERSION']}" / "helm",
+    )
+
+
+def missing_binaries(binaries: Binaries) -> list[Path]:
+    return [
+        binaries.path(name) for name in BINARY_NAMES if not os.access(binaries.path(name), os.X_OK)
+    ]
+
+
+def find_binaries(required: tuple[str, ...] = BINARY_NAMES) -> Binaries:
+    """The built binaries, or :class:`BinariesMissing` naming what is missing and what to do."""
+    binaries = expected_binaries()
+    missing = [
+        binaries.path(name) for name in required if not os.access(binaries.path(name), os.X_OK)
+    ]
+    if missing:
+        listed = ", ".join(str(p) for p in missing)
+        raise BinariesMissing(f"control-plane binaries not built: {listed}; {BUILD_HINT}")
+    return binaries
+
+
+def run_build(extra_env: dict[str, str] | None = None) -> Path:
+    """Run ``cluster/build.sh`` (progress on stderr) and return the binary directory it printed."""
+    script = build_script()
+    if not script.is_file():
+        raise BinariesMissing(f"{script} not found: the build needs the repository checkout")
+    env = dict(os.environ, **(extra_env or {}))
+    result = subprocess.run(
+        ["bash", str(script)], stdout=subprocess.PIPE, text=True, env=env, check=False
+    )
+    if result.returncode != 0:
+        raise BinariesMissing(
+            f"{script} failed with exit code {result.returncode} (its output is above)"
+        )
+    return Path(result.stdout.strip().splitlines()[-1])
