@@ -33,8 +33,8 @@ test: lint cluster-binaries prometheus ## every test: lint, unit, property, inte
 unit: ## the tests that need no control plane
 	@$(PY) -m pytest -m "not integration"
 
-demo: ## the main job: a local round trip of one Qwen3-30B-A3B-sized response
-	@$(VENV)/bin/payloadrun roundtrip
+demo: cluster-binaries ## the main job: control plane, chart, operator, runs, data path (ARGS=--keep)
+	@$(PY) -m payloadrun_devcluster.demo $(ARGS)
 
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 	@$(PY) bench/dataplane.py

@@ -19,12 +19,29 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The chart's container gets ports for its pod; a local process gets free loopback ports.
+_LOCAL_PORT_SETTINGS = ("PAYLOADRUN_METRICS_PORT", "PAYLOADRUN_HEALTH_PORT")
+
+
+def operator_env_from_deployment(deployment: dict[str, Any]) -> dict[str, str]:
+    """The operator container's environment in a Deployment (the chart's), minus its ports."""
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"
+    ]
+    return {
+        e["name"]: e["value"]
+        for e in container.get("env", [])
+        if "value" in e and e["name"] not in _LOCAL_PORT_SETTINGS
+    }
 
 
 class LocalOperator:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun_operator.local import LocalOperator
+from payloadrun_operator.local import LocalOperator, operator_env_from_deployment
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +82,6 @@ def installed(kube_cluster):
     )
 
 
-def chart_environment(cluster) -> dict[str, str]:
-    deploy = kubectl_json(cluster, "get", "deployment", f"{RELEASE}-payloadrun", "-n", SYSTEM_NS)
-    (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in container["env"]}
-
-
 def test_installed_objects(kube_cluster, installed):
     crd = kubectl_json(kube_cluster, "get", "crd", "payloadruns.payloadrun.dev")
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
@@ -111,10 +105,10 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
     sa_config = kube_cluster.service_account_kubeconfig(
         SYSTEM_NS, f"{RELEASE}-payloadrun", tmp_path / "sa.kubeconfig"
     )
-    env = chart_environment(kube_cluster)
-    for key in ("PAYLOADRUN_METRICS_PORT", "PAYLOADRUN_HEALTH_PORT"):
-        env.pop(key)  # the local process gets free loopback ports instead
-    env["PAYLOADRUN_READINESS_CHECK_SECONDS"] = "1"
+    deploy = kubectl_json(
+        kube_cluster, "get", "deployment", f"{RELEASE}-payloadrun", "-n", SYSTEM_NS
+    )
+    env = {**operator_env_from_deployment(deploy), "PAYLOADRUN_READINESS_CHECK_SECONDS": "1"}
 
     # denied what it does not need
     for args in (
