@@ -72,13 +72,13 @@ class DeletionPolicy(StrEnum):
 
 class EnvVar(Model):
     name: Annotated[str, Field(min_length=1, max_length=256)]
-    value: str | None = None
+    value: str | None = Field(default=None, description="The value (or use valueFrom).")
     value_from: dict[str, Any] | None = _preserve("a core/v1 EnvVarSource")
 
 
 class Resources(Model):
-    limits: dict[str, Quantity] | None = None
-    requests: dict[str, Quantity] | None = None
+    limits: dict[str, Quantity] | None = Field(default=None, description="e.g. nvidia.com/gpu: 8")
+    requests: dict[str, Quantity] | None = Field(default=None, description="e.g. cpu: 16")
 
 
 class Volume(Model):
@@ -152,60 +152,66 @@ class Payloads(Model):
     mount_path: Annotated[str, Field(max_length=512, pattern=r"^/[^\s]*[^/\s]$")] = Field(
         default="/payloads", description="Where the shared volume is mounted in every pod."
     )
-    volume: Volume = Field(default_factory=Volume)
+    volume: Volume = Field(default_factory=Volume, description=Volume.__doc__)
 
 
 class Writer(Model):
     """Overrides for the writer sidecar beside each vLLM container."""
 
-    image: Name | None = None
-    resources: Resources | None = None
+    image: Name | None = Field(default=None, description="Default: the operator's sidecar image.")
+    resources: Resources | None = Field(default=None, description="Default: the operator's.")
     port: Port = Field(default=8001, description="Port the orchestrator talks to (the Service's).")
-    metrics_port: Port = 9401
+    metrics_port: Port = Field(default=9401, description="Prometheus /metrics.")
     args: list[str] = Field(default_factory=list, description="Extra writer flags.")
 
 
 class Retention(Model):
     """Overrides for the retention sidecar beside the orchestrator."""
 
-    image: Name | None = None
-    resources: Resources | None = None
+    image: Name | None = Field(default=None, description="Default: the operator's sidecar image.")
+    resources: Resources | None = Field(default=None, description="Default: the operator's.")
     port: Port = Field(default=8002, description="HTTP API on the pod's loopback.")
-    metrics_port: Port = 9402
-    workers: Annotated[int, Field(ge=1, le=256)] = 8
-    scan_interval_seconds: Annotated[int, Field(ge=1, le=86400)] = 60
+    metrics_port: Port = Field(default=9402, description="Prometheus /metrics, /healthz, /readyz.")
+    workers: Annotated[int, Field(ge=1, le=256)] = Field(default=8, description="Unlink threads.")
+    scan_interval_seconds: Annotated[int, Field(ge=1, le=86400)] = Field(
+        default=60, description="Seconds between scans that correct the size metrics."
+    )
     args: list[str] = Field(default_factory=list, description="Extra retention flags.")
 
 
 class Inference(Model):
-    replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    replicas: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="vLLM pods.")
     disaggregated: bool = Field(
         default=False, description="Prefill/decode-disaggregated inference behind a P/D router."
     )
-    image: Name
-    command: list[str] | None = None
-    args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
+    image: Name = Field(description="The vLLM image.")
+    command: list[str] | None = Field(default=None, description="Default: the image's.")
+    args: list[str] = Field(
+        default_factory=list,
+        description="vLLM's flags; by handle, vLLM needs --enable-return-routed-experts and, for "
+        "the tokens-in generate endpoint, --enable-scale-out.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = None
     port: Port = Field(default=8000, description="vLLM's HTTP port.")
-    writer: Writer = Field(default_factory=Writer)
+    writer: Writer = Field(default_factory=Writer, description=Writer.__doc__)
 
 
 class Orchestrator(Model):
-    image: Name
-    command: list[str] | None = None
+    image: Name = Field(description="The orchestrator's image (prime-rl's, or yours).")
+    command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = None
-    retention: Retention = Field(default_factory=Retention)
+    retention: Retention = Field(default_factory=Retention, description=Retention.__doc__)
 
 
 class Trainer(Model):
-    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
-    image: Name
-    command: list[str] | None = None
+    replicas: Annotated[int, Field(ge=1, le=4096)] = Field(default=1, description="Trainer pods.")
+    image: Name = Field(description="The trainer's image.")
+    command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = None
 
 
@@ -250,13 +256,19 @@ class PayloadRunSpec(Model):
     max_off_policy_steps: Annotated[int, Field(ge=0, le=1024)] = Field(
         default=8, description="How many policy versions a rollout may lag."
     )
-    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None, description="Batches past this step are never trained: their files go."
+    )
     resume: bool = Field(default=False, description="Resume: keep the payload root's files.")
-    payloads: Payloads = Field(default_factory=Payloads)
-    inference: Inference
-    orchestrator: Orchestrator
-    trainer: Trainer
-    placement: Placement = Field(default_factory=Placement)
+    payloads: Payloads = Field(
+        default_factory=Payloads, description="How per-token payloads move, and where."
+    )
+    inference: Inference = Field(description="The vLLM servers (the writer sidecar beside each).")
+    orchestrator: Orchestrator = Field(description="The orchestrator (retention sidecar beside).")
+    trainer: Trainer = Field(description="The trainers (the payload volume read-only).")
+    placement: Placement = Field(
+        default_factory=Placement, description="Pod placement shared by every workload."
+    )
 
 
 class Condition(Model):
