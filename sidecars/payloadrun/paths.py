@@ -40,15 +40,33 @@ def parse_version_dir_name(name: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class PayloadFile:
-    """A validated payload file: its version directory and name, and its full path."""
+    """A validated payload file: its version and name under a root (strings: no pathlib on the
+    hot path of a reader resolving thousands of files)."""
 
     version: int
     name: str
-    path: Path
+    root: str
+
+    @property
+    def key(self) -> str:
+        """``v<k>/<name>``: the file relative to the root."""
+        return f"v{self.version}/{self.name}"
+
+    @property
+    def dir_str(self) -> str:
+        return f"{self.root}/v{self.version}"
+
+    @property
+    def path_str(self) -> str:
+        return f"{self.root}/v{self.version}/{self.name}"
 
     @property
     def dir(self) -> Path:
-        return self.path.parent
+        return Path(self.dir_str)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.path_str)
 
 
 class PayloadRoot:
@@ -65,6 +83,7 @@ class PayloadRoot:
                 "create the directory"
             )
         self.path = Path(real)
+        self._real = real
         self._given = os.path.normpath(os.path.abspath(given))
 
     def __repr__(self) -> str:
@@ -99,9 +118,12 @@ class PayloadRoot:
         return parts
 
     def _is_root(self, candidate: str) -> bool:
-        if os.path.normpath(candidate) in (self._given, str(self.path)):
+        if candidate in (self._given, self._real) or os.path.normpath(candidate) in (
+            self._given,
+            self._real,
+        ):
             return True
-        return os.path.realpath(candidate) == str(self.path)
+        return os.path.realpath(candidate) == self._real
 
     def version_dir(self, payload_dir: object) -> Path:
         """The checked path of ``<root>/v<k>`` named by ``payload_dir`` (it may not exist yet)."""
@@ -132,18 +154,18 @@ class PayloadRoot:
             raise PayloadPathError(
                 f"payload file {file!r} has a name {name!r} that is not a plain file name"
             )
-        path = self.path / dir_name / name
+        checked = PayloadFile(version, name, self._real)
         if follow_check:
-            self._refuse_symlink(path.parent, file, "payload file")
-            self._refuse_symlink(path, file, "payload file")
-        return PayloadFile(version, name, path)
+            self._refuse_symlink(checked.dir_str, file, "payload file")
+            self._refuse_symlink(checked.path_str, file, "payload file")
+        return checked
 
-    def check_version_dir(self, path: Path, given: object) -> None:
+    def check_version_dir(self, path: str | Path, given: object) -> None:
         """Refuse a version directory that is a symlink (it could lead out of the root)."""
         self._refuse_symlink(path, given, "payload file")
 
     @staticmethod
-    def _refuse_symlink(path: Path, given: object, what: str) -> None:
+    def _refuse_symlink(path: str | Path, given: object, what: str) -> None:
         try:
             st = os.lstat(path)
         except FileNotFoundError:

@@ -200,11 +200,11 @@ class PayloadReader:
         dirs_checked: set[str] = set()
         for file, segs in by_file.items():
             checked = self.root.payload_file(file, follow_check=False)
-            parent = str(checked.dir)
+            parent = checked.dir_str
             if parent not in dirs_checked:
-                self.root.check_version_dir(checked.dir, file)
+                self.root.check_version_dir(parent, file)
                 dirs_checked.add(parent)
-            jobs.append((file, str(checked.path), segs))
+            jobs.append((file, checked.path_str, segs))
         return jobs
 
     def _read_files(
