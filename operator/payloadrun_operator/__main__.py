@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL, log_prefix=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    op = Operator(settings, KubeClient(), OperatorMetrics())
+    op = Operator(settings, KubeClient(), OperatorMetrics(), namespaces)
     registry = kopf.OperatorRegistry()
     register(registry, op)
     if settings.metrics_port:

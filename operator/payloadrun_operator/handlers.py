@@ -6,6 +6,7 @@ settings and metrics passed in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from payloadrun_operator import readiness
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode, validation_errors
 from payloadrun_operator.kube import KubeApiError, KubeClient
@@ -34,18 +36,11 @@ from payloadrun_operator.status import (
     VOLUME_READY,
     Check,
     claim_check,
-    phase,
-    set_condition,
-    transitions,
+    status_update,
     workloads_check,
 )
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
-WORKLOADS = (
-    ("apps/v1", "StatefulSet", "inference"),
-    ("apps/v1", "Deployment", "orchestrator"),
-    ("apps/v1", "StatefulSet", "trainer"),
-)
 SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
 
 
@@ -54,6 +49,7 @@ class Operator:
     settings: OperatorSettings
     client: KubeClient
     metrics: OperatorMetrics
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
 
 
 def utc_now() -> str:
@@ -105,32 +101,15 @@ def report(
 ) -> str:
     """Write the conditions and fields into status, post an event per transition; the phase."""
     status = body.get("status") or {}
-    before = list(status.get("conditions") or [])
-    generation = body["metadata"].get("generation")
-    now = utc_now()
-    after = before
-    for ctype, check in checks.items():
-        after = set_condition(after, ctype, check, generation=generation, now=now)
-    run_phase = phase(after)
-    changed = transitions(before, after)
-    new_fields = {**fields, "phase": run_phase}
-    if changed or any(status.get(k) != v for k, v in new_fields.items()):
-        for key, value in new_fields.items():
-            patch.status[key] = value
-        patch.status["conditions"] = after
-    changed_types = {c["type"] for c in changed}
-    for ctype, check in checks.items():
-        if ctype in changed_types:
-            kopf.event(
-                body,
-                type="Warning" if check.warning else "Normal",
-                reason=check.reason,
-                message=f"{ctype} is {check.ok}: {check.message}",
-            )
     meta = body["metadata"]
+    update = status_update(status, meta.get("generation"), checks, fields, utc_now())
+    for key, value in (update.fields or {}).items():
+        patch.status[key] = value
+    for event_type, reason, message in update.events:
+        kopf.event(body, type=event_type, reason=reason, message=message)
     mode = fields.get("payloadMode") or status.get("payloadMode") or "Unknown"
-    op.metrics.observe_run(meta["namespace"], meta["name"], run_phase, mode)
-    return run_phase
+    op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
+    return update.phase
 
 
 async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
@@ -171,7 +150,7 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
     claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
     if ctx.claim and claim is None:  # a claim the run brings: read it
         claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
-    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
+    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in readiness.WORKLOADS]
     report(
         op,
         body,
@@ -197,33 +176,6 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
     )
 
 
-async def refresh_readiness(op: Operator, body: kopf.Body, patch: kopf.Patch) -> None:
-    """Follow the claim's binding and the workloads' readiness after the reconcile."""
-    status = body.get("status") or {}
-    meta = body["metadata"]
-    if status.get("observedGeneration") != meta.get("generation") or status.get("phase") in (
-        None,
-        "Rejected",
-    ):
-        return  # a reconcile is pending or the spec is refused: nothing to follow
-    namespace, name = meta["namespace"], meta["name"]
-    claim_name = status.get("claimName") if status.get("payloadMode") == "ByHandle" else None
-    claim = None
-    if claim_name:
-        claim = await op.client.get("v1", "PersistentVolumeClaim", namespace, claim_name)
-    workloads = [
-        await op.client.get(api, kind, namespace, f"{name}-{component}")
-        for api, kind, component in WORKLOADS
-    ]
-    report(
-        op,
-        body,
-        patch,
-        {VOLUME_READY: claim_check(claim, claim_name), READY: workloads_check(workloads)},
-        {},
-    )
-
-
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     """Attach the operator's handlers to ``registry``."""
 
@@ -243,6 +195,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
+        for task in follower:
+            task.cancel()
         await op.client.close()
 
     @kopf.on.resume(**RESOURCE, registry=registry)
@@ -251,14 +205,16 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         await reconcile(op, body, patch, logger)
 
-    @kopf.timer(
-        **RESOURCE,
-        interval=op.settings.readiness_check_seconds,
-        initial_delay=op.settings.readiness_check_seconds,
-        registry=registry,
-    )
-    async def follow_readiness(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        await refresh_readiness(op, body, patch)
+    follower: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(registry=registry)
+    async def start_following(**_: Any) -> None:
+        # A task, not a kopf timer: timers put a finalizer on every run.
+        follower.append(
+            asyncio.create_task(
+                readiness.follow(op, op.namespaces, op.settings.readiness_check_seconds, utc_now)
+            )
+        )
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:

@@ -21,6 +21,7 @@ FIELD_MANAGER = "payloadrun-operator"
 
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {
+    ("payloadrun.dev/v1alpha1", "PayloadRun"): "payloadruns",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
@@ -39,13 +40,15 @@ class KubeApiError(Exception):
         self.message = message
 
 
-def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+def object_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    """The REST path of an object, or of a collection (``name`` None; every namespace when
+    ``namespace`` is None too)."""
     try:
         plural = PLURALS[(api_version, kind)]
     except KeyError:
         raise ValueError(f"the operator does not manage {api_version} {kind}") from None
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
     return f"{path}/{name}" if name else path
 
 
@@ -121,6 +124,76 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
         )
         return result or {}
+
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """The objects of a kind in ``namespace`` (None: every namespace) matching the selector."""
+        params = {"labelSelector": label_selector} if label_selector else None
+        where = namespace or "every namespace"
+        result = await self._request(
+            "GET",
+            object_path(api_version, kind, namespace),
+            f"listing {kind} in {where}",
+            params=params,
+        )
+        return (result or {}).get("items", [])
+
+    async def patch_status(
+        self, obj: dict[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into ``obj``'s status, if ``obj`` has not changed since it was read.
+
+        Returns None when it has (409 Conflict): the caller reads it again next time.
+        """
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        try:
+            return await self._request(
+                "PATCH",
+                path + "/status",
+                f"updating the status of {obj['kind']} {meta['namespace']}/{meta['name']}",
+                body=body,
+                content_type="application/merge-patch+json",
+            )
+        except KubeApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def post_event(
+        self, obj: dict[str, Any], event_type: str, reason: str, message: str, now: str
+    ) -> None:
+        """A core/v1 Event about ``obj`` (what kubectl describe shows)."""
+        meta = obj["metadata"]
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._request(
+            "POST",
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            f"posting an event for {meta['namespace']}/{meta['name']}",
+            body=event,
+        )
 
     async def get(
         self, api_version: str, kind: str, namespace: str, name: str

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 VALIDATED = "Validated"
@@ -129,3 +129,42 @@ def workloads_check(workloads: Iterable[dict[str, Any] | None]) -> Check:
     if waiting:
         return Check(False, "WorkloadsNotReady", "waiting for " + ", ".join(waiting))
     return Check(True, "WorkloadsReady", ", ".join(msg for _, msg in results))
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """What to write into a run's status, and the events to post, after a set of checks."""
+
+    fields: dict[str, Any] | None  # status fields to write; None when nothing changed
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    phase: str = PHASE_PROVISIONING
+
+
+def status_update(
+    status: Mapping[str, Any],
+    generation: int | None,
+    checks: Mapping[str, Check],
+    fields: Mapping[str, Any],
+    now: str,
+) -> StatusUpdate:
+    """Set ``checks`` as conditions over ``status``; an event for each condition that changed."""
+    before = list(status.get("conditions") or [])
+    after = before
+    for ctype, check in checks.items():
+        after = set_condition(after, ctype, check, generation=generation, now=now)
+    run_phase = phase(after)
+    changed = {c["type"] for c in transitions(before, after)}
+    new_fields = {**fields, "phase": run_phase}
+    write = None
+    if changed or any(status.get(k) != v for k, v in new_fields.items()):
+        write = {**new_fields, "conditions": after}
+    events = [
+        (
+            "Warning" if check.warning else "Normal",
+            check.reason,
+            f"{ctype} is {check.ok}: {check.message}",
+        )
+        for ctype, check in checks.items()
+        if ctype in changed
+    ]
+    return StatusUpdate(write, events, run_phase)

@@ -438,3 +438,27 @@ def test_operator_metrics(operator, api, namespace):
     text = urllib.request.urlopen(operator.metrics_url, timeout=5).read().decode()
     assert 'payloadrun_operator_reconciles_total{result="applied"}' in text
     assert 'payloadrun_operator_runs{mode="Inline",phase="Provisioning"}' in text
+
+
+def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, namespace):
+    body = load_example("singlenode-inline.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    run = reconciled(api, namespace, name)
+    time.sleep(2)  # a readiness pass or two
+    run = get_run(api, namespace, name)
+    assert not run["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        api["custom"].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+        def gone():
+            try:
+                get_run(api, namespace, name)
+            except ApiException as exc:
+                return exc.status == 404
+            return None
+
+        eventually("the run deleted with no operator running", gone, 30)
+    finally:
+        operator.start()

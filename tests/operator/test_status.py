@@ -81,3 +81,19 @@ def test_workload_ready():
     assert not check.ok and check.reason == "WorkloadsNotReady" and "w 0/2 ready" in check.message
     assert workloads_check([workload(2)]).ok
     assert VOLUME_READY == "VolumeReady"
+
+
+def test_status_update_writes_only_what_changed_and_names_the_events():
+    from payloadrun_operator.status import status_update
+
+    checks = {READY: Check(False, "WorkloadsNotReady", "waiting", warning=False)}
+    first = status_update({}, 3, checks, {"payloadMode": "ByHandle"}, "t1")
+    assert first.fields["payloadMode"] == "ByHandle" and first.fields["phase"] == "Provisioning"
+    assert first.events == [("Normal", "WorkloadsNotReady", "Ready is False: waiting")]
+    again = status_update(first.fields, 3, checks, {"payloadMode": "ByHandle"}, "t2")
+    assert again.fields is None and again.events == []
+    failed = status_update(
+        first.fields, 3, {READY: Check(False, "ApplyFailed", "422", warning=True)}, {}, "t3"
+    )
+    assert failed.events == [("Warning", "ApplyFailed", "Ready is False: 422")]
+    assert failed.fields["conditions"][0]["lastTransitionTime"] == "t1"  # still False
