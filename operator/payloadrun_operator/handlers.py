@@ -138,7 +138,7 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
             applied[(child["kind"], child["metadata"]["name"])] = await op.client.apply(child)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
-        # observedGeneration stays behind: the readiness timer waits for a complete reconcile
+        # observedGeneration stays behind: readiness is followed only after a complete reconcile
         report(
             op,
             body,
