@@ -7,8 +7,10 @@ command running this test. Generated pages must match their generators.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,22 +68,29 @@ def test_doc_block_runs(where, block, kube_binaries):
     script = runnable(block)
     if not script.strip():
         pytest.skip(f"{where} holds only `make test`, the command that runs this test")
-    result = subprocess.run(
+    # Its own session, so whatever a block leaves in the background is stopped with it.
+    proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=REPO,
         env=environment(kube_binaries),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
-        check=False,
+        start_new_session=True,
     )
-    assert result.returncode == 0, (
-        f"{where} failed ({result.returncode}):\n{script}\n--- stdout\n{result.stdout[-3000:]}"
-        f"\n--- stderr\n{result.stderr[-3000:]}"
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, (
+        f"{where} failed ({proc.returncode}):\n{script}\n--- stdout\n{stdout[-3000:]}"
+        f"\n--- stderr\n{stderr[-3000:]}"
     )
     if "make demo" in script:
-        assert "nothing left running" in result.stdout
-        assert "Inline (Disaggregated)" in result.stdout and "ByHandle" in result.stdout
+        assert "nothing left running" in stdout
+        assert "Inline (Disaggregated)" in stdout and "ByHandle" in stdout
 
 
 @pytest.mark.parametrize("generator", ["hack/crd_reference.py", "hack/dashboards.py"])
