@@ -41,7 +41,8 @@ def test_batches_are_kept_until_consumed_then_deleted(service_factory, root):
 
 def test_empty_past_max_steps_and_late_batches_go_at_once(service_factory, root):
     svc = service_factory(max_steps=5)
-    empty, past, late = make_files(root, 0, 3), make_files(root, 0, 4), make_files(root, 3, 2)
+    # all in v3: policy_updated(3)'s backstop (v<k> for k < 1) must not race the discards
+    empty, past, late = make_files(root, 3, 3), make_files(root, 3, 4), make_files(root, 3, 2)
     assert svc.record_batch(1, empty, empty=True)["disposition"] == "discarded"
     assert svc.record_batch(6, past)["disposition"] == "discarded"
     svc.policy_updated(3)
