@@ -15,7 +15,9 @@ the official Kubernetes client (where a client-based kopf operator starts).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
+import os
 import statistics
 import subprocess
 import sys
@@ -23,12 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import kopf
 import yaml
 from kubernetes import client, config
 
 from payloadrun_devcluster import LocalCluster
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode
+from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.local import LocalOperator
 from payloadrun_operator.models import GROUP, PLURAL, VERSION, PayloadRunSpec
 from payloadrun_operator.settings import OperatorSettings
@@ -109,36 +113,32 @@ def bench_operator(api_client: client.ApiClient, runs: int) -> dict[str, list[fl
     return out
 
 
-def bench_direct_apply(api_client: client.ApiClient, runs: int) -> list[float]:
-    """Server-side apply of one run's children from here: the API server's share."""
-    core = client.CoreV1Api(api_client)
-    ns = make_namespace(core, "bench-direct")
+def bench_direct_apply(kubeconfig: Path, runs: int) -> list[float]:
+    """Server-side apply of one run's children from here, with the operator's own client."""
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
     spec = PayloadRunSpec.model_validate(EXAMPLE["spec"])
     settings = OperatorSettings()
-    times = []
-    for i in range(runs):
-        ctx = RunContext(f"run-{i:03d}", ns, f"uid-{i}", spec, decide_payload_mode(spec), settings)
-        t0 = time.monotonic()
-        for child in build_children(ctx):
-            child["metadata"].pop("ownerReferences", None)  # no owner object exists here
-            api_client.call_api(
-                _path(child),
-                "PATCH",
-                query_params=[("fieldManager", "bench"), ("force", "true")],
-                header_params={"Content-Type": "application/apply-patch+yaml"},
-                body=child,
-                response_type="object",
-                _return_http_data_only=True,
-            )
-        times.append(time.monotonic() - t0)
-    return times
 
+    async def apply_all() -> list[float]:
+        kube = KubeClient()
+        kube.login(info)
+        times = []
+        try:
+            decision = decide_payload_mode(spec)
+            for i in range(runs):
+                name = f"run-{i:03d}"
+                ctx = RunContext(name, "bench-direct", f"uid-{i}", spec, decision, settings)
+                t0 = time.monotonic()
+                for child in build_children(ctx):
+                    child["metadata"].pop("ownerReferences", None)  # no owner object exists here
+                    await kube.apply(child)
+                times.append(time.monotonic() - t0)
+        finally:
+            await kube.close()
+        return times
 
-def _path(manifest: dict) -> str:
-    from payloadrun_operator.kube import object_path
-
-    meta = manifest["metadata"]
-    return object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+    return asyncio.run(apply_all())
 
 
 def main() -> None:
@@ -155,7 +155,8 @@ def main() -> None:
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"), check=True)
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", check=True)
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        direct = bench_direct_apply(api_client, args.runs)
+        make_namespace(client.CoreV1Api(api_client), "bench-direct")
+        direct = bench_direct_apply(cluster.kubeconfig, args.runs)
         with LocalOperator(cluster.kubeconfig, log_path=Path(tmp) / "operator.log") as op:
             start_rss = rss_mib(op.pid)
             results = bench_operator(api_client, args.runs)
