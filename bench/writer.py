@@ -11,7 +11,9 @@ handle), and writes the same number of bytes with a plain write+fsync for refere
 - requests per second both ways.
 
 Bounded: a fixed number of requests per cell (fewer with ``--quick``), loopback only, payload files
-deleted after each cell. Run: ``python bench/writer.py`` (or ``--quick``).
+deleted after each cell. Run: ``python bench/writer.py`` (or ``--quick``). On a shared machine,
+``--interleave`` alternates rounds of ``concurrency`` requests direct and through the writer, so
+that load from elsewhere drifting during a cell falls on both sides alike.
 """
 
 from __future__ import annotations
@@ -117,6 +119,26 @@ async def run_requests(url: str, bodies: list[bytes], concurrency: int) -> Run:
         return Run(latencies, sizes, time.perf_counter() - t0)
 
 
+def run_interleaved(
+    direct_url: str,
+    via_url: str,
+    direct_bodies: list[bytes],
+    via_bodies: list[bytes],
+    concurrency: int,
+) -> tuple[Run, Run]:
+    """Rounds of ``concurrency`` requests, direct then through the writer, until all are sent."""
+    sides = (Run([], [], 0.0), Run([], [], 0.0))
+    for start in range(0, len(direct_bodies), concurrency):
+        for side, url, bodies in zip(
+            sides, (direct_url, via_url), (direct_bodies, via_bodies), strict=True
+        ):
+            done = asyncio.run(run_requests(url, bodies[start : start + concurrency], concurrency))
+            side.latencies.extend(done.latencies)
+            side.sizes.extend(done.sizes)
+            side.wall += done.wall
+    return sides
+
+
 def raw_write(directory: Path, data: bytes) -> float:
     """One write+fsync+close of ``data`` into a new file, as the store does it."""
     path = directory / f"{uuid.uuid4().hex}.raw"
@@ -161,6 +183,11 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,8", help="concurrent requests")
     parser.add_argument("--requests", type=int, default=16, help="requests per cell and side")
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="alternate rounds of direct and writer requests (fairer on a loaded machine)",
+    )
+    parser.add_argument(
         "--root", type=Path, help="where to make the payload root (default: the temp directory)"
     )
     args = parser.parse_args()
@@ -202,7 +229,8 @@ def main() -> int:
             )
         )
         writer = f"http://127.0.0.1:{w_port}"
-        print(f"payload root {root}; {count} requests per cell and side\n")
+        order = "interleaved rounds" if args.interleave else "direct first"
+        print(f"payload root {root}; {count} requests per cell and side, {order}\n")
         head = (
             f"{'payload':>8} {'conc':>4} | {'inline B':>11} {'handle B':>9} {'ratio':>6} | "
             f"{'direct ms':>9} {'writer ms':>9} {'added ms':>8} {'raw w+f ms':>10} "
@@ -220,8 +248,13 @@ def main() -> int:
                 clear(root)
                 direct_bodies = [request_body(size, i, None) for i in range(count)]
                 via_bodies = [request_body(size, i, f"{root}/v1") for i in range(count)]
-                direct = asyncio.run(run_requests(upstream + path, direct_bodies, conc))
-                via = asyncio.run(run_requests(writer + path, via_bodies, conc))
+                if args.interleave:
+                    direct, via = run_interleaved(
+                        upstream + path, writer + path, direct_bodies, via_bodies, conc
+                    )
+                else:
+                    direct = asyncio.run(run_requests(upstream + path, direct_bodies, conc))
+                    via = asyncio.run(run_requests(writer + path, via_bodies, conc))
                 clear(root)
                 raw = raw_writes(root, size, count, conc)
                 ratio = statistics.median(direct.sizes) / statistics.median(via.sizes)

@@ -1,4 +1,5 @@
 import base64
+import io
 
 import numpy as np
 import pytest
@@ -207,3 +208,170 @@ def test_sliced_base64_is_as_strict_as_whole(bad, monkeypatch):
     monkeypatch.setattr("payloadrun.codec._B64_SLICE", 4)
     with pytest.raises(CodecError, match="not valid base64"):
         decode_npy_base64(bad)
+
+
+# --- decoding into one buffer, .npy header parsed without np.load --------------------------------
+
+
+def _npy_bytes(arr, version=None):
+    buf = io.BytesIO()
+    if version is None:
+        np.save(buf, arr, allow_pickle=False)
+    else:
+        np.lib.format.write_array(buf, arr, version=version, allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(7 * 3 * 2, dtype=np.uint8).reshape(7, 3, 2),
+        (np.arange(5 * 4 * 2) * 997 % 65536).astype(np.uint16).reshape(5, 4, 2),
+        np.arange(24, dtype=">i4").reshape(2, 3, 4),  # big-endian survives
+        np.asfortranarray(np.arange(24, dtype=np.int64).reshape(2, 3, 4)),
+        np.zeros((0, 48, 8), dtype=np.uint8),
+        np.array(7, dtype=np.uint16),  # 0-d
+        np.zeros(3, dtype=[("a", "<u2"), ("b", "u1")]),
+    ],
+    ids=["uint8", "uint16", "big-endian", "fortran", "empty", "scalar", "structured"],
+)
+@pytest.mark.parametrize("version", [None, (1, 0), (2, 0), (3, 0)])
+@pytest.mark.parametrize("slice_chars", [4, 8, 64, 1 << 20])
+def test_npy_decode_equals_np_load(arr, version, slice_chars, monkeypatch):
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", slice_chars)
+    raw = _npy_bytes(arr, version)
+    decoded = decode_npy_base64(base64.b64encode(raw))
+    expected = np.load(io.BytesIO(raw), allow_pickle=False)
+    assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+    assert decoded.flags.f_contiguous == expected.flags.f_contiguous
+    np.testing.assert_array_equal(decoded, expected)
+
+
+@pytest.mark.parametrize("tail", [0, 1, 2])  # decoded length 3k, 3k+1, 3k+2: '', '==', '='
+@pytest.mark.parametrize("form", [str, bytes, bytearray, memoryview])
+def test_base64_decode_fills_exactly_the_decoded_bytes(tail, form, monkeypatch):
+    from payloadrun.codec import _b64decode
+
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", 8)
+    data = bytes(range(256)) * 3 + bytes(range(tail))
+    text = base64.b64encode(data)
+    out = _b64decode(text.decode() if form is str else form(text), "x")
+    assert out.dtype == np.uint8 and out.tobytes() == data
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "QUJDQUJD!UJD",  # a character outside the alphabet in the last slice
+        "QU!DQUJDQUJD",  # ... in the first slice
+        "QUJDQUJDQUJ",  # length not a multiple of 4
+        "QUJDQQ==QUJD",  # padding ending a slice that is not the last
+        "QUJDQ===",  # too much padding
+        "QUJDQUJDQUJ=QQ==",  # padding in the middle
+        "QUJDQUJDéUJD",  # not ASCII
+        "QUJD QUJDQUJ",  # whitespace is not skipped
+    ],
+)
+@pytest.mark.parametrize("slice_chars", [4, 8, 1 << 20])
+def test_base64_decode_into_buffer_stays_strict(bad, slice_chars, monkeypatch):
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", slice_chars)
+    for value in (bad, bad.encode("utf-8"), memoryview(bad.encode("utf-8"))):
+        with pytest.raises(CodecError, match="routed_experts is not valid base64"):
+            decode_npy_base64(value)
+
+
+def _b64(raw):
+    return base64.b64encode(raw).decode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "EOF"),
+        (b"\x93NUM", "EOF"),
+        (b"plain bytes, not an array", "the magic string is not correct"),
+        (_npy_bytes(np.arange(12, dtype=np.uint16))[:-3], "expected 24 bytes got 21"),
+        (_npy_bytes(np.arange(12, dtype=np.uint16), (2, 0))[:-1], "expected 24 bytes got 23"),
+        (_npy_bytes(np.zeros(2, np.uint8))[:20], "EOF: reading array header"),
+        (b"\x93NUMPY\x01\x00\x10\x00{'descr': 1}    \n", "descr"),
+        (b"\x93NUMPY\x09\x00\x10\x00" + b" " * 16, "version"),
+    ],
+    ids=[
+        "empty",
+        "short magic",
+        "bad magic",
+        "data cut",
+        "v2 data cut",
+        "header cut",
+        "bad header",
+        "unknown version",
+    ],
+)
+def test_npy_decode_rejects(raw, message):
+    with pytest.raises(CodecError, match=r"routed_experts is not a base64 \.npy array") as info:
+        decode_npy_base64(_b64(raw))
+    assert message in str(info.value)
+
+
+def test_npy_decode_refuses_object_dtype_with_np_loads_message():
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(CodecError, match="Object arrays cannot be loaded when allow_pickle=False"):
+        decode_npy_base64(_b64(buf.getvalue()))
+
+
+def test_npy_decode_ignores_bytes_after_the_array_as_np_load_does():
+    arr = np.arange(6, dtype=np.uint8).reshape(1, 2, 3)
+    np.testing.assert_array_equal(decode_npy_base64(_b64(_npy_bytes(arr) + b"xyz")), arr)
+
+
+def test_npy_decode_returns_a_view_of_the_decoded_bytes():
+    arr = np.arange(48 * 8 * 100, dtype=np.uint8).reshape(100, 48, 8)
+    decoded = decode_npy_base64(_b64(_npy_bytes(arr)))
+    assert decoded.base is not None, "the data was copied out of the decode buffer"
+    np.testing.assert_array_equal(decoded, arr)
+
+
+def test_prime_rl_and_csr_forms_decode_through_the_buffer(monkeypatch):
+    monkeypatch.setattr("payloadrun.codec._B64_SLICE", 8)
+    arr = np.arange(60, dtype=np.uint16).reshape(5, 3, 4)
+    decoded, start = decode_routed_experts(encode_prime_rl(arr, start=3))
+    assert start == 3
+    np.testing.assert_array_equal(decoded, arr)
+    ids, counts = decode_sampling_mask(encode_sampling_mask_csr(np.arange(9), np.array([4, 0, 5])))
+    assert ids.tolist() == list(range(9)) and counts.tolist() == [4, 0, 5]
+
+
+@pytest.mark.parametrize(
+    ("arr", "dtype"),
+    [
+        (np.full((2, 3, 4), 255, dtype=np.uint8), np.uint8),
+        (np.full((2, 3, 4), 255, dtype=np.uint16), np.uint8),
+        (np.full((2, 3, 4), 256, dtype=np.uint16), np.uint16),
+        (np.full((2, 3, 4), 65535, dtype=np.uint32), np.uint16),
+        (np.full((2, 3, 4), 65535, dtype=np.int64), np.uint16),
+    ],
+)
+def test_compact_picks_the_smallest_dtype_for_any_integer_input(arr, dtype):
+    out = compact_routed_experts(arr)
+    assert out.dtype == dtype and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, arr)
+
+
+def test_compact_keeps_uint8_input_without_a_copy():
+    arr = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    assert compact_routed_experts(arr) is arr
+
+
+@pytest.mark.parametrize(
+    ("arr", "message"),
+    [
+        (np.array([[[65536]]], dtype=np.uint32), "expert id 65536, above the uint16 limit"),
+        (np.array([[[2**63]]], dtype=np.uint64), f"expert id {2**63}, above the uint16 limit"),
+        (np.array([[[3, -5]]], dtype=np.int8), r"negative expert id \(-5\)"),
+        (np.array([[[70000, -1]]], dtype=np.int32), r"negative expert id \(-1\)"),
+    ],
+)
+def test_compact_still_rejects_out_of_range_ids(arr, message):
+    with pytest.raises(CodecError, match=message):
+        compact_routed_experts(arr)

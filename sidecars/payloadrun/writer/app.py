@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import mmap
 import os
 import threading
 import uuid
@@ -120,6 +121,56 @@ def probe_root(holder: StoreHolder) -> str | None:
     except OSError as exc:
         return f"payload root {str(store.root.path)!r} is not writable: {exc}"
     return None
+
+
+# A by-handle response at least this big is read into one buffer sized by its Content-Length.
+PREALLOCATE_FROM = 1 << 20
+
+
+def body_buffer(size: int) -> mmap.mmap:
+    """A private anonymous mapping of ``size`` bytes, backed by huge pages when the kernel can.
+
+    Reading 45 MB into fresh 4 KiB pages costs about 11,000 page faults (20-25 ms measured);
+    with huge pages a few dozen. The mapping has ``find`` and the buffer protocol, which is all
+    :mod:`payloadrun.writer.inline` needs, and it is unmapped when the last reference goes.
+    """
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE: 4 KiB pages then
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf
+
+
+async def read_body(upstream: aiohttp.ClientResponse) -> bytes | mmap.mmap:
+    """vLLM's whole response body, copied once, chunk by chunk, into one preallocated buffer.
+
+    ``ClientResponse.read`` keeps every chunk until the end and then joins them: the chunks and
+    the joined copy are all fresh memory, and the join (one 45 MB memcpy) runs on the event loop
+    in one go. Here each chunk is copied as it arrives and then freed. A body without a
+    Content-Length, or a small one, is read the usual way.
+    """
+    size = upstream.content_length
+    chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
+    if size is None or chunked or size < PREALLOCATE_FROM:
+        return await upstream.read()
+    buf = body_buffer(size)
+    view = memoryview(buf)
+    filled = 0
+    try:
+        async for chunk in upstream.content.iter_any():
+            end = filled + len(chunk)
+            if end > size:
+                raise aiohttp.ClientPayloadError(
+                    f"response body is longer than its Content-Length of {size} bytes"
+                )
+            view[filled:end] = chunk
+            filled = end
+    finally:
+        view.release()
+    if filled != size:
+        raise aiohttp.ClientPayloadError(
+            f"response body ended after {filled} of its Content-Length of {size} bytes"
+        )
+    return buf
 
 
 def error_response(status: int, message: str, **extra: Any) -> web.Response:
@@ -344,7 +395,7 @@ class Writer:
                 # vLLM's errors and anything that is not a JSON completion go back untouched.
                 return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
             try:
-                raw = await upstream.read()
+                raw = await read_body(upstream)
             except Exception as exc:
                 return self._upstream_error(exc, "reading the response")
             response_headers = _forward_headers(

@@ -15,10 +15,14 @@ parses the whole body instead.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
 from payloadrun.segments import ROUTED_EXPERTS
+
+# A response body: bytes, or the preallocated buffer the writer reads a large one into.
+Body = bytes | bytearray | mmap.mmap
 
 _KEY = b'"' + ROUTED_EXPERTS.encode() + b'":"'
 # Parses to "\x00payloadrun-inline:<k>": a NUL is never part of a base64 value.
@@ -33,7 +37,7 @@ class CutBody:
     values: tuple[memoryview, ...]
 
 
-def cut_routed_experts(body: bytes) -> CutBody | None:
+def cut_routed_experts(body: Body) -> CutBody | None:
     """The body's routed-experts strings cut out, or None when there are none to cut."""
     view = memoryview(body)
     pieces: list[bytes | memoryview] = []

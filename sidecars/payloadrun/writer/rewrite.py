@@ -16,7 +16,7 @@ from typing import Any
 from payloadrun.codec import CodecError
 from payloadrun.paths import PayloadPathError
 from payloadrun.store import PayloadStore, PayloadWriteError
-from payloadrun.writer.inline import cut_routed_experts, restore_into_choices
+from payloadrun.writer.inline import Body, cut_routed_experts, restore_into_choices
 from payloadrun.writer.transform import (
     Endpoint,
     Mode,
@@ -66,18 +66,24 @@ def admit_request(
 
 @dataclass(slots=True)
 class RewriteResult:
-    """What became of one by-handle response."""
+    """What became of one by-handle response; ``body`` is what aiohttp sends as it is."""
 
     mode: Mode
-    body: bytes
+    body: bytes | bytearray
     fallback: str | None = None
     detail: str = ""
     write_seconds: float | None = None
     written: dict[str, int] = field(default_factory=dict)
 
 
-def _inline(body: bytes, reason: str, detail: str) -> RewriteResult:
-    return RewriteResult(Mode.INLINE, body, fallback=reason, detail=detail)
+def _sendable(body: Body) -> bytes | bytearray:
+    """The body as aiohttp sends it without a warning: a buffer becomes bytes (one copy, done
+    here on a worker thread, and only when the response goes back as vLLM sent it)."""
+    return body if isinstance(body, bytes | bytearray) else bytes(body)
+
+
+def _inline(body: Body, reason: str, detail: str) -> RewriteResult:
+    return RewriteResult(Mode.INLINE, _sendable(body), fallback=reason, detail=detail)
 
 
 def dumps(obj: Any) -> bytes:
@@ -88,7 +94,7 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
-def parse_response(body: bytes) -> Any:
+def parse_response(body: Body) -> Any:
     """The response as JSON, its routed-experts strings left as views into ``body`` when possible.
 
     See :mod:`payloadrun.writer.inline` for why; the result is the same either way once the
@@ -99,10 +105,10 @@ def parse_response(body: bytes) -> Any:
         response = json.loads(cut.skeleton)
         if restore_into_choices(response, cut.values):
             return response
-    return json.loads(body)
+    return json.loads(_sendable(body))
 
 
-def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: bytes) -> RewriteResult:
+def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: Body) -> RewriteResult:
     """Take the inline arrays off a vLLM response, write them, and return the smaller body.
 
     Whatever goes wrong, the caller gets a body to send: the original one, untouched, with the
@@ -117,7 +123,7 @@ def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: bytes)
     except CodecError as exc:
         return _inline(body, "bad_payload", str(exc))
     if payload.empty:
-        return RewriteResult(Mode.INLINE, body)
+        return RewriteResult(Mode.INLINE, _sendable(body))
     if store is None:
         return _inline(body, "volume_gone", "the payload root is not available")
     started = time.perf_counter()
