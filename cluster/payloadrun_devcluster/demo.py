@@ -206,7 +206,7 @@ class Demo:
     def data_path(self) -> None:
         from payloadrun.retention.process import SidecarProcess
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
-        from payloadrun_operator.local import free_port
+        from payloadrun_operator.local import free_port, wait_http
 
         section("5. The data path: writer and retention sidecars, the simulator as orchestrator")
         root = self.tmp / "payloads"
@@ -237,7 +237,7 @@ class Demo:
         )
         writer = f"http://127.0.0.1:{writer_port}"
         writer_metrics_url = f"http://127.0.0.1:{writer_metrics}/metrics"
-        _wait_http(f"{writer}/healthz")
+        wait_http(f"{writer}/healthz")
         w = Workload(
             batch_size=self.args.batch_size,
             group_size=8,
@@ -341,18 +341,6 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _wait_http(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

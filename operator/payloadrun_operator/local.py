@@ -28,6 +28,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    """Wait until ``url`` answers (any status below 400); raise the last error after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                resp.read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 # The chart's container gets ports for its pod; a local process gets free loopback ports.
 _LOCAL_PORT_SETTINGS = ("PAYLOADRUN_METRICS_PORT", "PAYLOADRUN_HEALTH_PORT")
 

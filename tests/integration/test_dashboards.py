@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from payloadrun.retention.process import SidecarProcess
-from payloadrun_operator.local import LocalOperator, free_port
+from payloadrun_operator.local import LocalOperator, free_port, wait_http
 
 pytestmark = pytest.mark.integration
 
@@ -39,18 +39,6 @@ def http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"{}")
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen:
