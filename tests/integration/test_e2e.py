@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from payloadrun.codec import compact_routed_experts
 from payloadrun_operator.local import LocalOperator
 
 pytestmark = pytest.mark.integration
@@ -225,7 +226,8 @@ def test_a_request_by_handle_through_the_writer(e2e):
     segments = choice["payload"]
     assert segments and all(s["file"].startswith(f"{root}/v0/") for s in segments)
     raw = base64.b64decode(inline["choices"][0]["routed_experts"])
-    expected = np.load(io.BytesIO(raw), allow_pickle=False)
+    # what the writer stores: the same ids, compacted to uint8 when they fit
+    expected = compact_routed_experts(np.load(io.BytesIO(raw), allow_pickle=False))
     # the trainer pod (read-only mount) reads the rows back through the library
     script = (
         "import json,sys,hashlib;from payloadrun import PayloadReader,segments_from_json;"
