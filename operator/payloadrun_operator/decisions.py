@@ -15,6 +15,20 @@ from payloadrun_operator.models import (
 
 DEFAULT_CLAIM_SIZE = "100Gi"
 
+# What the operator tells the containers of a run (builders.run_env and the orchestrator's extras).
+INJECTED_ENV = frozenset(
+    {
+        "PAYLOADRUN_RUN",
+        "PAYLOADRUN_RUN_ID",
+        "PAYLOADRUN_PAYLOAD_MODE",
+        "PAYLOAD_ROOT",
+        "PAYLOADRUN_INFERENCE_URL",
+        "PAYLOADRUN_RETENTION_URL",
+        "PAYLOADRUN_MAX_OFF_POLICY_STEPS",
+        "PAYLOADRUN_MAX_STEPS",
+    }
+)
+
 
 class PayloadMode(StrEnum):
     BY_HANDLE = "ByHandle"
@@ -45,6 +59,21 @@ def validation_errors(spec: PayloadRunSpec) -> list[str]:
             f"payloads.root {payloads.root!r} must be a directory under payloads.mountPath "
             f"{payloads.mount_path!r}"
         )
+    for where, env in (
+        ("inference", spec.inference.env),
+        ("orchestrator", spec.orchestrator.env),
+        ("trainer", spec.trainer.env),
+    ):
+        names = [e.name for e in env]
+        taken = sorted(set(names) & INJECTED_ENV)
+        if taken:
+            errors.append(
+                f"spec.{where}.env sets {', '.join(taken)}, which the operator sets itself: "
+                "remove them (the operator's values describe this run)"
+            )
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            errors.append(f"spec.{where}.env names {', '.join(repeated)} more than once")
     volume = payloads.volume
     if volume.claim_name and (volume.size is not None or volume.storage_class_name):
         errors.append(

@@ -125,3 +125,31 @@ def test_model_bounds(spec_dict, changes, where):
     with pytest.raises(ValidationError) as info:
         spec_with(spec_dict, **changes)
     assert where.split(".")[-1] in str(info.value)
+
+
+def test_env_the_operator_sets_or_repeated_names_are_rejected(spec_dict):
+    spec_dict["trainer"]["env"] = [{"name": "PAYLOAD_ROOT", "value": "/elsewhere"}]
+    spec_dict["orchestrator"]["env"] = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
+    errors = validation_errors(PayloadRunSpec.model_validate(spec_dict))
+    assert errors == [
+        "spec.orchestrator.env names A more than once",
+        "spec.trainer.env sets PAYLOAD_ROOT, which the operator sets itself: remove them "
+        "(the operator's values describe this run)",
+    ]
+
+
+def test_injected_env_names_are_the_ones_the_builders_set(spec_dict):
+    from payloadrun_operator.builders import RunContext, build_children
+    from payloadrun_operator.decisions import INJECTED_ENV
+    from payloadrun_operator.settings import OperatorSettings
+
+    spec = PayloadRunSpec.model_validate(spec_dict | {"maxSteps": 10})
+    ctx = RunContext("r", "ns", "uid", spec, decide_payload_mode(spec), OperatorSettings())
+    set_names = {
+        e["name"]
+        for child in build_children(ctx)
+        if child["kind"] in ("StatefulSet", "Deployment")
+        for c in child["spec"]["template"]["spec"]["containers"]
+        for e in c["env"]
+    }
+    assert set_names == INJECTED_ENV
