@@ -8,7 +8,6 @@ import sys
 
 # Modules with ``register(subparsers)``; each adds one subcommand whose handler is ``args.run``.
 SUBCOMMANDS = (
-    "payloadrun.roundtrip",
     "payloadrun.retention.cli",
     "payloadrun.simulate",
     "payloadrun.writer.cli",

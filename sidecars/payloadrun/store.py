@@ -50,7 +50,9 @@ def failure_reason(exc: OSError) -> str:
     return "io_error"
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def write_all(fd: int, data: memoryview | bytes) -> None:
+    """``os.write`` until every byte is written (a write may be partial)."""
+    data = memoryview(data)
     while data:
         written = os.write(fd, data)
         data = data[written:]
@@ -117,7 +119,7 @@ class PayloadStore:
             try:
                 for part in arrays:
                     if part.rows.nbytes:
-                        _write_all(fd, memoryview(part.rows).cast("B"))
+                        write_all(fd, memoryview(part.rows).cast("B"))
                 os.fsync(fd)
             finally:
                 os.close(fd)  # on NFS, close reports write-back errors too

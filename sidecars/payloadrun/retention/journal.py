@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from payloadrun.store import fsync_dir
+from payloadrun.store import fsync_dir, write_all
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
@@ -103,9 +103,7 @@ class Journal:
         data = b"".join(encode(r) for r in records)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
