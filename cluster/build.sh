@@ -28,7 +28,7 @@ main() {
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
-: "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}"
+: "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}"
 
 CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
 JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
@@ -36,8 +36,9 @@ BIN_ROOT="$CACHE/bin"
 K8S_DIR="$BIN_ROOT/kubernetes-$KUBERNETES_VERSION"
 ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
-SET_DIR="$BIN_ROOT/controlplane-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION"
-K8S_BINS=(kube-apiserver kube-controller-manager kubectl)
+COREDNS_DIR="$BIN_ROOT/coredns-$COREDNS_VERSION"
+SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION"
+K8S_BINS=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
 
 START_S=$SECONDS
 log() { printf '[%s +%4ds] build.sh: %s\n' "$(date +%H:%M:%S)" "$((SECONDS - START_S))" "$*" >&2; }
@@ -46,7 +47,7 @@ die() { log "ERROR: $*"; exit 1; }
 have_all() {
   local b
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
-  [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" ]]
+  [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" ]]
 }
 
 link_set() {
@@ -56,13 +57,14 @@ link_set() {
   for b in "${K8S_BINS[@]}"; do ln -s "$K8S_DIR/$b" "$tmp/$b"; done
   ln -s "$ETCD_DIR/etcd" "$tmp/etcd"
   ln -s "$HELM_DIR/helm" "$tmp/helm"
+  ln -s "$COREDNS_DIR/coredns" "$tmp/coredns"
   rm -rf "$SET_DIR"; mv "$tmp" "$SET_DIR"
 }
 
 # ---- warm path: no Go, no network ---------------------------------------------------------
 if have_all; then
-  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" ]] || link_set
-  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION)"
+  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" ]] || link_set
+  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION)"
   echo "$SET_DIR"
   exit 0
 fi
@@ -254,6 +256,20 @@ if [[ ! -x "$HELM_DIR/helm" ]]; then
   mkdir -p "$HELM_DIR"; mv -f "$HTMP/helm" "$HELM_DIR/helm"
   "$HELM_DIR/helm" version >>"$LOG" 2>&1 || die "built helm does not run (see $LOG)"
   log "helm done"
+fi
+
+# -- CoreDNS: the node's cluster DNS (kubernetes.default.svc for in-cluster clients such as kopf).
+# Its go.mod has no replace directives either: `go install pkg@version`.
+if [[ ! -x "$COREDNS_DIR/coredns" ]]; then
+  log "coredns $COREDNS_VERSION: compiling github.com/coredns/coredns"
+  CTMP="$CACHE/wrappers/coredns-$COREDNS_VERSION"; rm -rf "$CTMP"; mkdir -p "$CTMP"
+  (
+    export GOBIN="$CTMP" GOFLAGS="-modcacherw -buildvcs=false"
+    run_go "coredns build" -C "$CTMP" install -v -p "$JOBS" -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+  )
+  mkdir -p "$COREDNS_DIR"; mv -f "$CTMP/coredns" "$COREDNS_DIR/coredns"
+  "$COREDNS_DIR/coredns" -version >>"$LOG" 2>&1 || die "built coredns does not run (see $LOG)"
+  log "coredns done"
 fi
 
 have_all || die "build finished but binaries are missing; see $LOG"

@@ -1,22 +1,35 @@
-"""A local Kubernetes control plane for tests and humans.
+"""A local Kubernetes cluster for tests and humans.
 
-etcd, kube-apiserver and kube-controller-manager on 127.0.0.1.
+etcd, kube-apiserver and kube-controller-manager on 127.0.0.1; with ``node=True`` (``up --node``)
+also a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS) so pods run.
 
 Binaries come from ``cluster/build.sh`` (built from the Go module proxy at the versions in
-``cluster/versions.env``). Standard library only.
+``cluster/versions.env``); containerd and runc from the machine's packages
+(``cluster/node-packages.sh``). Standard library only.
 """
 
-from .binaries import CONTROL_PLANE_NAMES, Binaries, BinariesMissing, find_binaries, read_versions
+from .binaries import (
+    CONTROL_PLANE_NAMES,
+    NODE_NAMES,
+    Binaries,
+    BinariesMissing,
+    find_binaries,
+    read_versions,
+)
 from .certs import CertificateError
 from .cluster import ClusterError, LocalCluster
+from .node import NodeError, node_unsupported_reason
 
 __all__ = [
     "CONTROL_PLANE_NAMES",
+    "NODE_NAMES",
     "Binaries",
     "BinariesMissing",
     "CertificateError",
     "ClusterError",
     "LocalCluster",
+    "NodeError",
     "find_binaries",
+    "node_unsupported_reason",
     "read_versions",
 ]

@@ -1,11 +1,14 @@
-"""Command line: python -m payloadrun_devcluster {build,up,down,status,env}.
+"""Command line: python -m payloadrun_devcluster {build,up,down,status,env,load-image}.
 
-    build    build the binaries that are missing (cluster/build.sh)
-    up       start a detached cluster; prints the kubeconfig path and `export KUBECONFIG=...`
-    down     stop it (every process group; SIGTERM, then SIGKILL)
-    status   show each component and the API server's readiness (exit 1 when not healthy)
-    env      print `export KUBECONFIG=... PATH=...`:
-             eval "$(python -m payloadrun_devcluster env)"
+    build       build the binaries that are missing (cluster/build.sh)
+    up          start a detached cluster; prints the kubeconfig path and `export KUBECONFIG=...`
+                (--node: and a node, so pods run; Linux and root)
+    down        stop it (every process group; SIGTERM, then SIGKILL) and undo the node's
+                changes to the host (bridge, iptables rules, sysctls, mounts)
+    status      show each component and the API server's readiness (exit 1 when not healthy)
+    env         print `export KUBECONFIG=... PATH=...`:
+                eval "$(python -m payloadrun_devcluster env)"
+    load-image  import docker-archive tarballs into the node (pods use imagePullPolicy Never)
 
 The state directory (certificates, kubeconfig, logs, etcd data, pids) is --state-dir, or
 $PAYLOADRUN_DEVCLUSTER_DIR, or $PAYLOADRUN_CACHE/devcluster (~/.cache/payloadrun/devcluster).
@@ -20,9 +23,17 @@ import sys
 import time
 from pathlib import Path
 
-from .binaries import CONTROL_PLANE_NAMES, BinariesMissing, cache_dir, find_binaries, run_build
+from .binaries import (
+    CONTROL_PLANE_NAMES,
+    NODE_NAMES,
+    BinariesMissing,
+    cache_dir,
+    find_binaries,
+    run_build,
+)
 from .certs import CertificateError
 from .cluster import STATE_FILE, ClusterError, LocalCluster
+from .node import NodeError
 
 
 def default_state_dir() -> Path:
@@ -60,10 +71,19 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 0
         _say(f"found a stale or unhealthy cluster in {state_dir}; stopping what is left of it")
         existing.stop()
-    find_binaries(CONTROL_PLANE_NAMES)
-    _say(f"starting etcd, kube-apiserver, kube-controller-manager (state {state_dir})")
+    find_binaries(CONTROL_PLANE_NAMES + (NODE_NAMES if args.node else ()))
+    what = "etcd, kube-apiserver, kube-controller-manager"
+    if args.node:
+        what += ", and a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS)"
+    _say(f"starting {what} (state {state_dir})")
     started = time.monotonic()
-    cluster = LocalCluster(state_dir, detached=True, keep_state=True, startup_timeout=args.timeout)
+    cluster = LocalCluster(
+        state_dir,
+        detached=True,
+        keep_state=True,
+        startup_timeout=args.timeout,
+        node=args.node,
+    )
     cluster.start()
     _say(
         f"ready in {time.monotonic() - started:.1f}s at {cluster.server}; "
@@ -71,6 +91,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(_exports(cluster))
+    return 0
+
+
+def cmd_load_image(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir
+    if not (state_dir / STATE_FILE).exists():
+        _say(f"no cluster running in {state_dir}; start one with: up --node")
+        return 1
+    cluster = LocalCluster.attach(state_dir)
+    for tarball in args.tarballs:
+        if not tarball.is_file():
+            _say(
+                f"error: {tarball} is not a file (a docker-archive tarball, as docker save writes)"
+            )
+            return 1
+        cluster.load_image(tarball)
+        _say(f"imported {tarball}")
     return 0
 
 
@@ -130,7 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         default=180.0,
         help="seconds to wait for readiness (default %(default)s)",
     )
+    up.add_argument(
+        "--node",
+        action="store_true",
+        help="also run a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS, a "
+        "bridge pod network on 198.18.0.0/24, Services on 198.19.0.0/24, a ReadWriteMany "
+        "storage class 'standard'), so pods run; Linux and root only",
+    )
     up.set_defaults(func=cmd_up)
+    load = commands.add_parser("load-image", help="import image tarballs into the node")
+    load.add_argument("tarballs", nargs="+", type=Path, help="docker-archive tarballs")
+    load.set_defaults(func=cmd_load_image)
     commands.add_parser("down", help="stop the cluster").set_defaults(func=cmd_down)
     commands.add_parser("status", help="show component status").set_defaults(func=cmd_status)
     commands.add_parser("env", help="print export lines for KUBECONFIG and PATH").set_defaults(
@@ -139,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (BinariesMissing, ClusterError, CertificateError) as error:
+    except (BinariesMissing, ClusterError, CertificateError, NodeError) as error:
         _say(f"error: {error}")
         return 1
     except KeyboardInterrupt:

@@ -2,9 +2,11 @@
 
 The layout is keyed by the versions pinned in ``cluster/versions.env``::
 
-    $PAYLOADRUN_CACHE/bin/kubernetes-<v>/{kube-apiserver,kube-controller-manager,kubectl}
+    $PAYLOADRUN_CACHE/bin/kubernetes-<v>/{kube-apiserver,kube-controller-manager,kubectl,
+                                         kubelet,kube-scheduler,kube-proxy}
     $PAYLOADRUN_CACHE/bin/etcd-<v>/etcd
     $PAYLOADRUN_CACHE/bin/helm-<v>/helm
+    $PAYLOADRUN_CACHE/bin/coredns-<v>/coredns
 
 ``PAYLOADRUN_CLUSTER_BIN`` overrides all of it with one directory holding every binary.
 """
@@ -20,9 +22,21 @@ from pathlib import Path
 CLUSTER_DIR = Path(__file__).resolve().parent.parent
 """The repository's ``cluster/`` directory (holds ``versions.env`` and ``build.sh``)."""
 
-BINARY_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
+BINARY_NAMES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kubectl",
+    "helm",
+    "kubelet",
+    "kube-scheduler",
+    "kube-proxy",
+    "coredns",
+)
 CONTROL_PLANE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
-"""What a running cluster (and its tests) need; helm is only for charts."""
+"""What a running control plane (and its tests) need; helm is only for charts."""
+NODE_NAMES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns")
+"""What the node beside it adds (containerd and runc come from the machine's packages)."""
 BUILD_HINT = "run: bash cluster/build.sh  (or: python -m payloadrun_devcluster build)"
 
 
@@ -63,7 +77,7 @@ def read_versions(path: Path | None = None) -> dict[str, str]:
         match = _LINE.match(line)
         if match:
             versions[match.group(1)] = match.group(2).strip("'\"")
-    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"):
+    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION", "COREDNS_VERSION"):
         if not versions.get(key):
             raise BinariesMissing(f"{path} does not set {key}")
     return versions
@@ -78,6 +92,10 @@ class Binaries:
     kube_controller_manager: Path
     kubectl: Path
     helm: Path
+    kubelet: Path
+    kube_scheduler: Path
+    kube_proxy: Path
+    coredns: Path
 
     def path(self, name: str) -> Path:
         return getattr(self, name.replace("-", "_"))
@@ -108,6 +126,10 @@ def expected_binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_controller_manager=k8s / "kube-controller-manager",
         kubectl=k8s / "kubectl",
         helm=bin_root / f"helm-{versions['HELM_VERSION']}" / "helm",
+        kubelet=k8s / "kubelet",
+        kube_scheduler=k8s / "kube-scheduler",
+        kube_proxy=k8s / "kube-proxy",
+        coredns=bin_root / f"coredns-{versions['COREDNS_VERSION']}" / "coredns",
     )
 
 

@@ -112,8 +112,60 @@ def _signed_cert(
     return cert, key
 
 
-def generate_pki(directory: Path, service_cluster_ip: str) -> ClusterPKI:
-    """Write a CA, serving and client certificates and a service-account key pair."""
+SERVER_EXTENSIONS = (
+    "basicConstraints=critical,CA:FALSE\n"
+    "subjectKeyIdentifier=hash\n"
+    "authorityKeyIdentifier=keyid\n"
+    "keyUsage=critical,digitalSignature,keyEncipherment\n"
+    "extendedKeyUsage=serverAuth\n"
+)
+CLIENT_EXTENSIONS = (
+    "basicConstraints=critical,CA:FALSE\n"
+    "subjectKeyIdentifier=hash\n"
+    "authorityKeyIdentifier=keyid\n"
+    "keyUsage=critical,digitalSignature,keyEncipherment\n"
+    "extendedKeyUsage=clientAuth\n"
+)
+
+
+def issue_client_cert(pki: ClusterPKI, name: str, subject: str) -> tuple[Path, Path]:
+    """A client certificate signed by the cluster CA, ``<name>.crt``/``.key`` beside it.
+
+    The subject's CN is the user and each O a group, as the API server reads them.
+    """
+    cert, key = _signed_cert(
+        _openssl(), pki.ca_cert.parent, name, subject, CLIENT_EXTENSIONS, pki.ca_cert, pki.ca_key
+    )
+    key.chmod(0o600)
+    return cert, key
+
+
+def issue_serving_cert(
+    pki: ClusterPKI, name: str, common_name: str, alt_names: list[str]
+) -> tuple[Path, Path]:
+    """A serving certificate signed by the cluster CA for ``alt_names`` (``IP:...``/``DNS:...``)."""
+    extensions = SERVER_EXTENSIONS + f"subjectAltName={','.join(alt_names)}\n"
+    cert, key = _signed_cert(
+        _openssl(),
+        pki.ca_cert.parent,
+        name,
+        f"/CN={common_name}",
+        extensions,
+        pki.ca_cert,
+        pki.ca_key,
+    )
+    key.chmod(0o600)
+    return cert, key
+
+
+def generate_pki(
+    directory: Path, service_cluster_ip: str, extra_ips: tuple[str, ...] = ()
+) -> ClusterPKI:
+    """Write a CA, serving and client certificates and a service-account key pair.
+
+    The API server's certificate names 127.0.0.1, the ``kubernetes`` Service's cluster IP and
+    ``extra_ips`` (the node address, when a node runs).
+    """
     openssl = _openssl()
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
@@ -148,6 +200,7 @@ def generate_pki(directory: Path, service_cluster_ip: str) -> ClusterPKI:
         [
             "IP:127.0.0.1",
             f"IP:{service_cluster_ip}",
+            *(f"IP:{ip}" for ip in extra_ips),
             "DNS:localhost",
             "DNS:kubernetes",
             "DNS:kubernetes.default",
@@ -155,21 +208,8 @@ def generate_pki(directory: Path, service_cluster_ip: str) -> ClusterPKI:
             "DNS:kubernetes.default.svc.cluster.local",
         ]
     )
-    server_ext = (
-        "basicConstraints=critical,CA:FALSE\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
-        f"subjectAltName={alt_names}\n"
-    )
-    client_ext = (
-        "basicConstraints=critical,CA:FALSE\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=clientAuth\n"
-    )
+    server_ext = SERVER_EXTENSIONS + f"subjectAltName={alt_names}\n"
+    client_ext = CLIENT_EXTENSIONS
     apiserver_cert, apiserver_key = _signed_cert(
         openssl, directory, "apiserver", "/CN=kube-apiserver", server_ext, ca_cert, ca_key
     )

@@ -1,8 +1,11 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+"""A real Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager; optionally a
+node beside it (``node=True``: containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS; see
+``node.py``) so that pods run.
 
-There is no kubelet, so pods never run; everything that lives in the API server (CRDs and their
-CEL validation, RBAC, admission, owner-reference garbage collection, service accounts and their
-tokens) is the real thing.
+Without a node everything listens on loopback and pods are stored but never run; everything that
+lives in the API server (CRDs and their CEL validation, RBAC, admission, owner-reference garbage
+collection, service accounts and their tokens) is the real thing. With a node the API server
+listens on the node address instead (198.18.0.1, on the node's bridge: pods must reach it).
 
     with LocalCluster() as cluster:
         subprocess.run([cluster.binaries.kubectl, "--kubeconfig", cluster.kubeconfig, "get", "ns"])
@@ -25,17 +28,29 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .binaries import CONTROL_PLANE_NAMES, Binaries, find_binaries
+from . import node as node_module
+from .binaries import CONTROL_PLANE_NAMES, NODE_NAMES, Binaries, find_binaries
 from .certs import ClusterPKI, generate_pki
+from .node import KUBERNETES_SERVICE_IP, NODE_COMPONENTS, NODE_IP, SERVICE_SUBNET, LocalNode
 from .processes import ManagedProcess
 
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
-SERVICE_CLUSTER_FIRST_IP = "10.0.0.1"  # the "kubernetes" Service; must be in the serving cert
+# In 198.18.0.0/15 (RFC 2544, benchmarking), which no real network routes: no collision.
+SERVICE_CLUSTER_IP_RANGE = SERVICE_SUBNET
+SERVICE_CLUSTER_FIRST_IP = KUBERNETES_SERVICE_IP  # the "kubernetes" Service; in the serving cert
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 CLUSTER_NAME = "payloadrun-dev"
 ADMIN_USER = "payloadrun-admin"
 STATE_FILE = "state.json"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+NODE_PORT_NAMES = (
+    "kubelet",
+    "kubelet-healthz",
+    "proxy-healthz",
+    "proxy-metrics",
+    "scheduler",
+    "dns-health",
+    "dns-ready",
+)
 
 
 class ClusterError(RuntimeError):
@@ -90,8 +105,17 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _node_still_running(node_dir: Path) -> bool:
+    """Whether the cluster that owns ``node_dir`` has a live process (its state.json says)."""
+    try:
+        data = json.loads((node_dir.parent / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return any(ManagedProcess.from_json(p).running() for p in data.get("processes", []))
+
+
 class LocalCluster:
-    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, in a state directory.
+    """etcd + kube-apiserver + kube-controller-manager (+ a node), in a state directory.
 
     ``state_dir`` holds certificates, kubeconfigs, etcd's data, each component's log
     (``<component>.log``) and ``state.json`` (pids, ports). Without one, a temporary directory is
@@ -99,6 +123,9 @@ class LocalCluster:
 
     ``detached=False`` (default): the processes die with this Python process (atexit cleanup
     plus ``PR_SET_PDEATHSIG``). ``detached=True``: they outlive it, for ``up``/``down``.
+
+    ``node=True``: a node runs beside the control plane (Linux, root; see
+    :func:`node_unsupported_reason`), and :meth:`load_image` imports images into it.
     """
 
     def __init__(
@@ -110,6 +137,7 @@ class LocalCluster:
         keep_state: bool | None = None,
         startup_timeout: float = 180.0,
         verbosity: int = 1,
+        node: bool = False,
     ) -> None:
         self._owns_state_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir is not None else None
@@ -122,12 +150,17 @@ class LocalCluster:
         self.ports: dict[str, int] = {}
         self._pki: ClusterPKI | None = None
         self._atexit_registered = False
+        self.with_node = node
+        self.host = NODE_IP if node else "127.0.0.1"
+        self._node: LocalNode | None = None
+        self._node_pki: node_module.NodePKI | None = None
 
     # ---- paths and addresses -------------------------------------------------------------
     @property
     def binaries(self) -> Binaries:
         if self._binaries is None:
-            self._binaries = find_binaries(CONTROL_PLANE_NAMES)
+            required = CONTROL_PLANE_NAMES + (NODE_NAMES if self.with_node else ())
+            self._binaries = find_binaries(required)
         return self._binaries
 
     def _require_state_dir(self) -> Path:
@@ -148,7 +181,7 @@ class LocalCluster:
     def server(self) -> str:
         if "apiserver" not in self.ports:
             raise ClusterError("the cluster is not started: no API server address yet")
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{self.host}:{self.ports['apiserver']}"
 
     @property
     def ca_cert(self) -> Path:
@@ -161,6 +194,20 @@ class LocalCluster:
     @property
     def admin_key(self) -> Path:
         return self.pki_dir / "admin.key"
+
+    @property
+    def node(self) -> LocalNode:
+        if self._node is None:
+            raise ClusterError("this cluster runs no node (start it with node=True / up --node)")
+        return self._node
+
+    @property
+    def node_dir(self) -> Path:
+        return self._require_state_dir() / "node"
+
+    def load_image(self, tarball: Path | str) -> None:
+        """Import a docker-archive tarball into the node, for pods with imagePullPolicy Never."""
+        self.node.load_image(Path(tarball))
 
     @property
     def etcd_endpoint(self) -> str:
@@ -211,10 +258,15 @@ class LocalCluster:
         if self.state_dir is None:
             self.state_dir = Path(tempfile.mkdtemp(prefix="payloadrun-devcluster-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.with_node:
+            self._prepare_node_host()
         if not self.detached and not self._atexit_registered:
             atexit.register(self._stop_quietly)
             self._atexit_registered = True
-        self._pki = generate_pki(self.pki_dir, SERVICE_CLUSTER_FIRST_IP)
+        extra_ips = (NODE_IP,) if self.with_node else ()
+        self._pki = generate_pki(self.pki_dir, SERVICE_CLUSTER_FIRST_IP, extra_ips)
+        if self.with_node:  # the API server's kubelet client certificate is among them
+            self._node_pki = node_module.generate_node_pki(self._pki)
         attempts = 3
         for attempt in range(1, attempts + 1):
             try:
@@ -231,6 +283,23 @@ class LocalCluster:
                 raise
         raise AssertionError("unreachable")
 
+    def _prepare_node_host(self) -> None:
+        """Refuse a second node on this machine; clean up after a crashed one; set up the host."""
+        reason = node_module.node_unsupported_reason(self.binaries)
+        if reason:
+            raise ClusterError(f"cannot run a node here: {reason}")
+        owner = node_module.running_node_owner()
+        if owner and Path(owner) != self.node_dir and _node_still_running(Path(owner)):
+            raise ClusterError(
+                f"a node of another local cluster (state {Path(owner).parent}) runs on this "
+                "machine; only one can: stop it with python -m payloadrun_devcluster "
+                f"--state-dir {Path(owner).parent} down"
+            )
+        # whatever a crashed earlier node left behind (its own or another state dir's)
+        for stale in {self.node_dir, *([Path(owner)] if owner else [])}:
+            node_module.teardown_host(stale)
+        node_module.prepare_host(self.node_dir)
+
     def _abort_start(self) -> None:
         self._stop_processes()
         (self._require_state_dir() / STATE_FILE).unlink(missing_ok=True)
@@ -239,6 +308,8 @@ class LocalCluster:
     def _start_once(self, binaries: Binaries) -> None:
         state = self._require_state_dir()
         names = ("etcd", "etcd-peer", "apiserver", "controller-manager")
+        if self.with_node:
+            names += NODE_PORT_NAMES
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         etcd_data = state / "etcd"
         if etcd_data.exists():
@@ -265,6 +336,17 @@ class LocalCluster:
             lambda: self._get_status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
             timeout=60,
         )
+        if self.with_node:
+            self._node = LocalNode(self.node_dir, binaries, die_with_parent=not self.detached)
+            self._node.start(
+                server=self.server,
+                pki=self._pki_or_raise(),
+                node_pki=self._node_pki,
+                ports=[self.ports[name] for name in NODE_PORT_NAMES],
+                spawn=self._spawn,
+                wait=lambda what, check, timeout: self._wait(what, check, timeout=timeout),
+                api=self.request,
+            )
         self._write_state()
 
     def stop(self) -> None:
@@ -293,17 +375,30 @@ class LocalCluster:
 
     def _stop_processes(self) -> list[str]:
         errors: list[str] = []
-        # Clients first, etcd last so the API server can shut down cleanly.
+        # The node first (kubelet before containerd), then the control plane's clients, etcd
+        # last so the API server can shut down cleanly.
+        node_order = ("provisioner", "coredns", "kube-proxy", "kube-scheduler", "kubelet")
+        for name in node_order:
+            errors.extend(self._stop_one(name, grace=5.0))
+        if self.with_node and self.state_dir is not None:
+            # containers and shims die before containerd; then mounts, rules, bridge, sysctls
+            node_module.kill_pod_processes()
+            errors.extend(self._stop_one("containerd", grace=5.0))
+            errors.extend(node_module.teardown_host(self.node_dir))
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-            process = self.processes.get(name)
-            if process is None:
-                continue
-            try:
-                process.stop(grace=10.0)
-            except Exception as error:
-                errors.append(f"stopping {name}: {error}")
+            errors.extend(self._stop_one(name, grace=10.0))
         self.processes = {}
         return errors
+
+    def _stop_one(self, name: str, grace: float) -> list[str]:
+        process = self.processes.get(name)
+        if process is None:
+            return []
+        try:
+            process.stop(grace=grace)
+        except Exception as error:
+            return [f"stopping {name}: {error}"]
+        return []
 
     # ---- attach to a detached cluster ------------------------------------------------------
     @classmethod
@@ -325,6 +420,11 @@ class LocalCluster:
             return False
         self.ports = {k: int(v) for k, v in data["ports"].items()}
         self.processes = {p["name"]: ManagedProcess.from_json(p) for p in data["processes"]}
+        self.with_node = bool(data.get("node", False))
+        self.host = data.get("host", self.host)
+        if self.with_node:
+            self._node = LocalNode(self.node_dir, self.binaries, die_with_parent=False)
+            self._node.ports = {name: self.ports[name] for name in NODE_PORT_NAMES}
         return True
 
     def _write_state(self) -> None:
@@ -333,6 +433,8 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "ports": self.ports,
             "detached": self.detached,
+            "node": self.with_node,
+            "host": self.host,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "processes": [p.to_json() for p in self.processes.values()],
         }
@@ -343,9 +445,8 @@ class LocalCluster:
 
     def component_status(self) -> dict[str, bool]:
         """Whether each component's recorded process is still running."""
-        return {
-            name: (name in self.processes and self.processes[name].running()) for name in COMPONENTS
-        }
+        names = COMPONENTS + (NODE_COMPONENTS if self.with_node else ())
+        return {name: (name in self.processes and self.processes[name].running()) for name in names}
 
     def healthy(self) -> bool:
         try:
@@ -367,6 +468,8 @@ class LocalCluster:
         data = {
             "ports": self.ports,
             "processes": [p.to_json() for p in self.processes.values()],
+            "node": self.with_node,
+            "host": self.host,
             "partial": True,
         }
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -393,8 +496,8 @@ class LocalCluster:
         state = self._require_state_dir()
         return [
             f"--etcd-servers={self.etcd_endpoint}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host}",
+            f"--advertise-address={self.host}",
             f"--secure-port={self.ports['apiserver']}",
             f"--cert-dir={state / 'apiserver-certs'}",
             f"--tls-cert-file={pki.apiserver_cert}",
@@ -406,11 +509,31 @@ class LocalCluster:
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
-            # No kubelet or node IP here: a loopback endpoint for the "kubernetes" Service
-            # is invalid, so do not reconcile it.
-            "--endpoint-reconciler-type=none",
             "--profiling=false",
             f"--v={self.verbosity}",
+            *(
+                self._apiserver_node_args()
+                if self.with_node
+                else [
+                    # No node address: a loopback endpoint for the "kubernetes" Service is
+                    # invalid, so do not reconcile it.
+                    "--endpoint-reconciler-type=none",
+                ]
+            ),
+        ]
+
+    def _apiserver_node_args(self) -> list[str]:
+        pki = self._pki_or_raise()
+        node_pki = self.pki_dir
+        return [
+            # kubelets limited to their own node's objects, as in every real cluster
+            "--enable-admission-plugins=NodeRestriction",
+            # calls to the kubelet (exec, logs, proxy): a client certificate, and the kubelet's
+            # serving certificate checked against the cluster CA
+            f"--kubelet-client-certificate={node_pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={node_pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
         ]
 
     def _controller_manager_args(self) -> list[str]:

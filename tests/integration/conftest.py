@@ -1,7 +1,9 @@
 """Fixtures for tests against a real Kubernetes control plane started on this machine.
 
-``kube_cluster`` (session): etcd + kube-apiserver + kube-controller-manager on loopback, built by
-``bash cluster/build.sh``. When the binaries are missing the tests are skipped, unless
+``kube_cluster`` (session): etcd + kube-apiserver + kube-controller-manager, built by
+``bash cluster/build.sh``, and a node beside them (containerd, kubelet, kube-scheduler,
+kube-proxy, CoreDNS) whenever this machine can run one (Linux, root, ``cluster/node-packages.sh``
+installed), so pods run. When something is missing the tests that need it are skipped, unless
 ``PAYLOADRUN_REQUIRE_CLUSTER`` is set (CI sets it): then they fail.
 
 ``namespace`` (function): a fresh namespace per test, deleted afterwards.
@@ -19,26 +21,32 @@ from pathlib import Path
 import pytest
 
 try:
-    from payloadrun_devcluster import (
-        CONTROL_PLANE_NAMES,
-        BinariesMissing,
-        LocalCluster,
-        find_binaries,
-    )
+    import payloadrun_devcluster  # noqa: F401
 except ImportError:  # the project is not installed (pip install -e .): use the checkout's cluster/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster"))
-    from payloadrun_devcluster import (
-        CONTROL_PLANE_NAMES,
-        BinariesMissing,
-        LocalCluster,
-        find_binaries,
-    )
+from payloadrun_devcluster import (
+    CONTROL_PLANE_NAMES,
+    Binaries,
+    BinariesMissing,
+    LocalCluster,
+    find_binaries,
+    node_unsupported_reason,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "integration: needs the local Kubernetes control plane (bash cluster/build.sh)"
     )
+    config.addinivalue_line(
+        "markers", "node_lifecycle: starts and stops nodes of its own (runs before all others)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One node per machine: the tests that start their own go before the session's cluster
+    # (and its node) starts. The sort is stable: every other test keeps its place.
+    items.sort(key=lambda item: item.get_closest_marker("node_lifecycle") is None)
 
 
 def cluster_required() -> bool:
@@ -50,24 +58,49 @@ def cluster_required() -> bool:
     )
 
 
+def skip_or_fail(reason: str) -> None:
+    """Skip, or fail when PAYLOADRUN_REQUIRE_CLUSTER says everything must run (CI)."""
+    if cluster_required():
+        pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {reason}", pytrace=False)
+    pytest.skip(f"{reason} (set PAYLOADRUN_REQUIRE_CLUSTER=1 to make this a failure)")
+
+
+def built_binaries() -> Binaries:
+    try:
+        return find_binaries(CONTROL_PLANE_NAMES)  # the node's are checked apart
+    except BinariesMissing as error:
+        skip_or_fail(str(error))
+        raise
+
+
+@pytest.fixture
+def node_binaries() -> Binaries:
+    """The binaries, when this machine can run a node (else skipped, or failed under CI)."""
+    binaries = built_binaries()
+    reason = node_unsupported_reason(binaries)
+    if reason:
+        skip_or_fail(f"no node can run here: {reason}")
+    return binaries
+
+
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A running control plane, stopped (no process left) at the end of the session, always.
+    """A running cluster, stopped (no process left) at the end of the session, always.
 
     Its state directory (certificates, kubeconfigs, component logs) is kept under pytest's
     basetemp for post-mortems.
     """
-    try:
-        binaries = find_binaries(CONTROL_PLANE_NAMES)
-        missing = None
-    except BinariesMissing as error:
-        missing = str(error)
-    if missing is not None:
-        if cluster_required():
-            pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {missing}", pytrace=False)
-        pytest.skip(f"{missing} (set PAYLOADRUN_REQUIRE_CLUSTER=1 to make this a failure)")
+    binaries = built_binaries()
+    no_node = node_unsupported_reason(binaries)
+    if no_node and cluster_required():
+        pytest.fail(
+            f"PAYLOADRUN_REQUIRE_CLUSTER is set and no node can run here: {no_node}", pytrace=False
+        )
     cluster = LocalCluster(
-        tmp_path_factory.mktemp("devcluster"), binaries=binaries, keep_state=True
+        tmp_path_factory.mktemp("devcluster"),
+        binaries=binaries,
+        keep_state=True,
+        node=no_node is None,
     )
     # start() stops whatever it started when it fails or is interrupted; stop() also runs at
     # interpreter exit (atexit) and the kernel ends the children if this process is killed.

@@ -1,0 +1,701 @@
+"""A real node beside the local control plane, so pods run: containerd + runc, kubelet,
+kube-scheduler, kube-proxy, CoreDNS, a bridge pod network and a ReadWriteMany provisioner.
+
+Linux and root only (bridges, iptables, mounts, cgroups). What it changes on the host is listed
+here, recorded in ``<state>/node/host.json`` before it is changed, and undone by
+:func:`teardown_host` (on ``down``, and before every ``up``, so a crash leaves nothing that a
+new ``up`` trips over):
+
+- a bridge ``prnode0`` with the node address 198.18.0.1/24; pods get 198.18.0.2-254 on it and
+  Services 198.19.0.0/24: both in 198.18.0.0/15, the range reserved for benchmarking (RFC 2544),
+  which no real network routes. Pods reach nothing beyond this machine.
+- sysctls ``net.ipv4.ip_forward=1`` and ``net.bridge.bridge-nf-call-iptables=1`` (Service
+  traffic between pods on one bridge goes through kube-proxy's iptables rules); the previous
+  values are restored.
+- kube-proxy's and the kubelet's iptables chains (every ``KUBE-`` chain and rule, IPv4 and
+  IPv6; the host's other rules are restored as they were).
+- containerd's and kubelet's state under ``<state>/node`` and ``/run/payloadrun-node`` (sockets
+  and network namespaces), with the mounts in them; pod cgroups under ``/kubepods``; kubelet's
+  ``/var/log/containers`` links.
+
+One node per machine: the bridge, the addresses and port 53 on the node address are fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .binaries import NODE_NAMES, Binaries
+from .certs import ClusterPKI, issue_client_cert, issue_serving_cert
+from .images import pause_image_name, pause_image_tarball
+from .processes import ManagedProcess
+
+NODE_NAME = "payloadrun-node"
+BRIDGE = "prnode0"
+NODE_IP = "198.18.0.1"
+LOCAL_RANGE = "198.18.0.0/15"  # RFC 2544 (benchmarking): pods and Services, nothing real
+POD_SUBNET = "198.18.0.0/24"
+SERVICE_SUBNET = "198.19.0.0/24"
+KUBERNETES_SERVICE_IP = "198.19.0.1"
+CLUSTER_DOMAIN = "cluster.local"
+RUN_DIR = Path("/run/payloadrun-node")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+KUBEPODS = "kubepods"
+SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+HOST_COMMANDS = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "ip",
+    "iptables",
+    "conntrack",
+)
+NODE_COMPONENTS = (
+    "containerd",
+    "kubelet",
+    "kube-scheduler",
+    "kube-proxy",
+    "coredns",
+    "provisioner",
+)
+PROVISIONER_NAME = "payloadrun.dev/local-rwx"
+STORAGE_CLASS = "standard"
+
+
+def storage_class_manifest() -> dict:
+    """The node's default storage class, served by ``provisioner.py``."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": PROVISIONER_NAME,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }
+
+
+NODE_PACKAGES_HINT = "run: bash cluster/node-packages.sh  (Debian: containerd, runc, CNI plugins)"
+
+
+class NodeError(RuntimeError):
+    """The node cannot run here, or failed to start or stop."""
+
+
+def node_unsupported_reason(binaries: Binaries) -> str | None:
+    """Why a node cannot run on this machine, or None when it can."""
+    if platform.system() != "Linux":
+        return f"a node needs Linux (this is {platform.system()})"
+    if os.geteuid() != 0:
+        return "a node needs root (bridges, iptables, mounts, cgroups)"
+    missing = [name for name in HOST_COMMANDS if shutil.which(name) is None]
+    if not (CNI_BIN_DIR / "bridge").is_file():
+        missing.append(str(CNI_BIN_DIR / "bridge"))
+    if missing:
+        return f"missing on this machine: {', '.join(missing)}; {NODE_PACKAGES_HINT}"
+    not_built = [name for name in NODE_NAMES if not os.access(binaries.path(name), os.X_OK)]
+    if not_built:
+        return f"not built: {', '.join(not_built)}; run: bash cluster/build.sh"
+    return None
+
+
+# ---- configuration files (pure) ------------------------------------------------------------
+def cni_config(ipam_dir: Path) -> dict:
+    return {
+        "cniVersion": "1.0.0",
+        "name": "payloadrun",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,  # pods need no traffic beyond this machine
+                "hairpinMode": True,  # a pod reaches itself through its own Service
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET, "gateway": NODE_IP}]],
+                    # Services and the node, through the node; no default route: pods reach
+                    # nothing beyond this machine.
+                    "routes": [{"dst": LOCAL_RANGE}],
+                    "dataDir": str(ipam_dir),
+                },
+            }
+        ],
+    }
+
+
+def containerd_config(node_dir: Path, run_dir: Path, cni_conf_dir: Path) -> str:
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{node_dir / "containerd"}"
+state = "{run_dir / "containerd"}"
+[grpc]
+  address = "{run_dir / "containerd.sock"}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{node_dir / "containerd-opt"}"
+[{cri}]
+  sandbox_image = "{pause_image_name()}"
+  # This machine's capability set lacks CAP_SYS_RESOURCE: without this, every sandbox fails
+  # with "runc create failed: ... can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [{cri}.cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{cni_conf_dir}"
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+"""
+
+
+def kubelet_config(
+    *, node_dir: Path, pki: NodePKI, ca_cert: Path, port: int, healthz_port: int, runtime: str
+) -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # Clients (the API server for exec, logs and proxy) prove who they are with a
+        # certificate of the cluster CA; what they may do is asked of the API server.
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "address": NODE_IP,
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "tlsCertFile": str(pki.kubelet_serving_cert),
+        "tlsPrivateKeyFile": str(pki.kubelet_serving_key),
+        "containerRuntimeEndpoint": runtime,
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,  # this machine mounts cgroup v1 hierarchies
+        "failSwapOn": False,
+        "clusterDNS": [NODE_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": "",
+        "podLogsDir": str(node_dir / "pod-logs"),
+        # The project's images are imported, never pulled: image GC must not remove them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+            "imagefs.inodesFree": "1%",
+        },
+        "serializeImagePulls": False,
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+    }
+
+
+def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "mode": "iptables",
+        "hostnameOverride": NODE_NAME,
+        "bindAddress": NODE_IP,
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        "clusterCIDR": POD_SUBNET,
+        "nodePortAddresses": [f"{NODE_IP}/32"],
+        # Leave the host's conntrack table sizes alone.
+        "conntrack": {"maxPerCore": 0, "min": 0},
+        # Masquerade Service traffic so replies between pods on one bridge come back through
+        # the host (no dependence on the bridge's netfilter hooks for correctness).
+        "iptables": {"masqueradeAll": True},
+    }
+
+
+def corefile(kubeconfig: Path, health_port: int, ready_port: int) -> str:
+    return f""".:53 {{
+    bind {NODE_IP}
+    errors
+    health 127.0.0.1:{health_port}
+    ready 127.0.0.1:{ready_port}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 10
+}}
+"""
+
+
+COREDNS_RBAC = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "payloadrun:coredns"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["endpoints", "services", "pods", "namespaces"],
+                "verbs": ["list", "watch"],
+            },
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["list", "watch"],
+            },
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "payloadrun:coredns"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "payloadrun:coredns",
+        },
+        "subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "payloadrun:coredns"}
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "payloadrun:local-provisioner"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "system:persistent-volume-provisioner",
+        },
+        "subjects": [
+            {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "User",
+                "name": "payloadrun:local-provisioner",
+            }
+        ],
+    },
+]
+
+
+# ---- certificates and kubeconfigs ------------------------------------------------------------
+@dataclass(frozen=True)
+class NodePKI:
+    kubelet_client_cert: Path  # the API server, calling kubelets (exec, logs, proxy)
+    kubelet_client_key: Path
+    kubelet_cert: Path  # the kubelet, calling the API server as system:node:<name>
+    kubelet_key: Path
+    kubelet_serving_cert: Path
+    kubelet_serving_key: Path
+    clients: dict[str, tuple[Path, Path]]  # component -> (cert, key)
+
+
+NODE_CLIENTS = {
+    "kube-scheduler": "/CN=system:kube-scheduler",
+    "kube-proxy": "/CN=system:kube-proxy",
+    "coredns": "/CN=payloadrun:coredns",
+    "provisioner": "/CN=payloadrun:local-provisioner",
+}
+
+
+def generate_node_pki(pki: ClusterPKI) -> NodePKI:
+    """Every certificate the node's components and the API server's kubelet client need."""
+    client_cert, client_key = issue_client_cert(
+        pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    )
+    kubelet_cert, kubelet_key = issue_client_cert(
+        pki, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}"
+    )
+    serving_cert, serving_key = issue_serving_cert(
+        pki, "kubelet-serving", NODE_NAME, [f"IP:{NODE_IP}", f"DNS:{NODE_NAME}"]
+    )
+    clients = {
+        name: issue_client_cert(pki, name, subject) for name, subject in NODE_CLIENTS.items()
+    }
+    return NodePKI(
+        client_cert, client_key, kubelet_cert, kubelet_key, serving_cert, serving_key, clients
+    )
+
+
+def file_kubeconfig(server: str, ca_cert: Path, cert: Path, key: Path, user: str) -> dict:
+    """A kubeconfig that names certificate files (every Go client and our provisioner read it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+
+
+# ---- host changes and their undoing ------------------------------------------------------------
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise NodeError(f"{' '.join(args)} failed (exit {result.returncode}): {result.stderr}")
+    return result
+
+
+def _sysctl_path(name: str) -> Path:
+    return Path("/proc/sys") / name
+
+
+def prepare_host(node_dir: Path) -> None:
+    """Bridge with the node address, sysctls; previous values recorded first (for teardown)."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    record = node_dir / "host.json"
+    previous = {name: _sysctl_path(name).read_text().strip() for name in SYSCTLS}
+    record.write_text(json.dumps({"sysctls": previous}, indent=2) + "\n")
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    (RUN_DIR / "owner").write_text(str(node_dir) + "\n")
+    if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    _run("ip", "addr", "replace", f"{NODE_IP}/24", "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+    for name, value in SYSCTLS.items():
+        _sysctl_path(name).write_text(value)
+
+
+def _mounts_under(prefixes: list[Path]) -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if any(point == str(p) or point.startswith(f"{p}/") for p in prefixes):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unmount(point: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    mnt_detach = 2
+    libc.umount2(point.encode(), mnt_detach)
+
+
+def _cgroup_dirs() -> list[Path]:
+    """Pod cgroup directories in every hierarchy, deepest first."""
+    dirs: list[Path] = []
+    if not CGROUP_ROOT.is_dir():
+        return dirs
+    for hierarchy in CGROUP_ROOT.iterdir():
+        top = hierarchy / KUBEPODS
+        if top.is_dir():
+            dirs.extend(Path(p) for p, _, _ in os.walk(top))
+    return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
+
+
+def kill_pod_processes(containerd_socket: Path = RUN_DIR / "containerd.sock") -> None:
+    """SIGKILL every container process (pod cgroups) and every shim of our containerd."""
+    pids: set[int] = set()
+    for directory in _cgroup_dirs():
+        try:
+            pids.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+        except OSError:
+            continue
+    needle = str(containerd_socket).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"containerd-shim" in cmdline and needle in cmdline:
+                pids.add(int(entry.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def remove_kube_rules() -> list[str]:
+    """Remove every ``KUBE-`` chain and rule (kube-proxy's and the kubelet's), IPv4 and IPv6.
+
+    The rule set is dumped, filtered and restored in one step per family, so the host's other
+    rules stay exactly as they are.
+    """
+    problems = []
+    for save, restore in (
+        ("iptables-save", "iptables-restore"),
+        ("ip6tables-save", "ip6tables-restore"),
+    ):
+        if shutil.which(save) is None or shutil.which(restore) is None:
+            continue
+        dump = _run(save, check=False).stdout
+        lines = dump.splitlines()
+        kept = [line for line in lines if "KUBE-" not in line]
+        if len(kept) == len(lines):
+            continue
+        result = subprocess.run(
+            [restore], input="\n".join(kept) + "\n", capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            problems.append(f"{restore}: {result.stderr.strip()[-300:]}")
+    return problems
+
+
+def teardown_host(node_dir: Path) -> list[str]:
+    """Undo everything :func:`prepare_host` and the node's components changed. Idempotent.
+
+    Returns what could not be undone (empty when the host is clean).
+    """
+    problems: list[str] = []
+    kill_pod_processes()
+    time.sleep(0.2)
+    for point in _mounts_under([node_dir, RUN_DIR]):
+        _unmount(point)
+    for directory in _cgroup_dirs():
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+    problems.extend(remove_kube_rules())
+    if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
+        result = _run("ip", "link", "delete", BRIDGE, check=False)
+        if result.returncode != 0:
+            problems.append(f"deleting bridge {BRIDGE}: {result.stderr.strip()}")
+    record = node_dir / "host.json"
+    if record.is_file():
+        for name, value in json.loads(record.read_text()).get("sysctls", {}).items():
+            try:
+                _sysctl_path(name).write_text(value)
+            except OSError as error:
+                problems.append(f"restoring sysctl {name}={value}: {error}")
+        record.unlink()
+    logs = Path("/var/log/containers")
+    if logs.is_dir():
+        for link in logs.iterdir():
+            if link.is_symlink() and os.readlink(link).startswith(str(node_dir)):
+                link.unlink()
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    left = _mounts_under([node_dir, RUN_DIR])
+    if not left:  # images, containers, volumes: hundreds of MB; the pods' logs stay
+        for entry in node_dir.iterdir() if node_dir.is_dir() else ():
+            if entry.is_dir() and entry.name != "pod-logs":
+                shutil.rmtree(entry, ignore_errors=True)
+    if left:
+        problems.append(f"still mounted: {', '.join(left[:5])}")
+    return problems
+
+
+def running_node_owner() -> str | None:
+    """The state directory of a node that may be running on this machine, if any."""
+    try:
+        return (RUN_DIR / "owner").read_text().strip() or None
+    except OSError:
+        return None
+
+
+# ---- the node ------------------------------------------------------------------------------
+class LocalNode:
+    """The node's processes, started after the control plane by :class:`LocalCluster`."""
+
+    def __init__(self, node_dir: Path, binaries: Binaries, die_with_parent: bool) -> None:
+        self.node_dir = node_dir
+        self.binaries = binaries
+        self.die_with_parent = die_with_parent
+        self.processes: dict[str, ManagedProcess] = {}
+        self.ports: dict[str, int] = {}
+
+    @property
+    def containerd_socket(self) -> Path:
+        return RUN_DIR / "containerd.sock"
+
+    def ctr(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+
+    def load_image(self, tarball: Path) -> None:
+        """Import a docker-archive or OCI tarball into the node's image store."""
+        result = self.ctr("images", "import", "--no-unpack", str(tarball))
+        if result.returncode != 0:
+            raise NodeError(f"importing {tarball} into the node failed: {result.stderr.strip()}")
+
+    def start(
+        self,
+        *,
+        server: str,
+        pki: ClusterPKI,
+        node_pki: NodePKI,
+        ports: list[int],
+        spawn: Callable[[str, list[str]], ManagedProcess],
+        wait: Callable[[str, Callable[[], bool], float], None],
+        api: Callable[[str, str, dict | None], tuple[int, dict]],
+    ) -> None:
+        node = self.node_dir
+        names = (
+            "kubelet",
+            "kubelet-healthz",
+            "proxy-healthz",
+            "proxy-metrics",
+            "scheduler",
+            "dns-health",
+            "dns-ready",
+        )
+        self.ports = dict(zip(names, ports, strict=True))
+        configs = node / "config"
+        configs.mkdir(parents=True, exist_ok=True)
+
+        def kubeconfig(component: str, cert: Path, key: Path, user: str) -> Path:
+            path = configs / f"{component}.kubeconfig"
+            path.write_text(json.dumps(file_kubeconfig(server, pki.ca_cert, cert, key, user)))
+            path.chmod(0o600)
+            return path
+
+        for manifest in COREDNS_RBAC:
+            self._apply(api, manifest)
+        self._apply(api, storage_class_manifest())
+
+        # containerd, with the sandbox image imported before the kubelet asks for a sandbox
+        cni_dir = configs / "cni"
+        cni_dir.mkdir(exist_ok=True)
+        (cni_dir / "10-payloadrun.conflist").write_text(
+            json.dumps(cni_config(node / "cni-ipam"), indent=2)
+        )
+        containerd_toml = configs / "containerd.toml"
+        containerd_toml.write_text(containerd_config(node, RUN_DIR, cni_dir))
+        spawn("containerd", ["containerd", "--config", str(containerd_toml)])
+        wait("containerd", lambda: self.ctr("version", timeout=5).returncode == 0, 60)
+        self.load_image(pause_image_tarball())
+
+        kubelet_kubeconfig = kubeconfig(
+            "kubelet", node_pki.kubelet_cert, node_pki.kubelet_key, f"system:node:{NODE_NAME}"
+        )
+        kubelet_yaml = configs / "kubelet.json"
+        kubelet_yaml.write_text(
+            json.dumps(
+                kubelet_config(
+                    node_dir=node,
+                    pki=node_pki,
+                    ca_cert=pki.ca_cert,
+                    port=self.ports["kubelet"],
+                    healthz_port=self.ports["kubelet-healthz"],
+                    runtime=f"unix://{self.containerd_socket}",
+                ),
+                indent=2,
+            )
+        )
+        spawn(
+            "kubelet",
+            [
+                str(self.binaries.path("kubelet")),
+                f"--config={kubelet_yaml}",
+                f"--kubeconfig={kubelet_kubeconfig}",
+                f"--root-dir={node / 'kubelet'}",
+                f"--cert-dir={node / 'kubelet-certs'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={NODE_IP}",
+                "--v=1",
+            ],
+        )
+
+        cert, key = node_pki.clients["kube-scheduler"]
+        scheduler_kubeconfig = kubeconfig("kube-scheduler", cert, key, "system:kube-scheduler")
+        spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.path("kube-scheduler")),
+                f"--kubeconfig={scheduler_kubeconfig}",
+                f"--authentication-kubeconfig={scheduler_kubeconfig}",
+                f"--authorization-kubeconfig={scheduler_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+
+        cert, key = node_pki.clients["kube-proxy"]
+        proxy_kubeconfig = kubeconfig("kube-proxy", cert, key, "system:kube-proxy")
+        proxy_json = configs / "kube-proxy.json"
+        proxy_json.write_text(
+            json.dumps(
+                kube_proxy_config(
+                    proxy_kubeconfig, self.ports["proxy-healthz"], self.ports["proxy-metrics"]
+                )
+            )
+        )
+        spawn(
+            "kube-proxy",
+            [str(self.binaries.path("kube-proxy")), f"--config={proxy_json}", "--v=1"],
+        )
+
+        cert, key = node_pki.clients["coredns"]
+        dns_kubeconfig = kubeconfig("coredns", cert, key, "payloadrun:coredns")
+        core = configs / "Corefile"
+        core.write_text(corefile(dns_kubeconfig, self.ports["dns-health"], self.ports["dns-ready"]))
+        spawn("coredns", [str(self.binaries.path("coredns")), "-conf", str(core)])
+
+        cert, key = node_pki.clients["provisioner"]
+        provisioner_kubeconfig = kubeconfig(
+            "provisioner", cert, key, "payloadrun:local-provisioner"
+        )
+        spawn(
+            "provisioner",
+            [
+                sys.executable,
+                "-m",
+                "payloadrun_devcluster.provisioner",
+                f"--kubeconfig={provisioner_kubeconfig}",
+                f"--volumes-dir={node / 'volumes'}",
+            ],
+        )
+
+        wait("the node to be Ready", lambda: self._node_ready(api), 180)
+        wait("CoreDNS /ready", self._dns_ready, 60)
+
+    @staticmethod
+    def _apply(api: Callable[[str, str, dict | None], tuple[int, dict]], manifest: dict) -> None:
+        kind = manifest["kind"]
+        collection = {
+            "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            "StorageClass": "/apis/storage.k8s.io/v1/storageclasses",
+        }[kind]
+        status, body = api("POST", collection, manifest)
+        if status not in (201, 409):
+            raise NodeError(f"creating {kind} {manifest['metadata']['name']}: HTTP {status} {body}")
+
+    @staticmethod
+    def _node_ready(api: Callable[[str, str, dict | None], tuple[int, dict]]) -> bool:
+        status, body = api("GET", f"/api/v1/nodes/{NODE_NAME}", None)
+        if status != 200:
+            return False
+        conditions = body.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def _dns_ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.ports['dns-ready']}/ready"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
