@@ -7,7 +7,7 @@ SHELL := bash
 VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint format test unit demo bench bench-all cluster-binaries prometheus
+.PHONY: help venv lint format test unit demo bench bench-all cluster-binaries prometheus images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ format: ## apply ruff's formatting and safe fixes
 
 cluster-binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, helm (cached)
 	@bash cluster/build.sh
+
+images: ## build the container images (cached by content)
+	@bash hack/images.sh
 
 prometheus: ## make sure a Prometheus server is installed (Debian's), for the dashboard tests
 	@bash hack/prometheus.sh >/dev/null
