@@ -6,7 +6,9 @@
 #   bash hack/kind-e2e.sh down   # delete the cluster
 #
 # kind's default storage class cannot provision ReadWriteMany claims, so the run's claim is served
-# by a static hostPath PersistentVolume on the (single) kind node, bound to it by claimRef.
+# by a static hostPath PersistentVolume on the (single) kind node, bound to it by claimRef and made
+# anew by hack/kind/volume.sh on every `up` (a released one cannot bind the next run's claim).
+# The same test bodies run on the local node (make test) with the same chart install.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,14 +38,9 @@ up() {
   kind load docker-image --name "$cluster" "payloadrun:$tag" "payloadrun-operator:$tag"
   # the hostPath directory must be writable by the sidecars' non-root user
   docker exec "$cluster-control-plane" sh -c 'mkdir -p /var/payloadrun && chmod 0777 /var/payloadrun'
-  kubectl apply -f "$repo/hack/kind/volume.yaml"
+  bash "$repo/hack/kind/volume.sh"
   log "installing the chart"
-  helm upgrade --install payloadrun "$repo/charts/payloadrun" \
-    --namespace payloadrun-system --create-namespace \
-    --set image.repository=payloadrun-operator --set image.tag="$tag" --set image.pullPolicy=Never \
-    --set sidecars.image.repository=payloadrun --set sidecars.image.tag="$tag" \
-    --set sidecars.image.pullPolicy=Never --set operator.readinessCheckSeconds=2
-  kubectl -n payloadrun-system rollout status deploy/payloadrun --timeout=180s
+  bash "$repo/hack/e2e-install.sh" "$tag"
   log "ready; export KUBECONFIG=$kubeconfig"
 }
 

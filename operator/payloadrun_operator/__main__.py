@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 
 import kopf
@@ -41,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def operator_identity() -> str:
+    """Who this operator process is, for kopf (its peering and logs).
+
+    kopf's default asks ``getpass.getuser()``, which raises ``KeyError`` for a uid without a
+    passwd entry, such as the image's 65532: every pod of the chart crash-looped at start.
+    """
+    return f"payloadrun-operator@{socket.gethostname()}/{os.getpid()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -75,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
+        identity=operator_identity(),
     )
     return 0
 

@@ -214,6 +214,18 @@ def http_probe(path: str, port: int, period: int = 10) -> Manifest:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5}
 
 
+def startup_probe(port: int) -> Manifest:
+    """A native sidecar is "started" once it answers: only then does the kubelet start the main
+    container, so vLLM never takes traffic before its writer serves (and the orchestrator never
+    calls a retention sidecar that is not listening). Up to 60 s to start."""
+    return {
+        "httpGet": {"path": "/healthz", "port": port},
+        "periodSeconds": 1,
+        "timeoutSeconds": 2,
+        "failureThreshold": 60,
+    }
+
+
 # --- children ------------------------------------------------------------------------------------
 
 
@@ -287,6 +299,7 @@ def writer_container(ctx: RunContext) -> Manifest:
             {"name": "writer", "containerPort": writer.port},
             {"name": "writer-metrics", "containerPort": writer.metrics_port},
         ],
+        "startupProbe": startup_probe(writer.port),
         "readinessProbe": http_probe("/readyz", writer.port, period=5),
         "livenessProbe": http_probe("/healthz", writer.port),
         "resources": resources(writer.resources, ctx.settings.writer_resources),
@@ -319,6 +332,7 @@ def retention_container(ctx: RunContext) -> Manifest:
         ),
         "ports": [{"name": "metrics", "containerPort": retention.metrics_port}],
         # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
+        "startupProbe": startup_probe(retention.metrics_port),
         "readinessProbe": http_probe("/readyz", retention.metrics_port, period=5),
         "livenessProbe": http_probe("/healthz", retention.metrics_port),
         "resources": resources(retention.resources, ctx.settings.retention_resources),

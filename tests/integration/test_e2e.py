@@ -1,56 +1,71 @@
-"""End-to-end test bodies, run against two backends.
+"""End-to-end bodies with real pods, run against two backends.
 
-- ``local`` (here): the local control plane with the operator as a process. No kubelet runs, so
-  what needs pods (readiness, the data path through the sidecars, sidecar metrics) is skipped with
-  the reason printed.
-- ``kind`` (where Docker exists; ``bash hack/kind-e2e.sh test`` sets it up): the chart's operator
-  image in a kind cluster, the run's pods really running (the fake vLLM behind the writer
-  sidecar, the retention sidecar beside the orchestrator), and a static hostPath RWX volume.
+- ``local`` (``make test``): the local cluster with its node (containerd, kubelet, kube-proxy,
+  CoreDNS; ``tests/integration/conftest.py``), the project's images built from its Dockerfiles by
+  ``hack/images.sh`` and imported into the node, the chart installed by ``hack/e2e-install.sh``
+  with the operator as a pod, and ReadWriteMany claims served by the node's provisioner.
+- ``kind`` (where Docker runs; ``bash hack/kind-e2e.sh test`` sets it up): the same install on a
+  kind cluster, with the static hostPath volume of ``hack/kind/volume.sh``.
+
+The module's tests run in order on one run: each builds on the one before (the run reconciles,
+its pods become ready, a request goes through the writer, the trainer reads it, retention
+deletes it, Prometheus scrapes what happened, ...).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from payloadrun.codec import compact_routed_experts
-from payloadrun_operator.local import LocalOperator
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "e2e"
 RUN = "e2e-run"
+SYSTEM_NS = "payloadrun-system"
+ROOT = f"/payloads/{NAMESPACE}/{RUN}/payloads"
+OPERATOR_METRICS = f"/api/v1/namespaces/{SYSTEM_NS}/services/payloadrun-metrics:9400/proxy/metrics"
+OPERATOR_POD = "app.kubernetes.io/name=payloadrun-operator"  # the chart's selector label
+SLEEP = ["python", "-c", "import time; time.sleep(10**9)"]
 
 
-def run_manifest(image: str) -> dict[str, Any]:
-    sleep = ["python", "-c", "import time; time.sleep(10**9)"]
+def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
     return {
         "apiVersion": "payloadrun.dev/v1alpha1",
         "kind": "PayloadRun",
-        "metadata": {"name": RUN, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
             "routerReplay": True,
             "samplingMaskCapture": True,
-            # kind's default class; the static volume of hack/kind/volume.yaml is pre-bound
-            "payloads": {"volume": {"size": "10Gi", "storageClassName": "standard"}},
+            # "standard": the local node's ReadWriteMany class; on kind, the class the static
+            # volume of hack/kind/volume.yaml names (it is pre-bound to this run's claim)
+            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
             "inference": {
                 "image": image,
                 "command": ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"],
             },
-            "orchestrator": {"image": image, "command": sleep},
-            "trainer": {"image": image, "command": sleep},
+            "orchestrator": {"image": image, "command": SLEEP},
+            "trainer": {"image": image, "command": SLEEP},
         },
     }
 
@@ -59,18 +74,19 @@ def run_manifest(image: str) -> dict[str, Any]:
 class Backend:
     name: str
     kubeconfig: str
-    kubectl_bin: str
-    pods_run: bool
-    operator_metrics: Any  # () -> str
+    env: dict[str, str]  # PATH with kubectl and helm, KUBECONFIG
+    image: str = "payloadrun:e2e"
+    shared: dict[str, Any] = field(default_factory=dict)  # what one test hands the next
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            ["kubectl", f"--kubeconfig={self.kubeconfig}", *args],
             input=input,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=300,
             check=False,
+            env=self.env,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
@@ -79,11 +95,63 @@ class Backend:
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
-    def need_pods(self) -> None:
-        if not self.pods_run:
-            pytest.skip(
-                f"{self.name}: no kubelet runs on the local control plane, pods never start"
-            )
+    def exec(self, pod: str, container: str, *command: str, check: bool = True) -> str:
+        return self.kubectl(
+            "exec", "-n", NAMESPACE, pod, "-c", container, "--", *command, check=check
+        )
+
+    def python(self, pod: str, container: str, script: str, *args: str) -> str:
+        return self.exec(pod, container, "python", "-c", script, *args)
+
+    def pod_of(self, component: str, run: str = RUN) -> dict[str, Any]:
+        items = self.get(
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"payloadrun.dev/run={run},app.kubernetes.io/component={component}",
+        )["items"]
+        live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
+        assert live, f"no {component} pod of {run}"
+        return live[0]
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def build_images() -> dict[str, Path]:
+    """``hack/images.sh``: the project's images from its Dockerfiles, cached by content."""
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "images.sh")],
+        stdout=subprocess.PIPE,
+        stderr=None,  # progress goes to pytest's captured stderr
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert result.returncode == 0, "hack/images.sh failed (its output is above)"
+    images = dict(line.split(maxsplit=1) for line in result.stdout.splitlines() if line.strip())
+    return {name: Path(path) for name, path in images.items()}
+
+
+def _local_backend(request: pytest.FixtureRequest) -> Backend:
+    from payloadrun_devcluster import node_unsupported_reason
+
+    cluster = request.getfixturevalue("kube_cluster")
+    if not cluster.with_node:
+        # under PAYLOADRUN_REQUIRE_CLUSTER the kube_cluster fixture has failed already
+        pytest.skip(f"local end-to-end: {node_unsupported_reason(cluster.binaries)}")
+    for path in build_images().values():
+        cluster.load_image(path)
+    return Backend("local", str(cluster.kubeconfig), {**os.environ, **cluster.env()})
 
 
 def _kind_backend() -> Backend:
@@ -96,94 +164,72 @@ def _kind_backend() -> Backend:
             if probe.returncode != 0:
                 why = "no Docker engine answers (docker info failed), so kind cannot run here"
         pytest.skip(f"kind end-to-end: {why}; run `bash hack/kind-e2e.sh test` where Docker runs")
-    kubectl = shutil.which("kubectl") or "kubectl"
-
-    def metrics() -> str:
-        return subprocess.run(
-            [
-                kubectl,
-                f"--kubeconfig={kubeconfig}",
-                "get",
-                "--raw",
-                "/api/v1/namespaces/payloadrun-system/services/payloadrun-metrics:9400/proxy/metrics",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-
-    return Backend("kind", kubeconfig, kubectl, True, metrics)
+    image = os.environ.get("PAYLOADRUN_E2E_IMAGE", "payloadrun:e2e")
+    return Backend("kind", kubeconfig, {**os.environ, "KUBECONFIG": kubeconfig}, image)
 
 
 @pytest.fixture(scope="module", params=["local", "kind"])
-def e2e(request, tmp_path_factory):
-    if request.param == "kind":
-        backend = _kind_backend()
-        image = os.environ.get("PAYLOADRUN_E2E_IMAGE", "payloadrun:e2e")
-        backend.kubectl("create", "namespace", NAMESPACE, check=False)
-        yield backend, image
-        backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-        return
-    cluster = request.getfixturevalue("kube_cluster")
-    kubectl = str(cluster.binaries.path("kubectl"))
-    backend = Backend("local", str(cluster.kubeconfig), kubectl, False, lambda: "")
-    backend.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    backend.kubectl("wait", "--for=condition=Established", "crd/payloadruns.payloadrun.dev")
+def e2e(request):
+    backend = _local_backend(request) if request.param == "local" else _kind_backend()
+    env = {**backend.env, "KUBECONFIG": backend.kubeconfig, "HOME": str(REPO / ".e2e-home")}
+    if backend.name == "local":  # hack/kind-e2e.sh installs it on kind
+        install = subprocess.run(
+            ["bash", str(REPO / "hack" / "e2e-install.sh")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=400,
+            check=False,
+        )
+        assert install.returncode == 0, install.stderr + backend.kubectl(
+            "describe", "pods", "-n", SYSTEM_NS, check=False
+        )
+    shutil.rmtree(REPO / ".e2e-home", ignore_errors=True)
     backend.kubectl("create", "namespace", NAMESPACE, check=False)
-    log = tmp_path_factory.mktemp("e2e") / "operator.log"
-    with LocalOperator(
-        cluster.kubeconfig,
-        namespaces=(NAMESPACE,),
-        log_path=log,
-        env={"PAYLOADRUN_READINESS_CHECK_SECONDS": "1"},
-    ) as op:
-        backend.operator_metrics = lambda: _http_get(op.metrics_url)
-        yield backend, "payloadrun:e2e"
+    yield backend
     backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
-def _http_get(url: str) -> str:
-    import urllib.request
+# ---- the operator, as the chart installs it ---------------------------------------------------
+def test_the_operator_runs_as_a_pod_with_the_charts_identity(e2e):
+    """The chart's operator pod starts and stays up as uid 65532 (no passwd entry for it)."""
+    pods = e2e.get("pods", "-n", SYSTEM_NS, "-l", OPERATOR_POD)["items"]
+    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0, status
+    assert pod["spec"]["serviceAccountName"] == "payloadrun"
+    # the uid has no passwd entry, so getpass.getuser() (kopf's default identity) raises:
+    # the operator must not depend on it
+    probe = e2e.kubectl(
+        "exec", "-n", SYSTEM_NS, pod["metadata"]["name"], "--", "python", "-c",
+        "import getpass, os\ntry:\n    getpass.getuser()\nexcept KeyError:\n"
+        "    print(os.getuid(), 'has no user name')",
+    )  # fmt: skip
+    assert probe.strip() == "65532 has no user name"
 
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return resp.read().decode()
 
-
-def wait_for(what: str, probe, timeout: float = 180.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
-
-
+# ---- a run by handle -------------------------------------------------------------------------
 def test_run_reconciles_with_its_sidecars(e2e):
-    backend, image = e2e
-    backend.kubectl("apply", "-f", "-", input=json.dumps(run_manifest(image)))
+    e2e.kubectl("apply", "-f", "-", input=json.dumps(run_manifest(e2e.image)))
 
     def reconciled():
-        status = backend.get("payloadrun", RUN, "-n", NAMESPACE).get("status") or {}
+        status = e2e.get("payloadrun", RUN, "-n", NAMESPACE).get("status") or {}
         return status if status.get("observedGeneration") == 1 else None
 
-    status = wait_for("the run reconciled", reconciled, 60)
+    status = wait_for("the run reconciled", reconciled, 90)
     assert status["payloadMode"] == "ByHandle"
-    assert status["payloadRoot"] == f"/payloads/{NAMESPACE}/{RUN}/payloads"
-    sts = backend.get("statefulset", f"{RUN}-inference", "-n", NAMESPACE)
+    assert status["payloadRoot"] == ROOT
+    sts = e2e.get("statefulset", f"{RUN}-inference", "-n", NAMESPACE)
     (writer,) = sts["spec"]["template"]["spec"]["initContainers"]
     assert writer["name"] == "payload-writer" and writer["restartPolicy"] == "Always"
-    deploy = backend.get("deployment", f"{RUN}-orchestrator", "-n", NAMESPACE)
+    deploy = e2e.get("deployment", f"{RUN}-orchestrator", "-n", NAMESPACE)
     (retention,) = deploy["spec"]["template"]["spec"]["initContainers"]
     assert retention["name"] == "payload-retention"
 
 
 def test_pods_and_sidecars_become_ready(e2e):
-    backend, _ = e2e
-    backend.need_pods()
     for component in ("inference", "orchestrator", "trainer"):
-        backend.kubectl(
+        e2e.kubectl(
             "wait",
             "--for=condition=Ready",
             "pod",
@@ -195,7 +241,7 @@ def test_pods_and_sidecars_become_ready(e2e):
         )
 
     def run_ready():
-        status = backend.get("payloadrun", RUN, "-n", NAMESPACE)["status"]
+        status = e2e.get("payloadrun", RUN, "-n", NAMESPACE)["status"]
         return status["phase"] == "Running" and status
 
     status = wait_for("phase Running", run_ready, 120)
@@ -203,93 +249,324 @@ def test_pods_and_sidecars_become_ready(e2e):
     assert conditions == {"Validated": "True", "VolumeReady": "True", "Ready": "True"}
 
 
+def _started_at(pod: dict[str, Any], container: str) -> str:
+    statuses = pod["status"].get("initContainerStatuses", []) + pod["status"]["containerStatuses"]
+    (status,) = [s for s in statuses if s["name"] == container]
+    return status["state"]["running"]["startedAt"]
+
+
+def test_the_writer_serves_before_vllm_starts(e2e):
+    """Native sidecar order: the kubelet starts vLLM only once the writer answers its probe."""
+    pod = e2e.pod_of("inference")
+    name = pod["metadata"]["name"]
+    vllm_started = _started_at(pod, "vllm")
+    logs = e2e.kubectl(
+        "logs", "-n", NAMESPACE, name, "-c", "payload-writer", "--timestamps"
+    ).splitlines()
+    listening = [line.split()[0] for line in logs if "listening" in line]
+    assert listening, logs
+    # RFC 3339 with nanoseconds vs seconds: compare as text to the second
+    assert listening[0][:19] <= vllm_started[:19], (listening[0], vllm_started)
+
+
+def _inference_pod_path(e2e: Backend, port: int, path: str) -> str:
+    pod = e2e.pod_of("inference")["metadata"]["name"]
+    return f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:{port}/proxy{path}"
+
+
 def test_a_request_by_handle_through_the_writer(e2e):
-    backend, _ = e2e
-    backend.need_pods()
-    root = f"/payloads/{NAMESPACE}/{RUN}/payloads"
+    """Through the inference Service (writer), read back by the trainer from its read-only mount.
+
+    The same body sent straight to vLLM (port 8000, past the writer) answers inline: the fake
+    vLLM's output is a function of the body, so the trainer's rows must equal those ids.
+    """
     request = {
         "model": "fake",
         "prompt": "the writer sidecar in a real pod",
         "max_tokens": 8,
         "return_token_ids": True,
+        "vllm_xargs": {"payload_dir": f"{ROOT}/v0"},
     }
-    proxy = f"/api/v1/namespaces/{NAMESPACE}/services/{RUN}-inference:8001/proxy/v1/completions"
+    service = f"/api/v1/namespaces/{NAMESPACE}/services/{RUN}-inference:8001/proxy/v1/completions"
 
-    def post(body: dict) -> dict:
-        out = backend.kubectl("create", "--raw", proxy, "-f", "-", input=json.dumps(body))
-        return json.loads(out)
+    def post(path: str) -> dict:
+        return json.loads(
+            e2e.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(request))
+        )
 
-    inline = post(request)
-    by_handle = post({**request, "vllm_xargs": {"payload_dir": f"{root}/v0"}})
+    by_handle = post(service)
+    inline = post(_inference_pod_path(e2e, 8000, "/v1/completions"))
     choice = by_handle["choices"][0]
     assert choice["routed_experts"] is None
     segments = choice["payload"]
-    assert segments and all(s["file"].startswith(f"{root}/v0/") for s in segments)
+    assert segments and all(s["file"].startswith(f"{ROOT}/v0/") for s in segments)
     raw = base64.b64decode(inline["choices"][0]["routed_experts"])
     # what the writer stores: the same ids, compacted to uint8 when they fit
     expected = compact_routed_experts(np.load(io.BytesIO(raw), allow_pickle=False))
-    # the trainer pod (read-only mount) reads the rows back through the library
     script = (
         "import json,sys,hashlib;from payloadrun import PayloadReader,segments_from_json;"
-        f"segs=segments_from_json(json.loads(sys.argv[1]));r=PayloadReader({root!r});"
+        f"segs=segments_from_json(json.loads(sys.argv[1]));r=PayloadReader({ROOT!r});"
         "s=[x for x in segs if x.field=='routed_experts'][0];"
         "a=r.read(segs,'routed_experts',s.pos,s.end);print(hashlib.sha256(a.tobytes()).hexdigest())"
     )
-    digest = backend.kubectl(
-        "exec",
-        "-n",
-        NAMESPACE,
-        f"{RUN}-trainer-0",
-        "-c",
-        "trainer",
-        "--",
-        "python",
-        "-c",
-        script,
-        json.dumps(segments),
-    ).strip()
-    import hashlib
-
+    trainer = e2e.pod_of("trainer")["metadata"]["name"]
+    digest = e2e.python(trainer, "trainer", script, json.dumps(segments)).strip()
     assert digest == hashlib.sha256(np.ascontiguousarray(expected).tobytes()).hexdigest()
 
 
-def test_operator_metrics_are_scraped(e2e):
-    backend, _ = e2e
-    text = wait_for(
-        "operator metrics",
-        lambda: "payloadrun_operator_reconciles_total" in (m := backend.operator_metrics()) and m,
-        60,
-    )
-    assert 'payloadrun_operator_reconciles_total{result="applied"}' in text
+ORCHESTRATOR_STEP = """
+import json, os, urllib.request
+from payloadrun import files_of, segments_from_json
+from payloadrun.retention.client import RetentionClient
+url = os.environ["PAYLOADRUN_INFERENCE_URL"] + "/inference/v1/generate"
+payload_dir = os.environ["PAYLOAD_ROOT"] + "/v0"
+files = []
+for i in range(3):
+    body = {"model": "policy", "token_ids": list(range(100 + i, 140 + i)),
+            "sampling_params": {"max_tokens": 16, "temperature": 1.0,
+                                "extra_args": {"payload_dir": payload_dir}}}
+    headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        files += files_of(segments_from_json(json.loads(resp.read())["choices"][0]["payload"]))
+RetentionClient().record_batch(1, sorted(set(files)))
+print(json.dumps(sorted(set(files))))
+"""
+
+EXISTING = (
+    "import json,os,sys; print(json.dumps([os.path.exists(f) for f in json.loads(sys.argv[1])]))"
+)
 
 
-def test_sidecar_metrics_are_scraped(e2e):
-    backend, _ = e2e
-    backend.need_pods()
-    pod = f"{RUN}-inference-0"
-    writer = backend.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:9401/proxy/metrics"
+def test_consumed_files_are_deleted_from_the_shared_volume(e2e):
+    """The orchestrator's loop in its pod: rollouts through the Service (DNS, kube-proxy, the
+    writer), a batch recorded with the retention sidecar on loopback; the trainer pod sees the
+    files; once the policy is updated, they are gone from the shared volume."""
+    orchestrator = e2e.pod_of("orchestrator")["metadata"]["name"]
+    files = json.loads(e2e.python(orchestrator, "orchestrator", ORCHESTRATOR_STEP))
+    assert len(files) == 3 and all(f.startswith(f"{ROOT}/v0/") for f in files)
+    trainer = e2e.pod_of("trainer")["metadata"]["name"]
+    assert json.loads(e2e.python(trainer, "trainer", EXISTING, json.dumps(files))) == [True] * 3
+    e2e.python(
+        orchestrator,
+        "orchestrator",
+        "from payloadrun.retention.client import RetentionClient; "
+        "RetentionClient().policy_updated(1)",
     )
-    assert "payloadrun_writer_requests_total" in writer
-    orchestrator = backend.get(
-        "pods",
+
+    def gone():
+        exists = json.loads(e2e.python(trainer, "trainer", EXISTING, json.dumps(files)))
+        return not any(exists)
+
+    wait_for("the consumed files deleted", gone, 30)
+
+
+def test_operator_and_sidecar_metrics_are_scraped_by_prometheus(e2e, tmp_path):
+    """The real Prometheus (hack/prometheus.sh) scrapes the operator and both sidecars in their
+    pods, through the API server's proxy (kubectl proxy on loopback)."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus is not installed: bash hack/prometheus.sh installs Debian's")
+    inference = e2e.pod_of("inference")["metadata"]["name"]
+    orchestrator = e2e.pod_of("orchestrator")["metadata"]["name"]
+    with ExitStack() as stack:
+        proxy = subprocess.Popen(
+            ["kubectl", f"--kubeconfig={e2e.kubeconfig}", "proxy", "--port=0",
+             "--address=127.0.0.1"],
+            stdout=subprocess.PIPE, text=True, env=e2e.env,
+        )  # fmt: skip
+        stack.callback(proxy.wait, 10)
+        stack.callback(proxy.terminate)
+        line = proxy.stdout.readline()  # "Starting to serve on 127.0.0.1:NNNNN"
+        address = re.search(r"127\.0\.0\.1:\d+", line).group(0)
+        paths = {
+            "operator": OPERATOR_METRICS,
+            "writer": f"/api/v1/namespaces/{NAMESPACE}/pods/{inference}:9401/proxy/metrics",
+            "retention": f"/api/v1/namespaces/{NAMESPACE}/pods/{orchestrator}:9402/proxy/metrics",
+        }
+        config = {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": job, "metrics_path": path, "static_configs": [{"targets": [address]}]}
+                for job, path in paths.items()
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = _free_port()
+        with (tmp_path / "prometheus.log").open("w") as log:
+            server = subprocess.Popen(
+                [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        stack.callback(server.wait, 10)
+        stack.callback(server.terminate)
+
+        def query(expr: str) -> dict[str, float]:
+            url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(expr)}"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    result = json.loads(response.read())["data"]["result"]
+            except OSError:
+                return {}
+            return {r["metric"].get("job", expr): float(r["value"][1]) for r in result}
+
+        up = wait_for(
+            "three targets up", lambda: (q := query("up")) and min(q.values()) == 1 and q, 60
+        )
+        assert set(up) == {"operator", "writer", "retention"}
+        # what the earlier tests did, as Prometheus saw it
+        expected = {
+            "sum(payloadrun_writer_requests_total)": 4,  # 1 + 3 requests by handle
+            "sum(payloadrun_retention_deleted_files_total)": 3,  # the consumed batch
+            'sum(payloadrun_operator_reconciles_total{result="applied"})': 1,
+        }
+
+        def seen() -> dict[str, float]:
+            values = {expr: sum(query(expr).values()) for expr in expected}
+            return values if all(values[e] >= n for e, n in expected.items()) else {}
+
+        wait_for("the earlier tests' traffic in the scraped metrics", seen, 30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    statuses = pod["status"].get("initContainerStatuses", []) + pod["status"]["containerStatuses"]
+    (status,) = [s for s in statuses if s["name"] == name]
+    return status
+
+
+def test_a_killed_sidecar_restarts_while_vllm_keeps_running(e2e):
+    before = e2e.pod_of("inference")
+    name = before["metadata"]["name"]
+    vllm_before = _container_status(before, "vllm")
+    writer_restarts = _container_status(before, "payload-writer")["restartCount"]
+    e2e.exec(
+        name, "payload-writer", "python", "-c", "import os, signal; os.kill(1, signal.SIGTERM)",
+        check=False,
+    )  # fmt: skip
+
+    def restarted():
+        pod = e2e.get("pod", name, "-n", NAMESPACE)
+        writer = _container_status(pod, "payload-writer")
+        return writer["restartCount"] > writer_restarts and writer["ready"] and pod
+
+    pod = wait_for("the writer restarted and ready", restarted, 120)
+    vllm = _container_status(pod, "vllm")
+    assert vllm["restartCount"] == vllm_before["restartCount"]
+    assert vllm["state"]["running"]["startedAt"] == vllm_before["state"]["running"]["startedAt"]
+    # and it serves again, by handle
+    body = {"model": "f", "prompt": "after", "max_tokens": 2,
+            "vllm_xargs": {"payload_dir": f"{ROOT}/v0"}}  # fmt: skip
+    answer = json.loads(
+        e2e.kubectl(
+            "create", "--raw", _inference_pod_path(e2e, 8001, "/v1/completions"), "-f", "-",
+            input=json.dumps(body),
+        )
+    )  # fmt: skip
+    assert answer["choices"][0]["payload"]
+
+
+CANNOT_WRITE = """
+import errno, os, sys
+results = {}
+for path in sys.argv[1:]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        results[path] = "written"
+    except OSError as error:
+        results[path] = errno.errorcode[error.errno]
+print(results)
+"""
+
+
+def test_containers_cannot_write_where_they_must_not(e2e):
+    """Non-root sidecars with a read-only root filesystem; the trainer's mount is read-only."""
+    inference = e2e.pod_of("inference")["metadata"]["name"]
+    trainer = e2e.pod_of("trainer")["metadata"]["name"]
+    assert e2e.python(
+        inference, "payload-writer", "import os; print(os.getuid(), os.getgid())"
+    ).split() == [
+        "65532",
+        "65532",
+    ]
+    writer = e2e.python(inference, "payload-writer", CANNOT_WRITE, "/opt/x", f"{ROOT}/v0/probe")
+    assert writer == str({"/opt/x": "EROFS", f"{ROOT}/v0/probe": "written"}) + "\n"
+    reader = e2e.python(trainer, "trainer", CANNOT_WRITE, f"{ROOT}/v0/probe2")
+    assert reader == str({f"{ROOT}/v0/probe2": "EROFS"}) + "\n"
+
+
+# ---- other runs -----------------------------------------------------------------------------
+def test_an_inline_run_has_no_volume_and_no_sidecars(e2e):
+    run = run_manifest(e2e.image, "e2e-inline")
+    run["spec"]["deploymentType"] = "SingleNode"
+    del run["spec"]["payloads"]
+    e2e.kubectl("apply", "-f", "-", input=json.dumps(run))
+
+    def reconciled():
+        status = e2e.get("payloadrun", "e2e-inline", "-n", NAMESPACE).get("status") or {}
+        return status.get("phase") == "Running" and status
+
+    status = wait_for("the inline run running", reconciled, 240)
+    assert status["payloadMode"] == "Inline" and status["payloadModeReason"] == "SingleNode"
+    pod = e2e.pod_of("inference", "e2e-inline")
+    assert "initContainers" not in pod["spec"] and "volumes" not in json.dumps(
+        pod["spec"]["containers"]
+    )
+    claims = e2e.get("pvc", "-n", NAMESPACE, "-l", "payloadrun.dev/run=e2e-inline")["items"]
+    assert claims == []
+    e2e.kubectl("delete", "payloadrun", "e2e-inline", "-n", NAMESPACE, "--wait=true")
+
+
+def test_a_disaggregated_run_by_handle_is_rejected_by_kubectl_apply(e2e):
+    manifest = (REPO / "examples" / "disaggregated-root-rejected.yaml").read_text()
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={e2e.kubeconfig}", "apply", "-n", NAMESPACE, "-f", "-"],
+        input=manifest, capture_output=True, text=True, env=e2e.env, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "cannot be combined with prefill/decode-disaggregated" in result.stderr
+
+
+def test_the_operator_pod_replaced_mid_reconcile_makes_no_duplicates(e2e):
+    e2e.kubectl("apply", "-f", "-", input=json.dumps(run_manifest(e2e.image, "e2e-second")))
+    e2e.kubectl("delete", "pod", "-n", SYSTEM_NS, "-l", OPERATOR_POD, "--wait=false")
+    e2e.kubectl("-n", SYSTEM_NS, "rollout", "status", "deploy/payloadrun", "--timeout=180s")
+
+    def reconciled():
+        status = e2e.get("payloadrun", "e2e-second", "-n", NAMESPACE).get("status") or {}
+        return status.get("observedGeneration") == 1 and status
+
+    wait_for("the run reconciled by the new operator pod", reconciled, 120)
+    children = e2e.get(
+        "statefulsets,deployments,services,configmaps,persistentvolumeclaims",
         "-n",
         NAMESPACE,
         "-l",
-        f"payloadrun.dev/run={RUN},app.kubernetes.io/component=orchestrator",
-    )["items"][0]["metadata"]["name"]
-    retention = backend.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{orchestrator}:9402/proxy/metrics"
-    )
-    assert "payloadrun_retention_directory_bytes" in retention
+        "payloadrun.dev/run=e2e-second",
+    )["items"]
+    kinds = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children)
+    assert len(kinds) == len(set(kinds))
+    assert [k.split("/")[0] for k in kinds].count("Deployment") == 1
+    assert [k.split("/")[0] for k in kinds].count("StatefulSet") == 2
+    assert [k.split("/")[0] for k in kinds].count("PersistentVolumeClaim") == 1
+    e2e.kubectl("delete", "payloadrun", "e2e-second", "-n", NAMESPACE, "--wait=true")
 
 
 def test_deleting_the_run_collects_its_children(e2e):
-    backend, _ = e2e
-    backend.kubectl("delete", "payloadrun", RUN, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
+    e2e.kubectl("delete", "payloadrun", RUN, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
 
     def gone():
-        left = backend.get(
+        left = e2e.get(
             "statefulsets,deployments,services,configmaps,persistentvolumeclaims",
             "-n",
             NAMESPACE,
@@ -298,4 +575,4 @@ def test_deleting_the_run_collects_its_children(e2e):
         )["items"]
         return not left or None
 
-    wait_for("garbage collection of the run's children", lambda: gone() or None, 120)
+    wait_for("garbage collection of the run's children", gone, 120)
