@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from payloadrun.codec import compact_routed_experts
-from payloadrun_operator.local import LocalOperator
+from payloadrun_operator.testing import LocalOperator
 
 pytestmark = pytest.mark.integration
 
