@@ -1,7 +1,9 @@
 """payloadrun's test harness, shipped apart from the product's code (as ``kopf.testing`` is kopf's).
 
-Nothing in the sidecars or the operator imports this package; tests, benchmarks, the demo and the
-simulator's own sidecar do.
+The sidecars and the operator never import it. Tests, benchmarks and the demo do, and so do two
+tools of the ``payloadrun`` command: ``payloadrun fake-vllm`` (which the end-to-end tests run in
+the sidecar image as the inference container) and ``payloadrun simulate`` (which starts its own
+retention sidecar).
 
 - :mod:`~payloadrun.testing.fakevllm`: an upstream that speaks vLLM's wire format with
   deterministic routed experts and sampling masks (``payloadrun fake-vllm``; the end-to-end tests

@@ -41,7 +41,7 @@ from payloadrun.paths import PayloadPathError
 from payloadrun.serving import Listener
 from payloadrun.settings import VLLM_PORT, Env, parse_float, parse_int, setting
 from payloadrun.store import PayloadStore
-from payloadrun.vllm import error_response
+from payloadrun.vllm import HEALTH_PATH, error_response
 from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.rewrite import admit_request, rewrite_response
 from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
@@ -278,7 +278,7 @@ class Writer:
 
     async def _upstream_problem(self) -> str | None:
         assert self.session is not None
-        url = self.upstream / "health"
+        url = self.upstream / HEALTH_PATH.lstrip("/")
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
             async with self.session.get(url, timeout=timeout) as resp:
