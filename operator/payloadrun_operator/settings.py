@@ -44,10 +44,6 @@ def _names(raw: str) -> tuple[str, ...]:
     return tuple(ns.strip() for ns in raw.split(",") if ns.strip())
 
 
-def _port(name: str, default: int, help: str) -> Any:
-    return setting(default, help=help, env=name, parse=parse_int, minimum=0, maximum=65535)
-
-
 def _seconds(name: str, default: int, lo: int, hi: int, help: str) -> Any:
     return setting(default, help=help, env=name, parse=parse_int, minimum=lo, maximum=hi)
 
@@ -89,8 +85,12 @@ class OperatorSettings:
         env="PAYLOADRUN_NAMESPACES",
         parse=_names,
     )
-    metrics_port: int = _port("PAYLOADRUN_METRICS_PORT", 9400, "Prometheus /metrics, 0 for none")
-    health_port: int = _port("PAYLOADRUN_HEALTH_PORT", 8080, "liveness /healthz, 0 for none")
+    metrics_port: int = settings.port(
+        9400, help="Prometheus /metrics, 0 for none", env="PAYLOADRUN_METRICS_PORT"
+    )
+    health_port: int = settings.port(
+        8080, help="liveness /healthz, 0 for none", env="PAYLOADRUN_HEALTH_PORT"
+    )
     # Watches end after server_timeout on the server side, and a client-side inactivity timeout
     # reconnects a watch that went silent: kopf's most reported failure is a stalled watch.
     watch_server_timeout: int = _seconds(

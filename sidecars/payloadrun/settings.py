@@ -258,6 +258,11 @@ def deprecated_in_use(cls: type, env: Mapping[str, str] | None = None) -> list[s
     return notes
 
 
+def port(default: int, *, help: str, **how: Any) -> Any:
+    """A TCP port setting: 0 to 65535 (what 0 means, the help says)."""
+    return setting(default, help=help, parse=parse_int, minimum=0, maximum=65535, **how)
+
+
 def log_level(**how: Any) -> Any:
     """The log-level setting, the same flag and variable in both sidecars."""
     return setting(

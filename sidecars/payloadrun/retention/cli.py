@@ -15,7 +15,7 @@ from pathlib import Path
 
 from payloadrun import serving, settings
 from payloadrun.retention.config import RetentionConfig
-from payloadrun.settings import RETENTION_METRICS_PORT, RETENTION_PORT, Env, parse_int, setting
+from payloadrun.settings import RETENTION_METRICS_PORT, RETENTION_PORT, Env, setting
 
 SWITCH_INTERVAL_S = 0.0005
 
@@ -25,26 +25,20 @@ class RetentionListen:
     """Where the retention sidecar serves, and how it logs."""
 
     host: str = setting("127.0.0.1", help="API address", flag="--host", env=Env.RETENTION_HOST)
-    port: int = setting(
+    port: int = settings.port(
         RETENTION_PORT,
         help="API port, 0 for any free port",
         flag="--port",
         env=Env.RETENTION_PORT,
-        parse=parse_int,
-        minimum=0,
-        maximum=65535,
     )
     metrics_host: str = setting(
         "0.0.0.0", help="metrics address", flag="--metrics-host", env=Env.RETENTION_METRICS_HOST
     )
-    metrics_port: int = setting(
+    metrics_port: int = settings.port(
         RETENTION_METRICS_PORT,
         help="metrics port, 0 for any free port",
         flag="--metrics-port",
         env=Env.RETENTION_METRICS_PORT,
-        parse=parse_int,
-        minimum=0,
-        maximum=65535,
     )
     ready_file: Path | None = setting(
         None,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from payloadrun import serving, settings
-from payloadrun.settings import WRITER_METRICS_PORT, WRITER_PORT, Env, parse_int, setting
+from payloadrun.settings import WRITER_METRICS_PORT, WRITER_PORT, Env, setting
 from payloadrun.writer.app import WriterConfig, serve
 
 log = logging.getLogger("payloadrun.writer")
@@ -46,14 +46,11 @@ class WriterListen:
         parse=listen_address,
         metavar="HOST:PORT",
     )
-    metrics_port: int = setting(
+    metrics_port: int = settings.port(
         WRITER_METRICS_PORT,
         help="port of the Prometheus /metrics endpoint, 0 for none",
         flag="--metrics-port",
         env=Env.WRITER_METRICS_PORT,
-        parse=parse_int,
-        minimum=0,
-        maximum=65535,
     )
     metrics_host: str | None = setting(
         None,
