@@ -139,6 +139,7 @@ class PayloadrunProcess(ChildProcess):
         self.what = f"payloadrun {args[0]}"
         self.url = url
         self.health_url = url + health_path
+        self.metrics_url: str | None = None
 
     def start(self) -> PayloadrunProcess:
         proc = self.spawn(self.args)
