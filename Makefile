@@ -37,7 +37,7 @@ unit: ## the tests that need no control plane
 	@$(PY) -m pytest -m "not integration"
 
 demo: cluster-binaries ## the main job: control plane, chart, operator, runs, data path (ARGS=--keep)
-	@$(PY) -m payloadrun_devcluster.demo $(ARGS)
+	@$(PY) hack/demo.py $(ARGS)
 
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 	@$(PY) bench/dataplane.py

@@ -33,9 +33,9 @@ from payloadrun_devcluster import LocalCluster
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.local import LocalOperator
 from payloadrun_operator.models import GROUP, PLURAL, VERSION, PayloadRunSpec
 from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.testing import LocalOperator
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = yaml.safe_load((REPO / "examples/multinode-by-handle.yaml").read_text())

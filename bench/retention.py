@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from payloadrun.retention.client import RetentionClient
-from payloadrun.retention.process import SidecarProcess
 from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Summary, Workload, run_policy
+from payloadrun.testing.processes import SidecarProcess
 
 OUT = Path(__file__).resolve().parent / "out"
 WORKERS = 8

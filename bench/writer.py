@@ -23,9 +23,7 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,35 +35,11 @@ from pathlib import Path
 
 import aiohttp
 
+from payloadrun.testing import processes
+
 MIB = 1 << 20
 ROW_BYTES = 48 * 8  # Qwen3-30B-A3B: 48 MoE layers x top-8 uint8 ids
 MAX_TOKENS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(args: list[str], health: str, timeout: float = 30) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "payloadrun.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args[0]} exited: {proc.stderr.read()}")
-        try:
-            with socket.create_connection(("127.0.0.1", int(health.rsplit(":", 1)[1])), 0.2):
-                return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError(f"{args[0]} did not start")
 
 
 def request_body(size: int, i: int, payload_dir: str | None) -> bytes:
@@ -198,37 +172,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="payloadrun-bench-", dir=args.root)).resolve()
     root = tmp / "payloads"
     root.mkdir()
-    up_port, w_port = free_port(), free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
     procs = []
     try:
-        procs.append(
-            start(
-                [
-                    "fake-vllm",
-                    f"--port={up_port}",
-                    "--layers=48",
-                    "--top-k=8",
-                    "--experts=128",
-                    "--no-sampling-mask",
-                ],
-                upstream,
-            )
+        fake = processes.fake_vllm(
+            "--layers=48", "--top-k=8", "--experts=128", "--no-sampling-mask"
         )
-        procs.append(
-            start(
-                [
-                    "writer",
-                    f"--upstream={upstream}",
-                    f"--listen=127.0.0.1:{w_port}",
-                    f"--payload-root={root}",
-                    "--metrics-port=0",
-                    "--log-level=WARNING",
-                ],
-                f"127.0.0.1:{w_port}",
-            )
-        )
-        writer = f"http://127.0.0.1:{w_port}"
+        procs.append(fake.start())
+        upstream = fake.url
+        server = processes.writer(upstream, root, "--log-level=WARNING", metrics_port=0)
+        procs.append(server.start())
+        writer = server.url
         order = "interleaved rounds" if args.interleave else "direct first"
         print(f"payload root {root}; {count} requests per cell and side, {order}\n")
         head = (
@@ -294,8 +247,7 @@ def main() -> int:
             )
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+            proc.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from payloadrun import PayloadReader, Segment, clip_all, files_of, segments_from_json
 from payloadrun.retention.client import RetentionClient
+from payloadrun.settings import Env  # the names of the variables the operator sets
 
 
 @dataclass
@@ -77,9 +78,9 @@ def sample_segments(segments: list[Segment], prompt_len: int, completion_len: in
 
 
 def main() -> int:
-    root = os.environ["PAYLOAD_ROOT"]
-    inference_url = os.environ["PAYLOADRUN_INFERENCE_URL"].rstrip("/")
-    retention = RetentionClient()  # PAYLOADRUN_RETENTION_URL
+    root = os.environ[Env.PAYLOAD_ROOT]
+    inference_url = os.environ[Env.INFERENCE_URL].rstrip("/")
+    retention = RetentionClient()  # Env.RETENTION_URL
     step, version = 1, 0
 
     # --- orchestrator: rollouts at policy v0, one training sample each -------------------------

@@ -11,10 +11,12 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
+from payloadrun.settings import env_of
 from payloadrun_operator import __version__
-from payloadrun_operator.handlers import Operator, register
+from payloadrun_operator.handlers import register
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
+from payloadrun_operator.runtime import Operator
 from payloadrun_operator.settings import OperatorSettings, SettingsError
 
 
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace",
         action="append",
         default=[],
-        help="watch this namespace (repeatable); default: PAYLOADRUN_NAMESPACES, else all",
+        help="watch this namespace (repeatable); default: "
+        f"{env_of(OperatorSettings, 'namespaces')}, else all",
     )
     parser.add_argument(
         "--host",
@@ -72,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(
                 f"payloadrun-operator: cannot serve metrics on {args.host}:"
-                f"{settings.metrics_port} ({exc.strerror}): set PAYLOADRUN_METRICS_PORT to a "
-                "free port, or 0 to turn metrics off",
+                f"{settings.metrics_port} ({exc.strerror}): set "
+                f"{env_of(OperatorSettings, 'metrics_port')} to a free port, or 0 to turn "
+                "metrics off",
                 file=sys.stderr,
             )
             return 2

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from payloadrun.settings import Env
+from payloadrun_operator import names
 from payloadrun_operator.decisions import (
     DEFAULT_CLAIM_SIZE,
     ModeDecision,
@@ -27,21 +29,16 @@ from payloadrun_operator.decisions import (
     manages_claim,
     payload_root,
 )
-from payloadrun_operator.models import (
-    GROUP,
-    KIND,
-    VERSION,
-    EnvVar,
-    PayloadRunSpec,
-    Resources,
+from payloadrun_operator.models import KIND, EnvVar, PayloadRunSpec, Resources
+from payloadrun_operator.names import (
+    INFERENCE,
+    ORCHESTRATOR,
+    TRAINER,
+    VOLUME_NAME,
 )
 from payloadrun_operator.settings import OperatorSettings
 
 Manifest = dict[str, Any]
-
-VOLUME_NAME = "payloads"
-MANAGER = "payloadrun-operator"
-RUN_LABEL = f"{GROUP}/run"
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ class RunContext:
         return claim_name(self.spec, self.name) if self.by_handle else None
 
     def child_name(self, component: str) -> str:
-        return f"{self.name}-{component}"
+        return names.child_name(self.name, component)
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -76,21 +73,21 @@ class RunContext:
 
 def labels(ctx: RunContext, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "payloadrun",
-        "app.kubernetes.io/instance": ctx.name,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": MANAGER,
-        RUN_LABEL: ctx.name,
+        names.LABEL_NAME: names.APP,
+        names.LABEL_INSTANCE: ctx.name,
+        names.LABEL_COMPONENT: component,
+        names.LABEL_MANAGED_BY: names.FIELD_MANAGER,
+        names.LABEL_RUN: ctx.name,
     }
 
 
 def selector(ctx: RunContext, component: str) -> dict[str, str]:
-    return {RUN_LABEL: ctx.name, "app.kubernetes.io/component": component}
+    return {names.LABEL_RUN: ctx.name, names.LABEL_COMPONENT: component}
 
 
 def owner_reference(ctx: RunContext) -> Manifest:
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": names.API_VERSION,
         "kind": KIND,
         "name": ctx.name,
         "uid": ctx.uid,
@@ -136,16 +133,25 @@ def sidecar_security_context(ctx: RunContext) -> Manifest:
 def run_env(ctx: RunContext) -> dict[str, str | None]:
     """What every container of the run is told about it (the operator's values win)."""
     return {
-        "PAYLOADRUN_RUN": ctx.name,
-        "PAYLOADRUN_RUN_ID": ctx.uid,
-        "PAYLOADRUN_PAYLOAD_MODE": str(ctx.decision.mode),
-        "PAYLOAD_ROOT": ctx.root,
+        Env.RUN: ctx.name,
+        Env.RUN_ID: ctx.uid,
+        Env.PAYLOAD_MODE: str(ctx.decision.mode),
+        Env.PAYLOAD_ROOT: ctx.root,
+    }
+
+
+def step_env(ctx: RunContext) -> dict[str, str | None]:
+    """The step bounds, for the orchestrator and its retention sidecar alike."""
+    spec = ctx.spec
+    return {
+        Env.MAX_OFF_POLICY_STEPS: str(spec.max_off_policy_steps),
+        Env.MAX_STEPS: None if spec.max_steps is None else str(spec.max_steps),
     }
 
 
 def inference_url(ctx: RunContext) -> str:
     port = ctx.spec.inference.writer.port if ctx.by_handle else ctx.spec.inference.port
-    return f"http://{ctx.child_name('inference')}.{ctx.namespace}.svc:{port}"
+    return f"http://{ctx.child_name(INFERENCE)}.{ctx.namespace}.svc:{port}"
 
 
 def retention_url(ctx: RunContext) -> str | None:
@@ -243,7 +249,7 @@ def build_claim(ctx: RunContext) -> Manifest | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(ctx, ctx.claim, "payloads", owned=claim_owned_by_run(ctx.spec)),
+        "metadata": metadata(ctx, ctx.claim, names.PAYLOADS, owned=claim_owned_by_run(ctx.spec)),
         "spec": spec,
     }
 
@@ -272,7 +278,7 @@ def build_config_map(ctx: RunContext) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(ctx, ctx.child_name("settings"), "settings"),
+        "metadata": metadata(ctx, ctx.child_name(names.SETTINGS), names.SETTINGS),
         "data": effective_settings(ctx),
     }
 
@@ -281,23 +287,23 @@ def writer_container(ctx: RunContext) -> Manifest:
     inference = ctx.spec.inference
     writer = inference.writer
     return {
-        "name": "payload-writer",
+        "name": names.WRITER_CONTAINER,
         "image": writer.image or ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
         "restartPolicy": "Always",  # a native sidecar: up before vLLM, down after it
         "args": ["writer", *writer.args],
         "env": env_list(
             {
-                "PAYLOADRUN_WRITER_UPSTREAM": f"http://127.0.0.1:{inference.port}",
-                "PAYLOADRUN_WRITER_LISTEN": f"0.0.0.0:{writer.port}",
-                "PAYLOADRUN_WRITER_METRICS_HOST": "0.0.0.0",
-                "PAYLOADRUN_WRITER_METRICS_PORT": str(writer.metrics_port),
-                "PAYLOAD_ROOT": ctx.root,
+                Env.WRITER_UPSTREAM: f"http://127.0.0.1:{inference.port}",
+                Env.WRITER_LISTEN: f"0.0.0.0:{writer.port}",
+                Env.WRITER_METRICS_HOST: "0.0.0.0",
+                Env.WRITER_METRICS_PORT: str(writer.metrics_port),
+                Env.PAYLOAD_ROOT: ctx.root,
             }
         ),
         "ports": [
-            {"name": "writer", "containerPort": writer.port},
-            {"name": "writer-metrics", "containerPort": writer.metrics_port},
+            {"name": names.WRITER_PORT_NAME, "containerPort": writer.port},
+            {"name": names.WRITER_METRICS_PORT_NAME, "containerPort": writer.metrics_port},
         ],
         "startupProbe": startup_probe(writer.port),
         "readinessProbe": http_probe("/readyz", writer.port, period=5),
@@ -312,25 +318,26 @@ def retention_container(ctx: RunContext) -> Manifest:
     spec = ctx.spec
     retention = spec.orchestrator.retention
     return {
-        "name": "payload-retention",
+        "name": names.RETENTION_CONTAINER,
         "image": retention.image or ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
         "restartPolicy": "Always",
         "args": ["retention", *retention.args],
         "env": env_list(
             {
-                "PAYLOAD_ROOT": ctx.root,
-                "PAYLOADRUN_RUN_ID": ctx.uid,
-                "PAYLOADRUN_RESUME": str(spec.resume).lower(),
-                "PAYLOADRUN_MAX_OFF_POLICY_STEPS": str(spec.max_off_policy_steps),
-                "PAYLOADRUN_MAX_STEPS": None if spec.max_steps is None else str(spec.max_steps),
-                "PAYLOADRUN_RETENTION_PORT": str(retention.port),
-                "PAYLOADRUN_RETENTION_METRICS_PORT": str(retention.metrics_port),
-                "PAYLOADRUN_RETENTION_WORKERS": str(retention.workers),
-                "PAYLOADRUN_RETENTION_SCAN_INTERVAL": str(retention.scan_interval_seconds),
+                Env.PAYLOAD_ROOT: ctx.root,
+                Env.RUN_ID: ctx.uid,
+                Env.RESUME: str(spec.resume).lower(),
+                **step_env(ctx),
+                Env.RETENTION_PORT: str(retention.port),
+                Env.RETENTION_METRICS_PORT: str(retention.metrics_port),
+                Env.RETENTION_WORKERS: str(retention.workers),
+                Env.RETENTION_SCAN_INTERVAL: str(retention.scan_interval_seconds),
             }
         ),
-        "ports": [{"name": "metrics", "containerPort": retention.metrics_port}],
+        "ports": [
+            {"name": names.RETENTION_METRICS_PORT_NAME, "containerPort": retention.metrics_port}
+        ],
         # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
         "startupProbe": startup_probe(retention.metrics_port),
         "readinessProbe": http_probe("/readyz", retention.metrics_port, period=5),
@@ -345,7 +352,7 @@ def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> 
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(ctx, ctx.child_name(f"{component}-headless"), component),
+        "metadata": metadata(ctx, names.headless_name(ctx.name, component), component),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,  # peers find each other while starting
@@ -362,7 +369,7 @@ def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) 
         "metadata": metadata(ctx, ctx.child_name(component), component),
         "spec": {
             "replicas": replicas,
-            "serviceName": ctx.child_name(f"{component}-headless"),
+            "serviceName": names.headless_name(ctx.name, component),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(ctx, component)},
             "template": {"metadata": {"labels": labels(ctx, component)}, "spec": pod},
@@ -373,22 +380,22 @@ def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) 
 def build_inference(ctx: RunContext) -> list[Manifest]:
     inference = ctx.spec.inference
     vllm = main_container(
-        "vllm",
+        names.VLLM_CONTAINER,
         inference.image,
         inference.command,
         inference.args,
         inference.env,
         inference.resources,
-        {k: v for k, v in run_env(ctx).items() if k != "PAYLOAD_ROOT"},
+        {k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT},
     )
-    vllm["ports"] = [{"name": "http", "containerPort": inference.port}]
+    vllm["ports"] = [{"name": names.HTTP_PORT_NAME, "containerPort": inference.port}]
     sidecars = [writer_container(ctx)] if ctx.by_handle else []
     front_port = inference.writer.port if ctx.by_handle else inference.port
-    ports = [{"name": "http", "port": front_port, "targetPort": front_port}]
+    ports = [{"name": names.HTTP_PORT_NAME, "port": front_port, "targetPort": front_port}]
     if ctx.by_handle:
         ports.append(
             {
-                "name": "writer-metrics",
+                "name": names.WRITER_METRICS_PORT_NAME,
                 "port": inference.writer.metrics_port,
                 "targetPort": inference.writer.metrics_port,
             }
@@ -396,13 +403,13 @@ def build_inference(ctx: RunContext) -> list[Manifest]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(ctx, ctx.child_name("inference"), "inference"),
-        "spec": {"selector": selector(ctx, "inference"), "ports": ports},
+        "metadata": metadata(ctx, ctx.child_name(INFERENCE), INFERENCE),
+        "spec": {"selector": selector(ctx, INFERENCE), "ports": ports},
     }
     return [
-        headless_service(ctx, "inference", ports),
+        headless_service(ctx, INFERENCE, ports),
         service,
-        stateful_set(ctx, "inference", inference.replicas, pod_spec(ctx, [vllm], sidecars)),
+        stateful_set(ctx, INFERENCE, inference.replicas, pod_spec(ctx, [vllm], sidecars)),
     ]
 
 
@@ -410,7 +417,7 @@ def build_orchestrator(ctx: RunContext) -> list[Manifest]:
     spec = ctx.spec
     orch = spec.orchestrator
     container = main_container(
-        "orchestrator",
+        names.ORCHESTRATOR_CONTAINER,
         orch.image,
         orch.command,
         orch.args,
@@ -418,14 +425,13 @@ def build_orchestrator(ctx: RunContext) -> list[Manifest]:
         orch.resources,
         {
             **run_env(ctx),
-            "PAYLOADRUN_INFERENCE_URL": inference_url(ctx),
-            "PAYLOADRUN_RETENTION_URL": retention_url(ctx),
-            "PAYLOADRUN_MAX_OFF_POLICY_STEPS": str(spec.max_off_policy_steps),
-            "PAYLOADRUN_MAX_STEPS": None if spec.max_steps is None else str(spec.max_steps),
+            Env.INFERENCE_URL: inference_url(ctx),
+            Env.RETENTION_URL: retention_url(ctx),
+            **step_env(ctx),
         },
     )
     sidecars = [retention_container(ctx)] if ctx.by_handle else []
-    component = "orchestrator"
+    component = ORCHESTRATOR
     return [
         {
             "apiVersion": "apps/v1",
@@ -448,7 +454,7 @@ def build_orchestrator(ctx: RunContext) -> list[Manifest]:
 def build_trainer(ctx: RunContext) -> list[Manifest]:
     trainer = ctx.spec.trainer
     container = main_container(
-        "trainer",
+        names.TRAINER_CONTAINER,
         trainer.image,
         trainer.command,
         trainer.args,
@@ -458,10 +464,11 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
     )
     if ctx.by_handle:
         container["volumeMounts"] = [volume_mount(ctx, read_only=True)]
-    ports = [{"name": "dist", "port": 29500, "targetPort": 29500}]
+    port = names.TRAINER_DIST_PORT
+    ports = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
     return [
-        headless_service(ctx, "trainer", ports),
-        stateful_set(ctx, "trainer", trainer.replicas, pod_spec(ctx, [container], [])),
+        headless_service(ctx, TRAINER, ports),
+        stateful_set(ctx, TRAINER, trainer.replicas, pod_spec(ctx, [container], [])),
     ]
 
 

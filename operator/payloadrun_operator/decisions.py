@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from payloadrun.settings import Env
 from payloadrun_operator.models import (
     DISAGGREGATED_BY_HANDLE_MESSAGE,
     DeletionPolicy,
@@ -18,14 +19,14 @@ DEFAULT_CLAIM_SIZE = "100Gi"
 # What the operator tells the containers of a run (builders.run_env and the orchestrator's extras).
 INJECTED_ENV = frozenset(
     {
-        "PAYLOADRUN_RUN",
-        "PAYLOADRUN_RUN_ID",
-        "PAYLOADRUN_PAYLOAD_MODE",
-        "PAYLOAD_ROOT",
-        "PAYLOADRUN_INFERENCE_URL",
-        "PAYLOADRUN_RETENTION_URL",
-        "PAYLOADRUN_MAX_OFF_POLICY_STEPS",
-        "PAYLOADRUN_MAX_STEPS",
+        Env.RUN,
+        Env.RUN_ID,
+        Env.PAYLOAD_MODE,
+        Env.PAYLOAD_ROOT,
+        Env.INFERENCE_URL,
+        Env.RETENTION_URL,
+        Env.MAX_OFF_POLICY_STEPS,
+        Env.MAX_STEPS,
     }
 )
 

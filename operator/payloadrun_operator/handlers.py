@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,8 +18,7 @@ from pydantic import ValidationError
 from payloadrun_operator import readiness
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode, validation_errors
-from payloadrun_operator.kube import KubeApiError, KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
+from payloadrun_operator.kube import KubeApiError
 from payloadrun_operator.models import (
     GROUP,
     MAX_NAME_LENGTH,
@@ -29,6 +27,14 @@ from payloadrun_operator.models import (
     VERSION,
     PayloadRunSpec,
 )
+from payloadrun_operator.names import (
+    ANNOTATION_PREFIX,
+    DIFFBASE_KEY,
+    FIELD_MANAGER,
+    FINALIZER,
+    WORKLOADS,
+)
+from payloadrun_operator.runtime import Operator
 from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.status import (
     READY,
@@ -42,14 +48,6 @@ from payloadrun_operator.status import (
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
-
-
-@dataclass
-class Operator:
-    settings: OperatorSettings
-    client: KubeClient
-    metrics: OperatorMetrics
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
 
 
 def utc_now() -> str:
@@ -73,17 +71,19 @@ def spec_errors(body: kopf.Body | dict[str, Any]) -> tuple[PayloadRunSpec | None
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
-    kopf_settings.persistence.finalizer = f"{GROUP}/finalizer"
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    kopf_settings.persistence.finalizer = FINALIZER
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
     kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
+        prefix=ANNOTATION_PREFIX, key=DIFFBASE_KEY
     )
     kopf_settings.watching.server_timeout = settings.watch_server_timeout
     kopf_settings.watching.client_timeout = settings.watch_client_timeout
     kopf_settings.watching.inactivity_timeout = settings.watch_inactivity_timeout
     kopf_settings.watching.connect_timeout = 30
     kopf_settings.networking.request_timeout = 60
-    kopf_settings.posting.reporting_component = "payloadrun-operator"
+    kopf_settings.posting.reporting_component = FIELD_MANAGER
     # Events are posted for condition transitions; per-handler log lines stay in the log.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.peering.standalone = True
@@ -112,7 +112,9 @@ def report(
     return update.phase
 
 
-async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
+async def reconcile(
+    op: Operator, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter
+) -> None:
     started = time.perf_counter()
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -150,7 +152,7 @@ async def reconcile(op: Operator, body: kopf.Body, patch: kopf.Patch, logger: An
     claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
     if ctx.claim and claim is None:  # a claim the run brings: read it
         claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
-    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in readiness.WORKLOADS]
+    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
     report(
         op,
         body,

@@ -17,11 +17,12 @@ from typing import Any
 import aiohttp
 import kopf
 
-FIELD_MANAGER = "payloadrun-operator"
+from payloadrun_operator.models import KIND, PLURAL
+from payloadrun_operator.names import API_VERSION, FIELD_MANAGER
 
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {
-    ("payloadrun.dev/v1alpha1", "PayloadRun"): "payloadruns",
+    (API_VERSION, KIND): PLURAL,
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",

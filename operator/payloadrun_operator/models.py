@@ -14,6 +14,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from payloadrun import settings as sidecar
+
 GROUP = "payloadrun.dev"
 VERSION = "v1alpha1"
 KIND = "PayloadRun"
@@ -160,8 +162,12 @@ class Writer(Model):
 
     image: Name | None = Field(default=None, description="Default: the operator's sidecar image.")
     resources: Resources | None = Field(default=None, description="Default: the operator's.")
-    port: Port = Field(default=8001, description="Port the orchestrator talks to (the Service's).")
-    metrics_port: Port = Field(default=9401, description="Prometheus /metrics.")
+    port: Port = Field(
+        default=sidecar.WRITER_PORT, description="Port the orchestrator talks to (the Service's)."
+    )
+    metrics_port: Port = Field(
+        default=sidecar.WRITER_METRICS_PORT, description="Prometheus /metrics."
+    )
     args: list[str] = Field(default_factory=list, description="Extra writer flags.")
 
 
@@ -170,11 +176,19 @@ class Retention(Model):
 
     image: Name | None = Field(default=None, description="Default: the operator's sidecar image.")
     resources: Resources | None = Field(default=None, description="Default: the operator's.")
-    port: Port = Field(default=8002, description="HTTP API on the pod's loopback.")
-    metrics_port: Port = Field(default=9402, description="Prometheus /metrics, /healthz, /readyz.")
-    workers: Annotated[int, Field(ge=1, le=256)] = Field(default=8, description="Unlink threads.")
+    port: Port = Field(
+        default=sidecar.RETENTION_PORT, description="HTTP API on the pod's loopback."
+    )
+    metrics_port: Port = Field(
+        default=sidecar.RETENTION_METRICS_PORT,
+        description="Prometheus /metrics, /healthz, /readyz.",
+    )
+    workers: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=sidecar.RETENTION_WORKERS, description="Unlink threads."
+    )
     scan_interval_seconds: Annotated[int, Field(ge=1, le=86400)] = Field(
-        default=60, description="Seconds between scans that correct the size metrics."
+        default=sidecar.RETENTION_SCAN_INTERVAL_S,
+        description="Seconds between scans that correct the size metrics.",
     )
     args: list[str] = Field(default_factory=list, description="Extra retention flags.")
 
@@ -193,7 +207,7 @@ class Inference(Model):
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = None
-    port: Port = Field(default=8000, description="vLLM's HTTP port.")
+    port: Port = Field(default=sidecar.VLLM_PORT, description="vLLM's HTTP port.")
     writer: Writer = Field(default_factory=Writer, description=Writer.__doc__)
 
 
@@ -254,7 +268,8 @@ class PayloadRunSpec(Model):
         default=False, description="Capture the ids that survived top-k/top-p per token."
     )
     max_off_policy_steps: Annotated[int, Field(ge=0, le=1024)] = Field(
-        default=8, description="How many policy versions a rollout may lag."
+        default=sidecar.MAX_OFF_POLICY_STEPS,
+        description="How many policy versions a rollout may lag.",
     )
     max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
         default=None, description="Batches past this step are never trained: their files go."

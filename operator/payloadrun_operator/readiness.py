@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
 
-from payloadrun_operator.builders import MANAGER
 from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import GROUP, KIND, VERSION
+from payloadrun_operator.models import KIND
+from payloadrun_operator.names import (
+    API_VERSION,
+    CHILD_KINDS,
+    MANAGED_SELECTOR,
+    WORKLOADS,
+    child_name,
+)
+from payloadrun_operator.runtime import Operator
 from payloadrun_operator.status import (
     PHASE_REJECTED,
     READY,
@@ -30,18 +37,6 @@ from payloadrun_operator.status import (
 
 log = logging.getLogger("payloadrun.readiness")
 
-WORKLOADS = (
-    ("apps/v1", "StatefulSet", "inference"),
-    ("apps/v1", "Deployment", "orchestrator"),
-    ("apps/v1", "StatefulSet", "trainer"),
-)
-CHILD_KINDS = (
-    ("v1", "PersistentVolumeClaim"),
-    ("apps/v1", "StatefulSet"),
-    ("apps/v1", "Deployment"),
-)
-CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGER}"
-
 
 def follows(run: dict[str, Any]) -> bool:
     """Only runs whose current generation was reconciled and accepted have children to follow."""
@@ -51,20 +46,20 @@ def follows(run: dict[str, Any]) -> bool:
     ) not in (None, PHASE_REJECTED)
 
 
-async def refresh(op: Any, namespace: str | None, now: str) -> int:
+async def refresh(op: Operator, namespace: str | None, now: str) -> int:
     """One pass over the runs of ``namespace`` (None: every namespace); runs updated."""
     client = op.client
-    runs = await client.list_objects(f"{GROUP}/{VERSION}", KIND, namespace)
+    runs = await client.list_objects(API_VERSION, KIND, namespace)
     children: dict[tuple[str, str, str], dict[str, Any]] = {}
     for api, kind in CHILD_KINDS:
-        for obj in await client.list_objects(api, kind, namespace, CHILD_SELECTOR):
+        for obj in await client.list_objects(api, kind, namespace, MANAGED_SELECTOR):
             meta = obj["metadata"]
             children[(meta["namespace"], kind, meta["name"])] = obj
     updated = 0
     for run in runs:
         if not follows(run):
             continue
-        run.setdefault("apiVersion", f"{GROUP}/{VERSION}")
+        run.setdefault("apiVersion", API_VERSION)
         run.setdefault("kind", KIND)
         meta, status = run["metadata"], run["status"]
         ns, name = meta["namespace"], meta["name"]
@@ -72,7 +67,7 @@ async def refresh(op: Any, namespace: str | None, now: str) -> int:
         claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
         if claim_name and claim is None:  # a claim the run brings carries no label of ours
             claim = await client.get("v1", "PersistentVolumeClaim", ns, claim_name)
-        workloads = [children.get((ns, kind, f"{name}-{c}")) for _, kind, c in WORKLOADS]
+        workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
         update = status_update(
             status,
             meta.get("generation"),
@@ -91,7 +86,9 @@ async def refresh(op: Any, namespace: str | None, now: str) -> int:
     return updated
 
 
-async def follow(op: Any, namespaces: Sequence[str], interval: float, clock: Any) -> None:
+async def follow(
+    op: Operator, namespaces: Sequence[str], interval: float, clock: Callable[[], str]
+) -> None:
     """Refresh forever, every ``interval`` seconds; errors are logged and retried."""
     scopes: Sequence[str | None] = namespaces or (None,)
     while True:

@@ -1,13 +1,19 @@
-"""The operator's own settings, from its environment (the Helm chart sets them)."""
+"""The operator's own settings, from its environment (the Helm chart sets them).
+
+Declared the way the sidecars declare theirs (:func:`payloadrun.settings.setting`): each field
+names its environment variable, parser and bounds, and ``__post_init__`` validates them.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from payloadrun import settings
+from payloadrun.settings import SettingsError, parse_int, setting
 from payloadrun_operator import __version__
 
 DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
@@ -19,83 +25,92 @@ DEFAULT_RETENTION_RESOURCES = {
     "requests": {"cpu": "250m", "memory": "256Mi"},
     "limits": {"memory": "1Gi"},
 }
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+__all__ = ["DEFAULT_SIDECAR_IMAGE", "OperatorSettings", "SettingsError"]
 
 
-class SettingsError(ValueError):
-    """An operator environment variable has a value the operator cannot use."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
-    if not lo <= value <= hi:
-        raise SettingsError(f"{name}={value} is outside [{lo}, {hi}]")
-    return value
-
-
-def _json_object(env: Mapping[str, str], name: str, default: dict[str, Any]) -> dict[str, Any]:
-    raw = env.get(name)
-    if not raw:
-        return default
+def _json_object(raw: str) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name} is not valid JSON ({exc}): {raw!r}") from None
+        raise ValueError(f"not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise SettingsError(f"{name} must be a JSON object, got {raw!r}")
+        raise ValueError("must be a JSON object")
     return value
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(ns.strip() for ns in raw.split(",") if ns.strip())
+
+
+def _seconds(name: str, default: int, lo: int, hi: int, help: str) -> Any:
+    return setting(default, help=help, env=name, parse=parse_int, minimum=lo, maximum=hi)
 
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    sidecar_image: str = DEFAULT_SIDECAR_IMAGE
-    sidecar_image_pull_policy: str = "IfNotPresent"
-    writer_resources: dict[str, Any] = field(default_factory=lambda: DEFAULT_WRITER_RESOURCES)
-    retention_resources: dict[str, Any] = field(default_factory=lambda: DEFAULT_RETENTION_RESOURCES)
-    sidecar_uid: int = 65532
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    metrics_port: int = 9400
-    health_port: int = 8080
+    sidecar_image: str = setting(
+        DEFAULT_SIDECAR_IMAGE, help="image of both sidecars", env="PAYLOADRUN_SIDECAR_IMAGE"
+    )
+    sidecar_image_pull_policy: str = setting(
+        "IfNotPresent",
+        help="the sidecars' imagePullPolicy",
+        env="PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY",
+        choices=PULL_POLICIES,
+    )
+    writer_resources: dict[str, Any] = setting(
+        DEFAULT_WRITER_RESOURCES,
+        help="the writer's resources, JSON",
+        env="PAYLOADRUN_WRITER_RESOURCES",
+        parse=_json_object,
+    )
+    retention_resources: dict[str, Any] = setting(
+        DEFAULT_RETENTION_RESOURCES,
+        help="the retention sidecar's resources, JSON",
+        env="PAYLOADRUN_RETENTION_RESOURCES",
+        parse=_json_object,
+    )
+    sidecar_uid: int = setting(
+        65532,
+        help="the sidecars' user and the pods' fsGroup",
+        env="PAYLOADRUN_SIDECAR_UID",
+        parse=parse_int,
+        minimum=1,
+        maximum=2**31 - 1,
+    )
+    namespaces: tuple[str, ...] = setting(
+        (),
+        help="namespaces to watch, comma-separated; empty: all",
+        env="PAYLOADRUN_NAMESPACES",
+        parse=_names,
+    )
+    metrics_port: int = settings.port(
+        9400, help="Prometheus /metrics, 0 for none", env="PAYLOADRUN_METRICS_PORT"
+    )
+    health_port: int = settings.port(
+        8080, help="liveness /healthz, 0 for none", env="PAYLOADRUN_HEALTH_PORT"
+    )
     # Watches end after server_timeout on the server side, and a client-side inactivity timeout
     # reconnects a watch that went silent: kopf's most reported failure is a stalled watch.
-    watch_server_timeout: int = 300
-    watch_client_timeout: int = 330
-    watch_inactivity_timeout: int = 600
-    readiness_check_seconds: int = 10
+    watch_server_timeout: int = _seconds(
+        "PAYLOADRUN_WATCH_SERVER_TIMEOUT", 300, 10, 3600, "server-side watch timeout"
+    )
+    watch_client_timeout: int = _seconds(
+        "PAYLOADRUN_WATCH_CLIENT_TIMEOUT", 330, 10, 3900, "client-side watch timeout"
+    )
+    watch_inactivity_timeout: int = _seconds(
+        "PAYLOADRUN_WATCH_INACTIVITY_TIMEOUT", 600, 10, 7200, "reconnect a silent watch"
+    )
+    readiness_check_seconds: int = _seconds(
+        "PAYLOADRUN_READINESS_CHECK_SECONDS", 10, 1, 3600, "how often readiness is checked"
+    )
+
+    def __post_init__(self) -> None:
+        settings.validate(self)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        """The settings the environment sets; an empty variable means its default."""
         env = os.environ if env is None else env
-        namespaces = tuple(
-            ns.strip() for ns in env.get("PAYLOADRUN_NAMESPACES", "").split(",") if ns.strip()
-        )
-        pull = env.get("PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY", "IfNotPresent")
-        if pull not in ("Always", "IfNotPresent", "Never"):
-            raise SettingsError(
-                f"PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY={pull!r}: use Always, IfNotPresent or Never"
-            )
-        return cls(
-            sidecar_image=env.get("PAYLOADRUN_SIDECAR_IMAGE") or DEFAULT_SIDECAR_IMAGE,
-            sidecar_image_pull_policy=pull,
-            writer_resources=_json_object(
-                env, "PAYLOADRUN_WRITER_RESOURCES", DEFAULT_WRITER_RESOURCES
-            ),
-            retention_resources=_json_object(
-                env, "PAYLOADRUN_RETENTION_RESOURCES", DEFAULT_RETENTION_RESOURCES
-            ),
-            sidecar_uid=_int(env, "PAYLOADRUN_SIDECAR_UID", 65532, 1, 2**31 - 1),
-            namespaces=namespaces,
-            metrics_port=_int(env, "PAYLOADRUN_METRICS_PORT", 9400, 0, 65535),
-            health_port=_int(env, "PAYLOADRUN_HEALTH_PORT", 8080, 0, 65535),
-            watch_server_timeout=_int(env, "PAYLOADRUN_WATCH_SERVER_TIMEOUT", 300, 10, 3600),
-            watch_client_timeout=_int(env, "PAYLOADRUN_WATCH_CLIENT_TIMEOUT", 330, 10, 3900),
-            watch_inactivity_timeout=_int(
-                env, "PAYLOADRUN_WATCH_INACTIVITY_TIMEOUT", 600, 10, 7200
-            ),
-            readiness_check_seconds=_int(env, "PAYLOADRUN_READINESS_CHECK_SECONDS", 10, 1, 3600),
-        )
+        return settings.from_args(cls, None, {k: v for k, v in env.items() if v != ""})

@@ -11,7 +11,7 @@ SUBCOMMANDS = (
     "payloadrun.retention.cli",
     "payloadrun.simulate",
     "payloadrun.writer.cli",
-    "payloadrun.fakevllm",
+    "payloadrun.testing.fakevllm",
 )
 
 

@@ -468,7 +468,7 @@ def run_policy(
     root must be ``root``) instead of plain file writes.
     """
     from payloadrun.retention.client import RetentionClient
-    from payloadrun.retention.process import SidecarProcess
+    from payloadrun.testing.processes import SidecarProcess
 
     root.mkdir(parents=True, exist_ok=True)
     payload_root = PayloadRoot(root)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun_operator.local import LocalOperator, operator_env_from_deployment
+from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun.retention.process import SidecarProcess
-from payloadrun_operator.local import LocalOperator, free_port, wait_http
+from payloadrun.testing import processes
+from payloadrun.testing.processes import SidecarProcess, free_port, wait_http
+from payloadrun_operator.testing import LocalOperator
 
 pytestmark = pytest.mark.integration
 
@@ -81,25 +82,11 @@ def scraped(kube_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboards")
     root = tmp / "payloads"
     root.mkdir()
-    py = sys.executable
     with ExitStack() as stack:
-        vllm_port, writer_port, writer_metrics = free_port(), free_port(), free_port()
-        spawn(
-            stack,
-            [py, "-m", "payloadrun.cli", "fake-vllm", "--port", str(vllm_port)],
-            tmp / "vllm.log",
+        fake = stack.enter_context(processes.fake_vllm(log_path=tmp / "vllm.log"))
+        writer_process = stack.enter_context(
+            processes.writer(fake.url, root, log_path=tmp / "writer.log")
         )
-        spawn(
-            stack,
-            [
-                py, "-m", "payloadrun.cli", "writer",
-                "--upstream", f"http://127.0.0.1:{vllm_port}",
-                "--listen", f"127.0.0.1:{writer_port}",
-                "--payload-root", str(root),
-                "--metrics-port", str(writer_metrics),
-            ],
-            tmp / "writer.log",
-        )  # fmt: skip
         retention = stack.enter_context(
             SidecarProcess(root, "dashboard-test", args=["--scan-interval", "1"]).start()
         )
@@ -117,7 +104,7 @@ def scraped(kube_cluster, tmp_path_factory):
 
         prom_port = free_port()
         targets = {
-            "writer": f"127.0.0.1:{writer_metrics}",
+            "writer": urllib.parse.urlparse(writer_process.metrics_url).netloc,
             "retention": urllib.parse.urlparse(retention.metrics_url).netloc,
             "operator": f"127.0.0.1:{operator.metrics_port}",
         }
@@ -146,10 +133,9 @@ def scraped(kube_cluster, tmp_path_factory):
         )
         base = f"http://127.0.0.1:{prom_port}"
         wait_http(f"{base}/-/ready")
-        wait_http(f"http://127.0.0.1:{writer_port}/healthz")
 
         # traffic: requests by handle, passthrough and rejected through the writer ...
-        writer = f"http://127.0.0.1:{writer_port}"
+        writer = writer_process.url
         for i in range(6):
             http(
                 f"{writer}/inference/v1/generate",
@@ -171,7 +157,7 @@ def scraped(kube_cluster, tmp_path_factory):
         # ... and an RL loop driving the retention sidecar
         sim = subprocess.run(
             [
-                py, "-m", "payloadrun.cli", "simulate",
+                sys.executable, "-m", "payloadrun.cli", "simulate",
                 "--url", retention.url, "--root", str(root),
                 "--batch-size", "32", "--group-size", "4", "--steps", "12",
                 "--max-off-policy-steps", "2", "--json",

@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from payloadrun.codec import compact_routed_experts
+from payloadrun.testing import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -392,7 +393,7 @@ def test_operator_and_sidecar_metrics_are_scraped_by_prometheus(e2e, tmp_path):
             ],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
+        port = free_port()
         with (tmp_path / "prometheus.log").open("w") as log:
             server = subprocess.Popen(
                 [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -428,14 +429,6 @@ def test_operator_and_sidecar_metrics_are_scraped_by_prometheus(e2e, tmp_path):
             return values if all(values[e] >= n for e, n in expected.items()) else {}
 
         wait_for("the earlier tests' traffic in the scraped metrics", seen, 30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from payloadrun_operator.crd import CRD_FILE, build_crd
-from payloadrun_operator.local import LocalOperator
 from payloadrun_operator.models import GROUP, PLURAL, VERSION
+from payloadrun_operator.testing import LocalOperator
 
 pytestmark = pytest.mark.integration
 

@@ -27,13 +27,13 @@ def test_from_env():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"PAYLOADRUN_METRICS_PORT": "x"}, "PAYLOADRUN_METRICS_PORT='x' is not an integer"),
-        ({"PAYLOADRUN_HEALTH_PORT": "70000"}, r"outside \[0, 65535\]"),
-        ({"PAYLOADRUN_WRITER_RESOURCES": "{"}, "is not valid JSON"),
+        ({"PAYLOADRUN_METRICS_PORT": "x"}, "PAYLOADRUN_METRICS_PORT='x': not an integer"),
+        ({"PAYLOADRUN_HEALTH_PORT": "70000"}, "PAYLOADRUN_HEALTH_PORT.* must be at most 65535"),
+        ({"PAYLOADRUN_WRITER_RESOURCES": "{"}, "not valid JSON"),
         ({"PAYLOADRUN_RETENTION_RESOURCES": "[]"}, "must be a JSON object"),
         (
             {"PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY": "Sometimes"},
-            "use Always, IfNotPresent or Never",
+            "must be one of Always, IfNotPresent, Never",
         ),
     ],
 )

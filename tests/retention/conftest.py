@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun.retention.service import RetentionConfig, RetentionService
+from payloadrun.retention.config import RetentionConfig
+from payloadrun.retention.service import RetentionService
 
 
 @pytest.fixture

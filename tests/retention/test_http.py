@@ -21,7 +21,7 @@ from payloadrun.retention.client import (
     RetentionError,
     RetentionUnavailableError,
 )
-from payloadrun.retention.process import SidecarProcess
+from payloadrun.testing.processes import SidecarProcess
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from retention_helpers import existing, make_files
 
 from payloadrun.retention.client import RetentionClient
-from payloadrun.retention.process import SidecarProcess
+from payloadrun.testing.processes import SidecarProcess
 
 ARGS = ("--max-off-policy-steps", "2", "--workers", "4", "--scan-interval", "0.5")
 

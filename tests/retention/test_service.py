@@ -14,7 +14,7 @@ from retention_helpers import existing, make_files
 from payloadrun.retention.deleter import Retry
 from payloadrun.retention.journal import read_records
 from payloadrun.retention.service import (
-    DiscardConflictError,
+    DiscardRefusedError,
     RefusedPathError,
     StartMode,
 )
@@ -57,7 +57,7 @@ def test_discard_of_a_pending_file_is_refused_whole(service_factory, root):
     svc = service_factory()
     batch, loose = make_files(root, 0, 2), make_files(root, 0, 2)
     svc.record_batch(4, batch)
-    with pytest.raises(DiscardConflictError, match=r"batch 4") as info:
+    with pytest.raises(DiscardRefusedError, match=r"batch 4") as info:
         svc.discard([loose[0], batch[1]])
     assert info.value.conflicts == {batch[1]: 4}
     assert svc.wait_idle(10)

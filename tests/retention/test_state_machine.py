@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 from payloadrun.retention.deleter import Retry
 from payloadrun.retention.policy import backstop_bound
 from payloadrun.retention.service import (
-    DiscardConflictError,
+    DiscardRefusedError,
     RetentionConfig,
     RetentionService,
 )
@@ -128,7 +128,7 @@ class RetentionMachine(RuleBasedStateMachine):
         others = self._of(LOOSE)[:2]
         try:
             self.svc.discard([*others, pending])
-        except DiscardConflictError as exc:
+        except DiscardRefusedError as exc:
             assert exc.conflicts == {pending: self.files[pending][1]}
         else:
             raise AssertionError("discarding a file of a pending batch was not refused")

@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import http.client as httpclient
 import json
-import socket
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp import web
 
-from payloadrun.fakevllm import FAKE_KEY, FakeConfig
-from payloadrun.fakevllm import build_app as build_fake
+from payloadrun.testing.fakevllm import FAKE_KEY, FakeConfig
+from payloadrun.testing.fakevllm import build_app as build_fake
+from payloadrun.testing.processes import fake_vllm, free_port
 from payloadrun.writer.app import WRITER_KEY, WriterConfig
 from payloadrun.writer.app import build_app as build_writer
 
@@ -186,39 +184,9 @@ def umount(path: Path) -> None:
     subprocess.run(["umount", str(path)], check=False, capture_output=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class FakeProcess:
+def fake_process(*args: str):
     """The fake vLLM as a separate process (its CPU work then does not share our GIL)."""
+    return fake_vllm(*args).start()
 
-    def __init__(self, *args: str) -> None:
-        port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "payloadrun.cli", "fake-vllm", "--port", str(port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.url = f"http://127.0.0.1:{port}"
 
-    def wait_ready(self, timeout: float = 20) -> FakeProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if http("GET", self.url + "/health", timeout=1).status == 200:
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"fake vLLM did not start: {self.proc.stdout.read()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+__all__ = ["fake_process", "free_port"]

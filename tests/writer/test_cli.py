@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from .conftest import FakeProcess, free_port, http
+from .conftest import fake_process, free_port, http
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -58,7 +58,7 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 20) -> None:
 
 
 def test_writer_from_environment_serves_and_exports_metrics(tmp_path):
-    fake = FakeProcess().wait_ready()
+    fake = fake_process()
     port, metrics_port = free_port(), free_port()
     proc = _cli(
         "writer",

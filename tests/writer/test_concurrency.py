@@ -17,7 +17,7 @@ from payloadrun.codec import decode_npy_base64
 from payloadrun.reader import PayloadReader
 from payloadrun.segments import ROUTED_EXPERTS, segments_from_json
 
-from .conftest import FakeProcess, files_under, http, metric
+from .conftest import fake_process, files_under, http, metric
 
 GEN = "/inference/v1/generate"
 
@@ -67,7 +67,7 @@ def test_64_concurrent_requests_all_by_handle_no_file_half_written(writer, fake,
 
 @pytest.fixture(scope="module")
 def big_fake():
-    proc = FakeProcess("--layers", "48", "--top-k", "8", "--no-sampling-mask").wait_ready()
+    proc = fake_process("--layers", "48", "--top-k", "8", "--no-sampling-mask")
     yield proc
     proc.stop()
 

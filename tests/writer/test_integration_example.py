@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from payloadrun.retention.client import RetentionClient
-from payloadrun.retention.process import SidecarProcess
+from payloadrun.testing.processes import SidecarProcess
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orchestrator_trainer.py"
 

@@ -6,8 +6,10 @@ batch will read (``discard``); the sidecar journals each event durably, acknowle
 and unlinks in the background. A version sweep stays as a backstop for files nobody claims.
 
 Modules: ``policy`` (pure rules), ``state`` (the in-memory model the rules act on), ``journal``
-(durability), ``service`` (deletion queue, accounting, run identity), ``app`` (HTTP),
-``client`` (sync and async clients for the orchestrator), ``metrics`` and ``cli``.
+(the record format and its durable file), ``deleter`` (unlinking below a descriptor of the root),
+``queue`` (the background deletion queue and the directory accounting), ``config`` (settings),
+``service`` (run identity, events, status), ``app`` (HTTP), ``client`` (sync and async clients
+for the orchestrator), ``metrics`` and ``cli``.
 """
 
 from payloadrun.retention.client import (

@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from payloadrun.retention.service import DiscardConflictError, RefusedPathError, RetentionService
+from payloadrun import serving
+from payloadrun.retention.service import DiscardRefusedError, RefusedPathError, RetentionService
+from payloadrun.serving import Listener
+from payloadrun.settings import Env
 
 log = logging.getLogger("payloadrun.retention")
 
@@ -79,7 +79,7 @@ def build_api_app(service: RetentionService) -> web.Application:
             return await handler(request)
         except RefusedPathError as exc:
             return _error(400, str(exc), path=exc.path)
-        except DiscardConflictError as exc:
+        except DiscardRefusedError as exc:
             conflicts = [{"file": f, "step": s} for f, s in exc.conflicts.items()]
             return _error(409, str(exc), conflicts=conflicts)
         except ValueError as exc:
@@ -123,64 +123,6 @@ def build_api_app(service: RetentionService) -> web.Application:
     return app
 
 
-def build_metrics_app(
-    registry: CollectorRegistry, ready: Callable[[], bool] = lambda: True
-) -> web.Application:
-    """``GET /metrics`` (callbacks and counters only, no directory walk) and the probes.
-
-    The API listens on the pod's loopback, so the kubelet probes this port: ``/healthz`` says the
-    process serves, ``/readyz`` that the service has started (journal replayed) and is not closing.
-    """
-
-    async def metrics(_: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    async def readyz(_: web.Request) -> web.Response:
-        ok = ready()
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
-
-
-async def _start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise OSError(
-            exc.errno,
-            f"cannot listen on {host}:{port} ({exc.strerror}): choose another port with the "
-            "--port/--metrics-port flags",
-        ) from exc
-    bound = runner.addresses[0]
-    return runner, f"http://{_url_host(host)}:{bound[1]}"
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
-def _write_ready(path: Path, urls: dict[str, str]) -> None:
-    """Publish the bound URLs atomically (tests and the simulator start us on port 0)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(urls))
-    os.replace(tmp, path)
-
-
 async def serve(
     service: RetentionService,
     *,
@@ -191,30 +133,34 @@ async def serve(
     ready_file: Path | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run both servers until SIGTERM/SIGINT (or ``stop``); then close the service.
+    """Run the API and the metrics server until SIGTERM/SIGINT (or ``stop``); then close.
 
     Queued deletions are not waited for at shutdown: the journal replays them at the next start.
+    The API listens on the pod's loopback, so the kubelet probes the metrics port: ``/healthz``
+    says the process serves, ``/readyz`` that the service has started (journal replayed) and is
+    not closing.
     """
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    runners: list[web.AppRunner] = []
-    try:
-        api_runner, api_url = await _start_site(build_api_app(service), host, port)
-        runners.append(api_runner)
-        metrics_runner, metrics_url = await _start_site(
-            build_metrics_app(service.registry, service.ready), metrics_host, metrics_port
-        )
-        runners.append(metrics_runner)
-        urls = {"api": api_url, "metrics": f"{metrics_url}/metrics"}
+    listeners = [
+        Listener(
+            "api",
+            build_api_app(service),
+            host,
+            port,
+            f"--port or {Env.RETENTION_PORT}",
+        ),
+        Listener(
+            "metrics",
+            serving.metrics_app(service.registry, service.ready),
+            metrics_host,
+            metrics_port,
+            f"--metrics-port or {Env.RETENTION_METRICS_PORT}",
+        ),
+    ]
+
+    def started(urls: dict[str, str]) -> None:
+        urls = {"api": urls["api"], "metrics": f"{urls['metrics']}/metrics"}
         log.info("retention API on %s, metrics on %s", urls["api"], urls["metrics"])
         if ready_file is not None:
-            _write_ready(ready_file, urls)
-        await stop.wait()
-    finally:
-        for runner in reversed(runners):
-            await runner.cleanup()
-        service.close()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+            serving.write_ready_file(ready_file, urls)
+
+    await serving.serve(listeners, stop=stop, started=started, stopped=service.close)

@@ -20,8 +20,10 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8002"
-URL_ENV = "PAYLOADRUN_RETENTION_URL"
+from payloadrun.settings import RETENTION_PORT, Env
+
+DEFAULT_URL = f"http://127.0.0.1:{RETENTION_PORT}"
+URL_ENV = Env.RETENTION_URL
 
 
 class RetentionError(RuntimeError):

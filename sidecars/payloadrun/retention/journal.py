@@ -2,6 +2,9 @@
 
 One JSON object per line. The first line names the run (``{"op": "run", "run_id": ...}``), so a
 container restart inside a run finds its own journal and a new run does not replay an old one.
+The records after it are the events (:func:`record_op`, :func:`policy_op`, :func:`discard_op`) and
+the deletions a compaction carried over (:func:`delete_op`); :func:`replay` rebuilds a
+:class:`~payloadrun.retention.state.RetentionState` from them.
 ``append`` writes a line and fsyncs before returning; a crash can only leave a torn last line,
 which was never acknowledged, so replay drops it (any other unreadable line is an error: the
 file was damaged, and guessing would risk deleting unconsumed data). ``rewrite`` compacts: it
@@ -14,25 +17,104 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from payloadrun.retention.policy import Disposition, Reason
+from payloadrun.retention.state import RetentionState
 from payloadrun.store import fsync_dir, write_all
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
+
+Record = dict[str, Any]
+Released = list[tuple[Reason, list[str]]]  # deletions, by reason, in the order they were released
 
 
 class JournalError(RuntimeError):
     """The journal cannot be read or written."""
 
 
-def encode(record: dict[str, Any]) -> bytes:
+# --- the record format ---------------------------------------------------------------------------
+
+
+def run_op(run_id: str, max_off_policy_steps: int) -> Record:
+    """The header: whose journal this is."""
+    return {
+        "op": "run",
+        "format": FORMAT_VERSION,
+        "run_id": run_id,
+        "max_off_policy_steps": max_off_policy_steps,
+        "created": time.time(),
+    }
+
+
+def record_op(step: int, files: list[str], disposition: Disposition) -> Record:
+    return {"op": "record", "step": step, "files": files, "disposition": disposition.value}
+
+
+def policy_op(step: int) -> Record:
+    return {"op": "policy", "step": step}
+
+
+def discard_op(files: list[str]) -> Record:
+    return {"op": "discard", "files": files}
+
+
+def delete_op(reason: Reason, files: list[str]) -> Record:
+    """Deletions released before a compaction and not finished: replayed as they are."""
+    return {"op": "delete", "reason": reason.value, "files": files}
+
+
+def reason_of(disposition: Disposition) -> Reason:
+    return Reason.CONSUMED if disposition is Disposition.CONSUMED else Reason.DISCARDED
+
+
+def replay(records: Iterable[Record], state: RetentionState) -> Released:
+    """Apply the records after the header to ``state``; every deletion they released."""
+    released: Released = []
+    for number, rec in enumerate(records, 2):
+        op = rec["op"]
+        if op == "record":
+            disposition = Disposition(rec["disposition"])
+            files = state.record(rec["step"], rec["files"], disposition)
+            released.append((reason_of(disposition), files))
+        elif op == "policy":
+            settled = state.policy_updated(rec["step"])
+            released.append((Reason.CONSUMED, list(settled.files)))
+        elif op == "discard":
+            released.append((Reason.DISCARDED, rec["files"]))
+        elif op == "delete":
+            released.append((Reason(rec["reason"]), rec["files"]))
+        else:
+            raise JournalError(
+                f"retention journal line {number} has an unknown op {op!r}: written by a "
+                "newer sidecar? run the matching version"
+            )
+    return [(r, f) for r, f in released if f]
+
+
+def snapshot(header: Record, state: RetentionState, unsettled: Released) -> list[Record]:
+    """The records a compacted journal holds: the state, then the deletions not yet done."""
+    records = [header]
+    if state.policy_step is not None:
+        records.append(policy_op(state.policy_step))
+    for step in sorted(state.pending):
+        records.append(record_op(step, sorted(state.pending[step]), Disposition.PENDING))
+    records += [delete_op(reason, keys) for reason, keys in unsettled if keys]
+    return records
+
+
+# --- the file ------------------------------------------------------------------------------------
+
+
+def encode(record: Record) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
+def read_records(path: Path) -> Iterator[Record]:
     """The records of the journal at ``path``, without a torn last line; nothing if absent."""
     try:
         data = path.read_bytes()
@@ -57,7 +139,7 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
     del torn_tail  # an unacknowledged, partly written event
 
 
-def header(path: Path) -> dict[str, Any] | None:
+def header(path: Path) -> Record | None:
     """The journal's first record when it is a run header, else None."""
     for record in read_records(path):
         return record if record.get("op") == "run" else None
@@ -86,7 +168,7 @@ class Journal:
         self._fd = fd
         self.size = size
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Record) -> None:
         """Write one record and fsync it: the caller may acknowledge the event afterwards."""
         if self._fd is None:
             raise JournalError(f"retention journal {str(self.path)!r} is not open")
@@ -97,7 +179,7 @@ class Journal:
         os.fdatasync(self._fd)  # the data and the new size; not the timestamps
         self.size += len(data)
 
-    def rewrite(self, records: Iterable[dict[str, Any]]) -> None:
+    def rewrite(self, records: Iterable[Record]) -> None:
         """Replace the journal by ``records`` atomically (temporary file, fsync, rename)."""
         tmp = self.path.with_name(self.path.name + ".tmp")
         data = b"".join(encode(r) for r in records)

@@ -34,13 +34,16 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
+from payloadrun import serving, settings
 from payloadrun.paths import PayloadPathError
+from payloadrun.serving import Listener
+from payloadrun.settings import VLLM_PORT, Env, parse_float, parse_int, setting
 from payloadrun.store import PayloadStore
+from payloadrun.vllm import HEALTH_PATH, error_response
 from payloadrun.writer.metrics import WriterMetrics
-from payloadrun.writer.rewrite import admit_request, dumps, rewrite_response
+from payloadrun.writer.rewrite import admit_request, rewrite_response
 from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
 
 log = logging.getLogger("payloadrun.writer")
@@ -69,17 +72,52 @@ MODE_HEADER = "X-Payloadrun-Mode"
 FALLBACK_HEADER = "X-Payloadrun-Fallback"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WriterConfig:
     """Everything the writer is configured with (flags and environment, see ``cli.py``)."""
 
-    upstream: str = "http://127.0.0.1:8000"
-    payload_root: str | None = None
-    connect_timeout: float = 5.0
-    read_timeout: float = 1800.0
+    upstream: str = setting(
+        f"http://127.0.0.1:{VLLM_PORT}",
+        help="vLLM's base URL",
+        flag="--upstream",
+        env=Env.WRITER_UPSTREAM,
+    )
+    payload_root: str | None = setting(
+        None,
+        help="the shared volume's mount; payload_dir must be <root>/v<k>",
+        flag="--payload-root",
+        env=Env.PAYLOAD_ROOT,
+    )
+    connect_timeout: float = setting(
+        5.0,
+        help="seconds to connect to vLLM",
+        flag="--connect-timeout",
+        env=Env.WRITER_CONNECT_TIMEOUT,
+        parse=parse_float,
+        minimum=1e-3,
+    )
+    read_timeout: float = setting(
+        1800.0,
+        help="seconds vLLM may stay silent on a connection (a whole generation when not "
+        "streaming) before the writer answers 504",
+        flag="--read-timeout",
+        env=Env.WRITER_READ_TIMEOUT,
+        parse=parse_float,
+        minimum=1e-3,
+    )
+    workers: int = setting(
+        8,
+        help="threads that parse bodies and write payload files",
+        flag="--workers",
+        env=Env.WRITER_WORKERS,
+        parse=parse_int,
+        minimum=1,
+    )
     health_timeout: float = 2.0
     max_request_bytes: int = 256 * 1024 * 1024
-    workers: int = 8
+
+    def __post_init__(self) -> None:
+        settings.validate(self)
 
 
 class StoreHolder:
@@ -94,7 +132,7 @@ class StoreHolder:
         self.root = root
         self._store: PayloadStore | None = None
         self._lock = threading.Lock()
-        self.error = "no payload root configured: set --payload-root or PAYLOAD_ROOT"
+        self.error = f"no payload root configured: set --payload-root or {Env.PAYLOAD_ROOT}"
 
     def get(self) -> PayloadStore | None:
         if self._store is not None or self.root is None:
@@ -173,16 +211,6 @@ async def read_body(upstream: aiohttp.ClientResponse) -> bytes | mmap.mmap:
     return buf
 
 
-def error_response(status: int, message: str, **extra: Any) -> web.Response:
-    """An error in vLLM's own ``ErrorResponse`` shape, so clients parse it the same way."""
-    kind = {400: "BadRequestError", 502: "BadGatewayError", 504: "GatewayTimeoutError"}
-    error = {"message": message, "type": kind.get(status, "Error"), "param": None, "code": status}
-    error.update(extra)
-    return web.Response(
-        status=status, body=dumps({"error": error}), content_type="application/json"
-    )
-
-
 def _forward_headers(headers: Any, *, drop: frozenset[str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():
@@ -250,7 +278,7 @@ class Writer:
 
     async def _upstream_problem(self) -> str | None:
         assert self.session is not None
-        url = self.upstream / "health"
+        url = self.upstream / HEALTH_PATH.lstrip("/")
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
             async with self.session.get(url, timeout=timeout) as resp:
@@ -443,17 +471,6 @@ def build_app(config: WriterConfig, metrics: WriterMetrics | None = None) -> web
     return app
 
 
-def build_metrics_app(metrics: WriterMetrics) -> web.Application:
-    async def serve_metrics(_request: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(metrics.registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/metrics", serve_metrics)
-    return app
-
-
 async def serve(
     config: WriterConfig,
     host: str,
@@ -462,28 +479,31 @@ async def serve(
     metrics_port: int,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve the proxy (and metrics, unless ``metrics_port`` is 0) until ``stop`` is set."""
+    """Serve the proxy (and metrics, unless ``metrics_port`` is 0) until SIGTERM or ``stop``."""
     metrics = WriterMetrics()
-    runners = [web.AppRunner(build_app(config, metrics), access_log=None)]
-    sites = [(runners[0], host, port)]
+    listeners = [
+        Listener(
+            "proxy", build_app(config, metrics), host, port, f"--listen or {Env.WRITER_LISTEN}"
+        )
+    ]
     if metrics_port:
-        runners.append(web.AppRunner(build_metrics_app(metrics), access_log=None))
-        sites.append((runners[1], metrics_host, metrics_port))
-    stop = stop or asyncio.Event()
-    try:
-        for runner, h, p in sites:
-            await runner.setup()
-            await web.TCPSite(runner, h, p).start()
+        listeners.append(
+            Listener(
+                "metrics",
+                serving.metrics_app(metrics.registry),
+                metrics_host,
+                metrics_port,
+                f"--metrics-port or {Env.WRITER_METRICS_PORT}",
+            )
+        )
+
+    def started(urls: dict[str, str]) -> None:
         log.info(
-            "writer listening on %s:%d, upstream %s, payload root %s, metrics %s",
-            host,
-            port,
+            "writer listening on %s, upstream %s, payload root %s, metrics %s",
+            urls["proxy"],
             config.upstream,
             config.payload_root,
-            f"{metrics_host}:{metrics_port}" if metrics_port else "off",
+            f"{urls['metrics']}/metrics" if metrics_port else "off",
         )
-        await stop.wait()
-    finally:
-        for runner in reversed(runners):
-            with contextlib.suppress(Exception):
-                await runner.cleanup()
+
+    await serving.serve(listeners, stop=stop, started=started)

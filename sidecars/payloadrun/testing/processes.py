@@ -1,0 +1,253 @@
+"""``payloadrun`` commands as child processes on loopback: for tests, benchmarks and the demo.
+
+:class:`PayloadrunProcess` runs ``python -m payloadrun.cli <command> ...`` in its own session with
+its own log file and waits until an HTTP URL answers; :func:`fake_vllm` and :func:`writer` are the
+two everyone starts. :class:`SidecarProcess` is the retention sidecar, started with
+``--port 0 --metrics-port 0`` and a ``--ready-file``: it binds whatever ports are free and writes
+their URLs there, so there is no race between picking a port and binding it. Every process is
+stopped with SIGTERM (then SIGKILL) when its block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for commands that cannot bind port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(
+    url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Wait until ``url`` answers (any status below 400); raise the last error after ``timeout``.
+
+    With ``process``, stop waiting as soon as it has exited.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                resp.read()
+            return
+        except OSError:
+            if process is not None and process.poll() is not None:
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class StartError(RuntimeError):
+    """A child process did not come up; the message carries the end of its log."""
+
+
+class ChildProcess:
+    """A ``payloadrun`` command in its own session, logging to a file; a context manager."""
+
+    what = "payloadrun"
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        log_path: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.args = list(args)
+        self.env = env
+        self.start_timeout = start_timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="payloadrun-child-")
+        self.log_path = Path(log_path) if log_path else Path(self._tmp.name) / "child.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"the {self.what} process is not running")
+        return self.proc.pid
+
+    def spawn(self, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "payloadrun.cli", *args]
+        env = None if self.env is None else {**os.environ, **self.env}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        return self.proc
+
+    def failed(self, why: str) -> StartError:
+        return StartError(f"{self.what} {why}:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL (the crash a journal is for)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def start(self) -> ChildProcess:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+
+class PayloadrunProcess(ChildProcess):
+    """A command that serves HTTP at ``url``; ready when ``url + health_path`` answers."""
+
+    def __init__(self, args: Sequence[str], url: str, health_path: str, **kwargs) -> None:
+        super().__init__(args, **kwargs)
+        self.what = f"payloadrun {args[0]}"
+        self.url = url
+        self.health_url = url + health_path
+        self.metrics_url: str | None = None
+
+    def start(self) -> PayloadrunProcess:
+        proc = self.spawn(self.args)
+        try:
+            wait_http(self.health_url, self.start_timeout, proc)
+        except OSError:
+            self.stop()
+            code = proc.returncode
+            raise self.failed(
+                f"exited with {code} at start" if code else "did not answer in time"
+            ) from None
+        return self
+
+
+def fake_vllm(*args: str, port: int | None = None, **kwargs) -> PayloadrunProcess:
+    """``payloadrun fake-vllm`` on a free loopback port (``args``: its flags)."""
+    port = port or free_port()
+    return PayloadrunProcess(
+        ["fake-vllm", "--port", str(port), *args], f"http://127.0.0.1:{port}", "/health", **kwargs
+    )
+
+
+def writer(
+    upstream: str,
+    root: str | os.PathLike[str],
+    *args: str,
+    port: int | None = None,
+    metrics_port: int | None = None,
+    **kwargs,
+) -> PayloadrunProcess:
+    """``payloadrun writer`` in front of ``upstream``, on free loopback ports.
+
+    ``metrics_url`` is set on the result (``None`` with ``metrics_port=0``).
+    """
+    port = port or free_port()
+    metrics_port = free_port() if metrics_port is None else metrics_port
+    process = PayloadrunProcess(
+        [
+            "writer",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--payload-root",
+            os.fspath(root),
+            "--metrics-port",
+            str(metrics_port),
+            *args,
+        ],
+        f"http://127.0.0.1:{port}",
+        "/healthz",
+        **kwargs,
+    )
+    process.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
+    return process
+
+
+class SidecarProcess(ChildProcess):
+    """One retention sidecar child process on free loopback ports."""
+
+    what = "retention sidecar"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run_id: str,
+        *,
+        args: Sequence[str] = (),
+        log_path: str | os.PathLike[str] | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(args, log_path=log_path, start_timeout=start_timeout)
+        self.root = Path(root)
+        self.run_id = run_id
+        self.url = ""
+        self.metrics_url = ""
+
+    def start(self) -> SidecarProcess:
+        ready = Path(self._tmp.name) / "ready.json"
+        ready.unlink(missing_ok=True)
+        proc = self.spawn(
+            [
+                "retention",
+                "--root",
+                str(self.root),
+                "--run-id",
+                self.run_id,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                "0",
+                "--ready-file",
+                str(ready),
+                *self.args,
+            ]
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise self.failed(f"exited with {proc.returncode} at start")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise self.failed(f"not listening after {self.start_timeout} s")
+            time.sleep(0.01)
+        urls = json.loads(ready.read_text())
+        self.url, self.metrics_url = urls["api"], urls["metrics"]
+        return self

@@ -1,0 +1,174 @@
+"""Where the operator meets the sidecars: the names and defaults both sides must agree on.
+
+A pod the operator builds starts a sidecar with no flags, only the environment the operator set;
+these tests run that environment through the sidecars' own settings and compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from payloadrun import settings
+from payloadrun.retention import client as retention_client
+from payloadrun.retention.cli import RetentionListen
+from payloadrun.retention.config import RetentionConfig
+from payloadrun.settings import Env
+from payloadrun.writer.app import WriterConfig
+from payloadrun.writer.cli import WriterListen
+from payloadrun.writer.cli import register as register_writer
+from payloadrun_operator import names
+from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.decisions import INJECTED_ENV, decide_payload_mode
+from payloadrun_operator.kube import PLURALS
+from payloadrun_operator.models import (
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    Inference,
+    PayloadRunSpec,
+    Retention,
+    Writer,
+)
+from payloadrun_operator.settings import OperatorSettings
+
+
+def _children(spec_dict: dict) -> tuple[RunContext, list[dict]]:
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    ctx = RunContext("r", "ns", "uid-1", spec, decide_payload_mode(spec), OperatorSettings())
+    return ctx, build_children(ctx)
+
+
+def _container(children: list[dict], name: str) -> dict:
+    for child in children:
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            pod = child["spec"]["template"]["spec"]
+            for c in pod["containers"] + pod.get("initContainers", []):
+                if c["name"] == name:
+                    return c
+    raise AssertionError(f"no container {name}")
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def _ports(container: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def test_the_crd_defaults_are_the_sidecars_defaults():
+    writer = settings.from_args(WriterListen, None, {})
+    assert writer.address == ("127.0.0.1", Writer().port)
+    assert writer.metrics_port == Writer().metrics_port
+    retention = settings.from_args(RetentionListen, None, {})
+    assert (retention.port, retention.metrics_port) == (Retention().port, Retention().metrics_port)
+    config = RetentionConfig(root="/p", run_id="r")
+    assert config.scan_interval_s == Retention().scan_interval_seconds == 60
+    assert config.workers == Retention().workers
+    assert (
+        config.max_off_policy_steps == PayloadRunSpec.model_fields["max_off_policy_steps"].default
+    )
+    assert WriterConfig().upstream == f"http://127.0.0.1:{Inference.model_fields['port'].default}"
+    assert retention_client.DEFAULT_URL.endswith(f":{Retention().port}")
+
+
+@pytest.mark.parametrize("ports", [{}, {"writer": 8101, "retention": 8202}])
+def test_a_pod_and_its_sidecars_started_with_no_flags_agree_on_ports(spec_dict, ports):
+    if ports:
+        spec_dict["inference"]["port"] = 8500
+        spec_dict["inference"]["writer"] = {"port": ports["writer"], "metricsPort": 9501}
+        spec_dict["orchestrator"]["retention"] = {"port": ports["retention"], "metricsPort": 9502}
+    ctx, children = _children(spec_dict)
+
+    writer = _container(children, names.WRITER_CONTAINER)
+    assert writer["args"][0] == "writer"
+    parser = argparse.ArgumentParser()
+    register_writer(parser.add_subparsers())
+    args = parser.parse_args(writer["args"])
+    config = settings.from_args(WriterConfig, args, _env(writer))
+    where = settings.from_args(WriterListen, args, _env(writer))
+    served = _ports(writer)
+    assert (
+        where.address[1]
+        == served[names.WRITER_PORT_NAME]
+        == writer["readinessProbe"]["httpGet"]["port"]
+    )
+    assert where.metrics_port == served[names.WRITER_METRICS_PORT_NAME]
+    vllm = _container(children, names.VLLM_CONTAINER)
+    assert config.upstream == f"http://127.0.0.1:{vllm['ports'][0]['containerPort']}"
+    assert config.payload_root == ctx.root
+    service = next(
+        c for c in children if c["kind"] == "Service" and c["metadata"]["name"] == "r-inference"
+    )
+    assert service["spec"]["ports"][0]["targetPort"] == where.address[1]
+
+    retention = _container(children, names.RETENTION_CONTAINER)
+    assert retention["args"][0] == "retention"
+    env = _env(retention)
+    listen = settings.from_args(RetentionListen, None, env)
+    rconfig = settings.from_args(RetentionConfig, None, env)
+    assert listen.metrics_port == _ports(retention)[names.RETENTION_METRICS_PORT_NAME]
+    assert listen.metrics_port == retention["readinessProbe"]["httpGet"]["port"]
+    assert (rconfig.run_id, str(rconfig.root)) == ("uid-1", ctx.root)
+    assert rconfig.scan_interval_s == ctx.spec.orchestrator.retention.scan_interval_seconds
+    orchestrator = _env(_container(children, names.ORCHESTRATOR_CONTAINER))
+    assert orchestrator[Env.RETENTION_URL] == f"http://127.0.0.1:{listen.port}"
+
+
+def test_every_variable_the_operator_sets_is_a_declared_name(spec_dict):
+    declared = {v for k, v in vars(Env).items() if k.isupper()}
+    assert len(declared) == len([k for k in vars(Env) if k.isupper()]), "two names, one variable"
+    _, children = _children(spec_dict | {"maxSteps": 10})
+    for child in children:
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            pod = child["spec"]["template"]["spec"]
+            for c in pod["containers"] + pod.get("initContainers", []):
+                assert {e["name"] for e in c["env"]} <= declared, c["name"]
+    assert declared >= INJECTED_ENV
+
+
+def test_one_log_level_variable_for_both_sidecars():
+    for cls in (WriterListen, RetentionListen):
+        assert settings.settings_of(cls)["log_level"][0].env == Env.LOG_LEVEL
+    old = Env.WRITER_LOG_LEVEL_DEPRECATED
+    assert settings.from_args(WriterListen, None, {old: "DEBUG"}).log_level == "DEBUG"
+    assert settings.deprecated_in_use(WriterListen, {old: "DEBUG"}) == [
+        f"{old} is deprecated: set {Env.LOG_LEVEL} instead"
+    ]
+    both = {old: "DEBUG", Env.LOG_LEVEL: "ERROR"}
+    assert settings.from_args(WriterListen, None, both).log_level == "ERROR"
+    assert settings.deprecated_in_use(WriterListen, both) == []
+
+
+def test_readiness_finds_the_children_the_builders_name(spec_dict):
+    ctx, children = _children(spec_dict)
+    built = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children}
+    for api, kind, component in names.WORKLOADS:
+        assert (api, kind, names.child_name(ctx.name, component)) in built
+    for child in children:
+        labels = child["metadata"]["labels"]
+        assert labels[names.LABEL_MANAGED_BY] == names.FIELD_MANAGER
+        assert (
+            f"{names.LABEL_MANAGED_BY}={labels[names.LABEL_MANAGED_BY]}" == names.MANAGED_SELECTOR
+        )
+        if child["kind"] in ("StatefulSet", "Deployment"):
+            assert (child["apiVersion"], child["kind"]) in names.CHILD_KINDS
+        owner = child["metadata"].get("ownerReferences", [{}])[0]
+        assert owner.get("apiVersion", names.API_VERSION) == names.API_VERSION
+
+
+def test_the_api_version_comes_from_the_models():
+    assert f"{GROUP}/{VERSION}" == names.API_VERSION
+    assert PLURALS[(names.API_VERSION, KIND)] == PLURAL
+
+
+def test_sidecar_config_fields_carry_their_variables():
+    """Every setting with a variable names a declared one."""
+    declared = {v for k, v in vars(Env).items() if k.isupper()}
+    for cls in (WriterConfig, WriterListen, RetentionConfig, RetentionListen):
+        for name, (s, _) in settings.settings_of(cls).items():
+            if s.env is not None:
+                assert s.env in declared, (cls.__name__, name)
