@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from payloadrun.codec import compact_routed_experts
-from payloadrun.testing import free_port
+from payloadrun.testing.processes import free_port
 
 pytestmark = pytest.mark.integration
 
