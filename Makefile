@@ -7,7 +7,7 @@ SHELL := bash
 VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint format test unit demo bench bench-all cluster-binaries prometheus images
+.PHONY: help venv lint format test unit demo bench bench-all cluster-binaries node prometheus images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -21,8 +21,13 @@ lint: ## ruff lint and format check
 format: ## apply ruff's formatting and safe fixes
 	@$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
-cluster-binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, helm (cached)
+cluster-binaries: ## build the control plane, the node's kubelet/scheduler/proxy, CoreDNS, helm (cached)
 	@bash cluster/build.sh
+
+node: ## what the local node needs (root): Debian's containerd, runc, CNI plugins; the images
+	@bash cluster/node-packages.sh
+	@if [ "$$(id -u)" = 0 ]; then bash hack/images.sh >/dev/null; \
+	else echo "make node: not root, so no node runs here and pods will not start" >&2; fi
 
 images: ## build the container images (cached by content)
 	@bash hack/images.sh
@@ -30,13 +35,13 @@ images: ## build the container images (cached by content)
 prometheus: ## make sure a Prometheus server is installed (Debian's), for the dashboard tests
 	@bash hack/prometheus.sh >/dev/null
 
-test: lint cluster-binaries prometheus ## every test: lint, unit, property, integration (what CI runs)
+test: lint cluster-binaries node prometheus ## every test: lint, unit, integration, e2e with pods (CI)
 	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
 
 unit: ## the tests that need no control plane
 	@$(PY) -m pytest -m "not integration"
 
-demo: cluster-binaries ## the main job: control plane, chart, operator, runs, data path (ARGS=--keep)
+demo: cluster-binaries node ## the main job: cluster, chart, operator, runs, data path (ARGS=--keep)
 	@$(PY) hack/demo.py $(ARGS)
 
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
