@@ -1,13 +1,19 @@
 """``make demo``: what payloadrun does, end to end, on one machine with no cluster and no GPU.
 
-1. A real Kubernetes control plane on loopback (built from source the first time).
-2. The Helm chart installed into it, and the operator running with the chart's ServiceAccount.
+1. A real Kubernetes cluster on this machine (built from source the first time): the control
+   plane, and a node (containerd, kubelet, kube-proxy, CoreDNS) where the machine can run one
+   (Linux, root); elsewhere the control plane alone, and the demo says why.
+2. The Helm chart installed into it; with the node, the project's images built here and the
+   operator running as the chart's pod, else as a local process with the chart's ServiceAccount.
 3. PayloadRuns: the multi-node example goes by handle; the disaggregated example with a payload
    root set by hand is rejected by the API server (the CRD's CEL rule); the disaggregated example
    in Auto mode falls back to inline, with its reason.
-4. The data path: a vLLM-format upstream behind the writer sidecar, the retention sidecar, and
-   the simulator as orchestrator and trainer, on a temporary payload root; then the same rollouts
-   under the version-sweep baseline, and what the inline transport would have sent.
+4. With the node, a run whose pods really run: the fake vLLM behind the writer sidecar, the
+   orchestrator with the retention sidecar, a trainer reading from its read-only mount; one
+   rollout by handle through the inference Service, read by the trainer, deleted on consume.
+5. The data path at scale: a vLLM-format upstream behind the writer sidecar, the retention
+   sidecar, and the simulator as orchestrator and trainer, on a temporary payload root; then the
+   same rollouts under the version-sweep baseline, and what the inline transport would have sent.
 
 Nothing is left running at the end or on Ctrl-C; ``--keep`` leaves the control plane, the
 operator and the sidecars up, prints how to reach them, and stops them all on Ctrl-C.
@@ -28,8 +34,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from payloadrun_devcluster import node_unsupported_reason
 from payloadrun_devcluster.binaries import BinariesMissing, find_binaries, run_build
 from payloadrun_devcluster.cluster import LocalCluster
+from payloadrun_devcluster.node import running_node_owner
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "payloadrun"
@@ -58,6 +66,7 @@ class Demo:
         self.stack = stack
         self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="payloadrun-demo-")))
         self.cluster: LocalCluster | None = None
+        self.with_node = False
         self.reach: list[str] = []
 
     # --- helpers -------------------------------------------------------------------------------
@@ -85,54 +94,70 @@ class Demo:
     # --- the control plane ---------------------------------------------------------------------
 
     def control_plane(self) -> None:
-        section("1. A Kubernetes control plane on this machine")
+        section("1. A Kubernetes cluster on this machine")
         try:
-            find_binaries()
+            binaries = find_binaries()
         except BinariesMissing:
-            say("building etcd, kube-apiserver, kube-controller-manager, kubectl and helm from the")
-            say("Go module proxy (the first time only: about 15-20 minutes on 2 cores)...")
+            say("building the control plane, the node's kubelet, kube-proxy, kube-scheduler,")
+            say("CoreDNS and helm from the Go module proxy (the first time only: about 20 minutes")
+            say("on 2 cores)...")
             run_build()
-        self.cluster = LocalCluster(self.tmp / "cluster")
+            binaries = find_binaries()
+        why_not = node_unsupported_reason(binaries)
+        if why_not is None and running_node_owner() is not None:
+            why_not = "another local cluster's node runs on this machine (one node per machine)"
+        self.with_node = why_not is None
+        self.cluster = LocalCluster(self.tmp / "cluster", node=self.with_node)
         self.stack.callback(self.cluster.stop)
         t0 = time.monotonic()
         self.cluster.start()
-        say(f"etcd + kube-apiserver + kube-controller-manager up in {time.monotonic() - t0:.1f} s")
+        took = time.monotonic() - t0
+        if self.with_node:
+            say(f"etcd, kube-apiserver, kube-controller-manager and a node up in {took:.1f} s:")
+            say(self.kubectl("get", "nodes", "-o", "wide").rstrip())
+        else:
+            say(f"etcd + kube-apiserver + kube-controller-manager up in {took:.1f} s")
+            say(f"no node, so no pod runs: {why_not}")
         say(f"at {self.cluster.server}, kubeconfig {self.cluster.kubeconfig}")
         self.reach.append(f"export KUBECONFIG={self.cluster.kubeconfig}")
 
     def chart(self) -> None:
         assert self.cluster is not None
-        section("2. The Helm chart")
-        helm = str(self.cluster.binaries.path("helm"))
-        env = {**os.environ, **self.cluster.env(), "HOME": str(self.tmp)}
-        cmd = [
-            helm,
-            "upgrade",
-            "--install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            SYSTEM_NS,
-            "--create-namespace",
-            "--set",
-            f"operator.watchNamespaces={{{DEMO_NS}}}",
-            "--set",
-            "operator.readinessCheckSeconds=2",
-        ]
-        say("$ helm upgrade --install payloadrun charts/payloadrun -n payloadrun-system ...")
+        section("2. The Helm chart, and the operator with the chart's identity")
         self.kubectl("create", "namespace", DEMO_NS, check=False)
+        watch = f"operator.watchNamespaces={{{DEMO_NS}}}"
+        env = {**os.environ, **self.cluster.env(), "HOME": str(self.tmp)}
+        if self.with_node:
+            say("$ bash hack/images.sh   # the project's Dockerfiles, built here, cached")
+            for path in build_images().values():
+                self.cluster.load_image(path)
+            say("$ bash hack/install-chart.sh e2e --set operator.watchNamespaces={payloadrun-demo}")
+            result = subprocess.run(
+                ["bash", str(REPO / "hack" / "install-chart.sh"), "e2e", "--set", watch],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise RuntimeError(f"installing the chart failed: {result.stderr}")
+            say(self.kubectl("get", "pods", "-n", SYSTEM_NS, "-o", "wide").rstrip())
+            return
+        helm = str(self.cluster.binaries.path("helm"))
+        cmd = [
+            helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS,
+            "--create-namespace", "--set", watch, "--set", "operator.readinessCheckSeconds=2",
+        ]  # fmt: skip
+        say("$ helm upgrade --install payloadrun charts/payloadrun -n payloadrun-system ...")
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"helm install failed: {result.stderr}")
         say(result.stdout.split("NOTES:")[0].strip())
-        say("(no kubelet runs here, so the chart's Deployment starts no pod: the operator runs")
-        say(" below as a local process, with the chart's ServiceAccount token and environment)")
+        say("(no node here, so the chart's Deployment starts no pod: the operator runs as a")
+        say(" local process, with the chart's ServiceAccount token and environment)")
+        self.local_operator()
 
-    def operator(self) -> None:
+    def local_operator(self) -> None:
         from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
 
         assert self.cluster is not None
-        section("3. The operator, with the chart's identity")
         sa = self.cluster.service_account_kubeconfig(
             SYSTEM_NS, f"{RELEASE}", self.tmp / "operator.kubeconfig"
         )
@@ -201,13 +226,51 @@ class Demo:
             ).rstrip()
         )
 
+    # --- a run with real pods -------------------------------------------------------------------
+
+    def pods(self) -> None:
+        section("4. A run whose pods run: vLLM (fake) + writer, orchestrator + retention, trainer")
+        say(f"$ kubectl apply -f {LOCAL_RUN.relative_to(REPO)}")
+        say(self.kubectl("apply", "-n", DEMO_NS, "-f", str(LOCAL_RUN)).strip())
+        self.kubectl(
+            "wait", "--for=condition=Ready", "pod", "-n", DEMO_NS, "--timeout=300s",
+            "-l", "payloadrun.dev/run=local-by-handle",
+        )  # fmt: skip
+        status = self.wait_reconciled("local-by-handle")
+        say(self.kubectl("get", "pods", "-n", DEMO_NS, "-l", "payloadrun.dev/run=local-by-handle",
+                         "-o", "wide").rstrip())  # fmt: skip
+        say(f"  mode {status['payloadMode']}, root {status['payloadRoot']}")
+
+        def pod(component: str) -> str:
+            return self.kubectl(
+                "get", "pods", "-n", DEMO_NS, "-o", "jsonpath={.items[0].metadata.name}",
+                "-l", f"payloadrun.dev/run=local-by-handle,app.kubernetes.io/component={component}",
+            )  # fmt: skip
+
+        def in_pod(component: str, script: str, *args: str) -> str:
+            return self.kubectl(
+                "exec", "-n", DEMO_NS, pod(component), "-c", component, "--",
+                "python", "-c", script, *args,
+            ).strip()  # fmt: skip
+
+        say("orchestrator pod: one rollout by handle through the inference Service (the writer)")
+        files = in_pod("orchestrator", ROLLOUT)
+        say(f"  -> {files}")
+        say("trainer pod, read-only mount: the rows, read through payloadrun.PayloadReader")
+        say("  -> " + in_pod("trainer", READ, files))
+        say("orchestrator pod: record_batch(1) and policy_updated(1) to the retention sidecar")
+        in_pod("orchestrator", CONSUME, files)
+        time.sleep(2)
+        say("trainer pod: do the files still exist?")
+        say("  -> " + in_pod("trainer", EXISTS, files))
+
     # --- the data path -------------------------------------------------------------------------
 
     def data_path(self) -> None:
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
         from payloadrun.testing import processes
 
-        section("5. The data path: writer and retention sidecars, the simulator as orchestrator")
+        section("5. The data path at scale: the sidecars as processes, the simulator as the loop")
         root = self.tmp / "payloads"
         root.mkdir()
         # Qwen3-30B-A3B's routing shape: 48 MoE layers, top-8 of 128 experts, 384 B per token
@@ -306,6 +369,60 @@ class Demo:
             signal.pause()
 
 
+LOCAL_RUN = EXAMPLES / "local-node-by-handle.yaml"
+ROLLOUT = """
+import json, os, urllib.request
+from payloadrun import files_of, segments_from_json
+body = {"model": "policy", "token_ids": list(range(100, 612)),
+        "sampling_params": {"max_tokens": 128, "temperature": 1.0,
+                            "extra_args": {"payload_dir": os.environ["PAYLOAD_ROOT"] + "/v0"}}}
+url = os.environ["PAYLOADRUN_INFERENCE_URL"] + "/inference/v1/generate"
+req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=60) as resp:
+    answer = resp.read()
+segments = json.loads(answer)["choices"][0]["payload"]
+print(json.dumps({"response_bytes": len(answer), "segments": segments}))
+"""
+READ = """
+import json, os, sys
+from payloadrun import PayloadReader, segments_from_json
+segments = segments_from_json(json.loads(sys.argv[1])["segments"])
+with PayloadReader(os.environ["PAYLOAD_ROOT"]) as reader:
+    for field in sorted({s.field for s in segments}):
+        mine = [s for s in segments if s.field == field]
+        rows = reader.read(mine, field, min(s.pos for s in mine), max(s.end for s in mine))
+        print(f"{field}: {rows.shape} {rows.dtype}", end="; ")
+"""
+CONSUME = """
+import json, sys
+from payloadrun import files_of, segments_from_json
+from payloadrun.retention.client import RetentionClient
+files = files_of(segments_from_json(json.loads(sys.argv[1])["segments"]))
+client = RetentionClient()
+client.record_batch(1, files)
+client.policy_updated(1)
+"""
+EXISTS = """
+import json, os, sys
+from payloadrun import files_of, segments_from_json
+files = files_of(segments_from_json(json.loads(sys.argv[1])["segments"]))
+print({f: os.path.exists(f) for f in files})
+"""
+
+
+def build_images() -> dict[str, Path]:
+    """``hack/images.sh``: the project's images from its Dockerfiles, cached by content."""
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "images.sh")], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError("hack/images.sh failed (its output is above)")
+    return {
+        name: Path(path)
+        for name, path in (line.split(maxsplit=1) for line in result.stdout.splitlines() if line)
+    }
+
+
 def _metric(url: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples matching ``labels``, from a /metrics page."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -329,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="at the end, keep the control plane, operator and sidecars up (and print how to "
+        help="at the end, keep the cluster, operator, pods and sidecars up (and print how to "
         "reach them) until Ctrl-C",
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps to simulate")
@@ -356,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_cluster:
                 demo.control_plane()
                 demo.chart()
-                demo.operator()
                 demo.runs()
+                if demo.with_node:
+                    demo.pods()
             demo.data_path()
             if args.keep:
                 demo.keep_running()

@@ -40,7 +40,7 @@ up() {
   docker exec "$cluster-control-plane" sh -c 'mkdir -p /var/payloadrun && chmod 0777 /var/payloadrun'
   bash "$repo/hack/kind/volume.sh"
   log "installing the chart"
-  bash "$repo/hack/e2e-install.sh" "$tag"
+  bash "$repo/hack/install-chart.sh" "$tag"
   log "ready; export KUBECONFIG=$kubeconfig"
 }
 

@@ -94,12 +94,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_load_image(args: argparse.Namespace) -> int:
-    state_dir: Path = args.state_dir
+def _running(state_dir: Path) -> LocalCluster | None:
+    """The cluster recorded in ``state_dir``, or None (said on stderr) when there is none."""
     if not (state_dir / STATE_FILE).exists():
-        _say(f"no cluster running in {state_dir}; start one with: up --node")
+        _say(f"no cluster running in {state_dir} (no {STATE_FILE})")
+        return None
+    return LocalCluster.attach(state_dir)
+
+
+def cmd_load_image(args: argparse.Namespace) -> int:
+    cluster = _running(args.state_dir)
+    if cluster is None:
         return 1
-    cluster = LocalCluster.attach(state_dir)
     for tarball in args.tarballs:
         if not tarball.is_file():
             _say(
@@ -112,13 +118,11 @@ def cmd_load_image(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    state_dir: Path = args.state_dir
-    if not (state_dir / STATE_FILE).exists():
-        _say(f"no cluster running (no {state_dir / STATE_FILE})")
+    cluster = _running(args.state_dir)
+    if cluster is None:
         return 0
-    cluster = LocalCluster.attach(state_dir)
     cluster.stop()
-    _say(f"stopped; logs kept in {state_dir}")
+    _say(f"stopped; logs kept in {args.state_dir}")
     return 0
 
 

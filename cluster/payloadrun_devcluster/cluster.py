@@ -31,7 +31,13 @@ from pathlib import Path
 from . import node as node_module
 from .binaries import CONTROL_PLANE_NAMES, NODE_NAMES, Binaries, find_binaries
 from .certs import ClusterPKI, generate_pki
-from .node import KUBERNETES_SERVICE_IP, NODE_COMPONENTS, NODE_IP, SERVICE_SUBNET, LocalNode
+from .node import (
+    KUBERNETES_SERVICE_IP,
+    NODE_COMPONENTS,
+    NODE_IP,
+    SERVICE_SUBNET,
+    LocalNode,
+)
 from .processes import ManagedProcess
 
 # In 198.18.0.0/15 (RFC 2544, benchmarking), which no real network routes: no collision.
@@ -42,15 +48,6 @@ CLUSTER_NAME = "payloadrun-dev"
 ADMIN_USER = "payloadrun-admin"
 STATE_FILE = "state.json"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
-NODE_PORT_NAMES = (
-    "kubelet",
-    "kubelet-healthz",
-    "proxy-healthz",
-    "proxy-metrics",
-    "scheduler",
-    "dns-health",
-    "dns-ready",
-)
 
 
 class ClusterError(RuntimeError):
@@ -309,7 +306,7 @@ class LocalCluster:
         state = self._require_state_dir()
         names = ("etcd", "etcd-peer", "apiserver", "controller-manager")
         if self.with_node:
-            names += NODE_PORT_NAMES
+            names += node_module.PORT_NAMES
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         etcd_data = state / "etcd"
         if etcd_data.exists():
@@ -342,7 +339,7 @@ class LocalCluster:
                 server=self.server,
                 pki=self._pki_or_raise(),
                 node_pki=self._node_pki,
-                ports=[self.ports[name] for name in NODE_PORT_NAMES],
+                ports=self.ports,
                 spawn=self._spawn,
                 wait=lambda what, check, timeout: self._wait(what, check, timeout=timeout),
                 api=self.request,
@@ -424,7 +421,7 @@ class LocalCluster:
         self.host = data.get("host", self.host)
         if self.with_node:
             self._node = LocalNode(self.node_dir, self.binaries, die_with_parent=False)
-            self._node.ports = {name: self.ports[name] for name in NODE_PORT_NAMES}
+            self._node.ports = {name: self.ports[name] for name in node_module.PORT_NAMES}
         return True
 
     def _write_state(self) -> None:

@@ -65,6 +65,16 @@ HOST_COMMANDS = (
     "iptables",
     "conntrack",
 )
+PORT_NAMES = (
+    "kubelet",
+    "kubelet-healthz",
+    "proxy-healthz",
+    "proxy-metrics",
+    "scheduler",
+    "dns-health",
+    "dns-ready",
+)
+"""The node's ports, picked free at start with the control plane's (see ``state.json``)."""
 NODE_COMPONENTS = (
     "containerd",
     "kubelet",
@@ -548,22 +558,13 @@ class LocalNode:
         server: str,
         pki: ClusterPKI,
         node_pki: NodePKI,
-        ports: list[int],
+        ports: dict[str, int],
         spawn: Callable[[str, list[str]], ManagedProcess],
         wait: Callable[[str, Callable[[], bool], float], None],
         api: Callable[[str, str, dict | None], tuple[int, dict]],
     ) -> None:
         node = self.node_dir
-        names = (
-            "kubelet",
-            "kubelet-healthz",
-            "proxy-healthz",
-            "proxy-metrics",
-            "scheduler",
-            "dns-health",
-            "dns-ready",
-        )
-        self.ports = dict(zip(names, ports, strict=True))
+        self.ports = {name: ports[name] for name in PORT_NAMES}
         configs = node / "config"
         configs.mkdir(parents=True, exist_ok=True)
 

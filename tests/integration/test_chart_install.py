@@ -1,9 +1,11 @@
 """`helm install` into the local control plane, then the operator with the chart's own identity.
 
-No kubelet runs here, so the chart's Deployment never starts a pod: the operator runs as a local
-process instead, authenticated with a token of the chart's ServiceAccount and configured with the
-environment the chart gives its container. That proves the RBAC is sufficient (a run reconciles)
-and not broader than needed (Secrets and other namespaces are denied).
+The chart's image is not built for this release (its Deployment's pod cannot pull it): the
+operator runs as a local process instead, authenticated with a token of the chart's
+ServiceAccount and configured with the environment the chart gives its container, which lets the
+test call the API with that identity directly. That proves the RBAC is sufficient (a run
+reconciles) and not broader than needed (Secrets and other namespaces are denied). The operator
+as the chart's real pod is in ``test_e2e.py``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: these
+# tests run before the session's cluster starts its node (one node per machine).
+pytestmark = [pytest.mark.integration, pytest.mark.node_lifecycle]
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "cluster" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -91,6 +93,9 @@ def test_doc_block_runs(where, block, kube_binaries):
     if "make demo" in script:
         assert "nothing left running" in stdout
         assert "Inline (Disaggregated)" in stdout and "ByHandle" in stdout
+        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):  # CI: a node runs, so real pods
+            assert "A run whose pods run" in stdout, stdout[-3000:]
+            assert "{'/payloads/" in stdout and ": False}" in stdout  # deleted on consume
 
 
 @pytest.mark.parametrize("generator", ["hack/crd_reference.py", "hack/dashboards.py"])

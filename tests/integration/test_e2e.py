@@ -2,7 +2,7 @@
 
 - ``local`` (``make test``): the local cluster with its node (containerd, kubelet, kube-proxy,
   CoreDNS; ``tests/integration/conftest.py``), the project's images built from its Dockerfiles by
-  ``hack/images.sh`` and imported into the node, the chart installed by ``hack/e2e-install.sh``
+  ``hack/images.sh`` and imported into the node, the chart installed by ``hack/install-chart.sh``
   with the operator as a pod, and ReadWriteMany claims served by the node's provisioner.
 - ``kind`` (where Docker runs; ``bash hack/kind-e2e.sh test`` sets it up): the same install on a
   kind cluster, with the static hostPath volume of ``hack/kind/volume.sh``.
@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ class Backend:
     kubeconfig: str
     env: dict[str, str]  # PATH with kubectl and helm, KUBECONFIG
     image: str = "payloadrun:e2e"
-    shared: dict[str, Any] = field(default_factory=dict)  # what one test hands the next
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -170,25 +169,30 @@ def _kind_backend() -> Backend:
 
 
 @pytest.fixture(scope="module", params=["local", "kind"])
-def e2e(request):
+def e2e(request, tmp_path_factory):
     backend = _local_backend(request) if request.param == "local" else _kind_backend()
-    env = {**backend.env, "KUBECONFIG": backend.kubeconfig, "HOME": str(REPO / ".e2e-home")}
-    if backend.name == "local":  # hack/kind-e2e.sh installs it on kind
-        install = subprocess.run(
-            ["bash", str(REPO / "hack" / "e2e-install.sh")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=400,
-            check=False,
+    if backend.name == "kind":  # hack/kind-e2e.sh has installed the chart
+        backend.kubectl("create", "namespace", NAMESPACE, check=False)
+        yield backend
+        backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        return
+    env = {**backend.env, "HOME": str(tmp_path_factory.mktemp("helm-home"))}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args, capture_output=True, text=True, env=env, timeout=400, check=False
         )
-        assert install.returncode == 0, install.stderr + backend.kubectl(
-            "describe", "pods", "-n", SYSTEM_NS, check=False
-        )
-    shutil.rmtree(REPO / ".e2e-home", ignore_errors=True)
+
+    install = run("bash", str(REPO / "hack" / "install-chart.sh"))
+    assert install.returncode == 0, install.stderr + backend.kubectl(
+        "describe", "pods", "-n", SYSTEM_NS, check=False
+    )
     backend.kubectl("create", "namespace", NAMESPACE, check=False)
     yield backend
-    backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    # The operator pod watches every namespace: it must not outlive this module, or it would
+    # reconcile the runs of the tests that come after it beside their own operator.
+    run("helm", "uninstall", "payloadrun", "--namespace", SYSTEM_NS, "--wait")
+    backend.kubectl("delete", "namespace", NAMESPACE, SYSTEM_NS, "--wait=false", check=False)
 
 
 # ---- the operator, as the chart installs it ---------------------------------------------------
