@@ -170,7 +170,7 @@ class Demo:
         self.reach.append(f"operator metrics: curl {op.metrics_url}")
 
     def runs(self) -> None:
-        section("4. PayloadRuns")
+        section("3. PayloadRuns")
         say("$ kubectl apply -f examples/multinode-by-handle.yaml")
         say(
             self.kubectl(
