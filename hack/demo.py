@@ -372,11 +372,11 @@ class Demo:
 LOCAL_RUN = EXAMPLES / "local-node-by-handle.yaml"
 ROLLOUT = """
 import json, os, urllib.request
-from payloadrun import files_of, segments_from_json
+from payloadrun.settings import Env
 body = {"model": "policy", "token_ids": list(range(100, 612)),
         "sampling_params": {"max_tokens": 128, "temperature": 1.0,
-                            "extra_args": {"payload_dir": os.environ["PAYLOAD_ROOT"] + "/v0"}}}
-url = os.environ["PAYLOADRUN_INFERENCE_URL"] + "/inference/v1/generate"
+                            "extra_args": {"payload_dir": os.environ[Env.PAYLOAD_ROOT] + "/v0"}}}
+url = os.environ[Env.INFERENCE_URL] + "/inference/v1/generate"
 req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
 with urllib.request.urlopen(req, timeout=60) as resp:
     answer = resp.read()
@@ -386,8 +386,9 @@ print(json.dumps({"response_bytes": len(answer), "segments": segments}))
 READ = """
 import json, os, sys
 from payloadrun import PayloadReader, segments_from_json
+from payloadrun.settings import Env
 segments = segments_from_json(json.loads(sys.argv[1])["segments"])
-with PayloadReader(os.environ["PAYLOAD_ROOT"]) as reader:
+with PayloadReader(os.environ[Env.PAYLOAD_ROOT]) as reader:
     for field in sorted({s.field for s in segments}):
         mine = [s for s in segments if s.field == field]
         rows = reader.read(mine, field, min(s.pos for s in mine), max(s.end for s in mine))
