@@ -222,3 +222,19 @@ def test_port_names_are_iana_service_names(spec_dict):
         if child["kind"] == "Service":
             for port in child["spec"]["ports"]:
                 assert len(port["name"]) <= 15
+
+
+def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
+    """The kubelet starts the main container after a native sidecar's startup probe passes: vLLM
+    takes no traffic before its writer serves, the orchestrator calls no absent retention API."""
+    children = by_kind(build_children(context(spec_dict)))
+    inference = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
+    orchestrator = children[("Deployment", "run1-orchestrator")]["spec"]["template"]["spec"]
+    for (sidecar,), port in (
+        (inference["initContainers"], 8001),
+        (orchestrator["initContainers"], 9402),
+    ):
+        probe = sidecar["startupProbe"]
+        # liveness, not readiness: the writer's /readyz waits for vLLM, which starts after it
+        assert probe["httpGet"] == {"path": "/healthz", "port": port}
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= 30
