@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Build the local Kubernetes control plane from the Go module proxy.
+# Build the local Kubernetes cluster (control plane and node) from the Go module proxy.
 #
 # Builds (only what is missing) at the versions pinned in cluster/versions.env:
-#   kube-apiserver, kube-controller-manager, kubectl  (k8s.io/kubernetes)
+#   kube-apiserver, kube-controller-manager, kubectl,
+#   kubelet, kube-scheduler, kube-proxy               (k8s.io/kubernetes, one go build)
 #   etcd                                             (go.etcd.io/etcd/server/v3)
 #   helm                                             (helm.sh/helm/v3)
+#   coredns                                          (github.com/coredns/coredns)
 # into a cache outside the repository, keyed by version:
-#   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,kube-controller-manager,kubectl}
+#   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,...,kube-proxy}
 #   .../bin/etcd-<v>/etcd
 #   .../bin/helm-<v>/helm
-#   .../bin/controlplane-k<v>-e<v>-h<v>/   symlinks to all of the above (printed on stdout at the end)
+#   .../bin/coredns-<v>/coredns
+#   .../bin/cluster-k<v>-e<v>-h<v>-c<v>/   symlinks to all of the above (printed on stdout at the end)
+# containerd and runc come from Debian's packages: cluster/node-packages.sh.
 # The Go module and build caches live under the same cache directory, so a bumped
 # component rebuilds from cached modules and packages.
 #
