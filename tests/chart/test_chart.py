@@ -166,3 +166,16 @@ def test_dashboards_are_generated_and_portable():
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
             for target in panel["targets"]:
                 assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_every_variable_the_chart_sets_is_a_setting_of_the_operator(helm):
+    """The chart writes the operator's variable names in YAML: a rename in the operator's
+    settings must fail here, not crash-loop (or silently ignore) the chart's pod."""
+    from payloadrun.settings import settings_of
+    from payloadrun_operator.settings import OperatorSettings
+
+    known = {s.env for s, _ in settings_of(OperatorSettings).values() if s.env}
+    (deploy,) = by_kind(render(helm))["Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    set_by_chart = {name for name in env_of(container) if name.startswith("PAYLOADRUN_")}
+    assert set_by_chart and set_by_chart <= known, set_by_chart - known
