@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import node as node_module
+from .api import api_request
 from .binaries import CONTROL_PLANE_NAMES, NODE_NAMES, Binaries, find_binaries
 from .certs import ClusterPKI, generate_pki
 from .node import (
@@ -649,25 +650,7 @@ class LocalCluster:
         self, method: str, path: str, body: dict | None = None, timeout: float = 10.0
     ) -> tuple[int, dict]:
         """An admin API call; returns (HTTP status, decoded JSON body or {})."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(
-                req, timeout=timeout, context=self._ssl_context()
-            ) as response:
-                raw = response.read()
-                status = response.status
-        except urllib.error.HTTPError as error:
-            raw = error.read()
-            status = error.code
-        try:
-            decoded = json.loads(raw) if raw else {}
-        except ValueError:
-            decoded = {"raw": raw.decode(errors="replace")}
-        return status, decoded if isinstance(decoded, dict) else {"items": decoded}
+        return api_request(self.server, self._ssl_context(), method, path, body, timeout)
 
     def _get_status(self, path: str) -> int:
         return self.request("GET", path, timeout=5)[0]

@@ -26,10 +26,9 @@ import signal
 import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from .api import api_request
 from .node import PROVISIONER_NAME, STORAGE_CLASS
 
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
@@ -109,16 +108,7 @@ class Api:
         self.context.load_cert_chain(user["client-certificate"], user["client-key"])
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server + path, data=data, method=method)
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=10, context=self.context) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"{}")
+        return api_request(self.server, self.context, method, path, body)
 
 
 def log(message: str) -> None:
