@@ -417,10 +417,12 @@ def test_operator_and_sidecar_metrics_are_scraped_by_prometheus(e2e, tmp_path):
                 return {}
             return {r["metric"].get("job", expr): float(r["value"][1]) for r in result}
 
-        up = wait_for(
-            "three targets up", lambda: (q := query("up")) and min(q.values()) == 1 and q, 60
-        )
-        assert set(up) == {"operator", "writer", "retention"}
+        def all_up() -> dict[str, float]:
+            # a target appears in `up` only once it has been scraped: wait for all three
+            up = query("up")
+            return up if set(up) == set(paths) and min(up.values()) == 1 else {}
+
+        wait_for("the operator, writer and retention targets up", all_up, 60)
         # what the earlier tests did, as Prometheus saw it
         expected = {
             "sum(payloadrun_writer_requests_total)": 4,  # 1 + 3 requests by handle
