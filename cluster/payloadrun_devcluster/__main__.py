@@ -33,6 +33,7 @@ from .binaries import (
 )
 from .certs import CertificateError
 from .cluster import STATE_FILE, ClusterError, LocalCluster
+from .images import ImageError
 from .node import NodeError
 
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (BinariesMissing, ClusterError, CertificateError, NodeError) as error:
+    except (BinariesMissing, ClusterError, CertificateError, NodeError, ImageError) as error:
         _say(f"error: {error}")
         return 1
     except KeyboardInterrupt:

@@ -64,6 +64,7 @@ HOST_COMMANDS = (
     "ip",
     "iptables",
     "conntrack",
+    "gcc",  # the sandbox image's static pause binary (images.py)
 )
 PORT_NAMES = (
     "kubelet",
@@ -262,7 +263,8 @@ def corefile(kubeconfig: Path, health_port: int, ready_port: int) -> str:
 """
 
 
-COREDNS_RBAC = [
+# CoreDNS reads Services and endpoints; the provisioner gets the bootstrap provisioner role.
+NODE_RBAC = [
     {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -574,7 +576,7 @@ class LocalNode:
             path.chmod(0o600)
             return path
 
-        for manifest in COREDNS_RBAC:
+        for manifest in NODE_RBAC:
             self._apply(api, manifest)
         self._apply(api, storage_class_manifest())
 
@@ -593,8 +595,8 @@ class LocalNode:
         kubelet_kubeconfig = kubeconfig(
             "kubelet", node_pki.kubelet_cert, node_pki.kubelet_key, f"system:node:{NODE_NAME}"
         )
-        kubelet_yaml = configs / "kubelet.json"
-        kubelet_yaml.write_text(
+        kubelet_config_file = configs / "kubelet.json"
+        kubelet_config_file.write_text(
             json.dumps(
                 kubelet_config(
                     node_dir=node,
@@ -611,7 +613,7 @@ class LocalNode:
             "kubelet",
             [
                 str(self.binaries.path("kubelet")),
-                f"--config={kubelet_yaml}",
+                f"--config={kubelet_config_file}",
                 f"--kubeconfig={kubelet_kubeconfig}",
                 f"--root-dir={node / 'kubelet'}",
                 f"--cert-dir={node / 'kubelet-certs'}",
