@@ -91,6 +91,15 @@ class Demo:
             time.sleep(0.3)
         raise TimeoutError(f"PayloadRun {name} was not reconciled within {timeout} s")
 
+    def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.get("payloadrun", name, "-n", DEMO_NS).get("status") or {}
+            if status.get("phase") == phase:
+                return status
+            time.sleep(1)
+        raise TimeoutError(f"PayloadRun {name} was not {phase} within {timeout} s")
+
     # --- the control plane ---------------------------------------------------------------------
 
     def control_plane(self) -> None:
@@ -129,7 +138,9 @@ class Demo:
         env = {**os.environ, **self.cluster.env(), "HOME": str(self.tmp)}
         if self.with_node:
             say("$ bash hack/images.sh   # the project's Dockerfiles, built here, cached")
-            for path in build_images().values():
+            from payloadrun.testing.images import build_images
+
+            for path in build_images(REPO).values():
                 self.cluster.load_image(path)
             say("$ bash hack/install-chart.sh e2e --set operator.watchNamespaces={payloadrun-demo}")
             result = subprocess.run(
@@ -232,11 +243,9 @@ class Demo:
         section("4. A run whose pods run: vLLM (fake) + writer, orchestrator + retention, trainer")
         say(f"$ kubectl apply -f {LOCAL_RUN.relative_to(REPO)}")
         say(self.kubectl("apply", "-n", DEMO_NS, "-f", str(LOCAL_RUN)).strip())
-        self.kubectl(
-            "wait", "--for=condition=Ready", "pod", "-n", DEMO_NS, "--timeout=300s",
-            "-l", "payloadrun.dev/run=local-by-handle",
-        )  # fmt: skip
-        status = self.wait_reconciled("local-by-handle")
+        # Running is the operator's verdict that every workload of the run is ready (a pod
+        # selector alone could be waited on before the StatefulSets have made their pods)
+        status = self.wait_phase("local-by-handle", "Running", timeout=300)
         say(self.kubectl("get", "pods", "-n", DEMO_NS, "-l", "payloadrun.dev/run=local-by-handle",
                          "-o", "wide").rstrip())  # fmt: skip
         say(f"  mode {status['payloadMode']}, root {status['payloadRoot']}")
@@ -409,19 +418,6 @@ from payloadrun import files_of, segments_from_json
 files = files_of(segments_from_json(json.loads(sys.argv[1])["segments"]))
 print({f: os.path.exists(f) for f in files})
 """
-
-
-def build_images() -> dict[str, Path]:
-    """``hack/images.sh``: the project's images from its Dockerfiles, cached by content."""
-    result = subprocess.run(
-        ["bash", str(REPO / "hack" / "images.sh")], stdout=subprocess.PIPE, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError("hack/images.sh failed (its output is above)")
-    return {
-        name: Path(path)
-        for name, path in (line.split(maxsplit=1) for line in result.stdout.splitlines() if line)
-    }
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from payloadrun.codec import compact_routed_experts
+from payloadrun.testing.images import build_images
 from payloadrun.testing.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -127,21 +128,6 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any
     pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
-def build_images() -> dict[str, Path]:
-    """``hack/images.sh``: the project's images from its Dockerfiles, cached by content."""
-    result = subprocess.run(
-        ["bash", str(REPO / "hack" / "images.sh")],
-        stdout=subprocess.PIPE,
-        stderr=None,  # progress goes to pytest's captured stderr
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert result.returncode == 0, "hack/images.sh failed (its output is above)"
-    images = dict(line.split(maxsplit=1) for line in result.stdout.splitlines() if line.strip())
-    return {name: Path(path) for name, path in images.items()}
-
-
 def _local_backend(request: pytest.FixtureRequest) -> Backend:
     from payloadrun_devcluster import node_unsupported_reason
 
@@ -149,7 +135,7 @@ def _local_backend(request: pytest.FixtureRequest) -> Backend:
     if not cluster.with_node:
         # under PAYLOADRUN_REQUIRE_CLUSTER the kube_cluster fixture has failed already
         pytest.skip(f"local end-to-end: {node_unsupported_reason(cluster.binaries)}")
-    for path in build_images().values():
+    for path in build_images(REPO).values():
         cluster.load_image(path)
     return Backend("local", str(cluster.kubeconfig), {**os.environ, **cluster.env()})
 
@@ -233,25 +219,23 @@ def test_run_reconciles_with_its_sidecars(e2e):
 
 
 def test_pods_and_sidecars_become_ready(e2e):
-    for component in ("inference", "orchestrator", "trainer"):
-        e2e.kubectl(
-            "wait",
-            "--for=condition=Ready",
-            "pod",
-            "-l",
-            f"payloadrun.dev/run={RUN},app.kubernetes.io/component={component}",
-            "-n",
-            NAMESPACE,
-            "--timeout=300s",
-        )
-
     def run_ready():
         status = e2e.get("payloadrun", RUN, "-n", NAMESPACE)["status"]
         return status["phase"] == "Running" and status
 
-    status = wait_for("phase Running", run_ready, 120)
+    # the operator's verdict first: a pod selector waited on too early matches no pod yet
+    status = wait_for("phase Running", run_ready, 300)
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Validated": "True", "VolumeReady": "True", "Ready": "True"}
+    for component in ("inference", "orchestrator", "trainer"):
+        pods = e2e.get(
+            "pods", "-n", NAMESPACE,
+            "-l", f"payloadrun.dev/run={RUN},app.kubernetes.io/component={component}",
+        )["items"]  # fmt: skip
+        assert pods, component
+        for pod in pods:
+            ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
+            assert ready == "True", (component, pod["metadata"]["name"], pod["status"])
 
 
 def _started_at(pod: dict[str, Any], container: str) -> str:

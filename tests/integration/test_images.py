@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from payloadrun.testing.images import build_images
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,18 +49,10 @@ def _need_containerd() -> None:
 @pytest.mark.timeout(1800)  # the first run on a machine builds the images
 def test_image_tarballs_import_into_containerd() -> None:
     _need_containerd()
-    built = subprocess.run(
-        ["bash", str(REPO / "hack" / "images.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1700,
-        check=False,
-    )
-    assert built.returncode == 0, f"hack/images.sh failed:\n{built.stderr[-4000:]}"
-    images = dict(line.split(" ", 1) for line in built.stdout.splitlines() if line.strip())
-    assert set(images) == EXPECTED, built.stdout
+    images = build_images(REPO, timeout=1700)
+    assert set(images) == EXPECTED, images
     for tarball in images.values():
-        assert Path(tarball).is_file(), tarball
+        assert tarball.is_file(), tarball
 
     # a short path: the socket's must fit in sun_path (108 bytes)
     tmp = Path(tempfile.mkdtemp(prefix="payloadrun-ctr-", dir="/tmp"))

@@ -10,6 +10,8 @@ retention sidecar).
   run it in the sidecar image as the inference container).
 - :mod:`~payloadrun.testing.processes`: ``payloadrun`` commands as child processes on loopback
   (the fake vLLM, the writer, the retention sidecar), ``free_port`` and ``wait_http``.
+- :mod:`~payloadrun.testing.images`: the project's container images (``hack/images.sh``) for the
+  end-to-end tests and the demo.
 
 The operator's counterpart, ``payloadrun_operator.testing.LocalOperator``, runs the operator as a
 local process against a cluster.

@@ -1,0 +1,28 @@
+"""The project's container images for the end-to-end tests and the demo: ``hack/images.sh``.
+
+The script builds them from the project's Dockerfiles (no Docker, no registry), caches them by
+content, and prints one ``<image> <docker-archive tarball>`` line per image.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def build_images(repo: Path, timeout: float = 1800) -> dict[str, Path]:
+    """Image name -> tarball, built (or found cached) by ``<repo>/hack/images.sh``.
+
+    The script's progress goes to this process's stderr; a failure raises with its exit code.
+    """
+    result = subprocess.run(
+        ["bash", str(repo / "hack" / "images.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"hack/images.sh failed with exit code {result.returncode} (see above)")
+    lines = (line.split(maxsplit=1) for line in result.stdout.splitlines() if line.strip())
+    return {name: Path(path) for name, path in lines}
