@@ -56,6 +56,13 @@ def section(title: str) -> None:
     say(f"== {title} " + "=" * max(0, 72 - len(title)))
 
 
+def say_mode(status: dict[str, Any]) -> None:
+    say(
+        f"  mode {status['payloadMode']} ({status['payloadModeReason']}): "
+        f"{status['payloadModeMessage']}"
+    )
+
+
 def mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -90,6 +97,14 @@ class Demo:
                 return status
             time.sleep(0.3)
         raise TimeoutError(f"PayloadRun {name} was not reconciled within {timeout} s")
+
+    def apply_example(self, name: str, check: bool = True) -> str:
+        """``kubectl apply -f examples/<name>``, shown with its answer (unless it is refused)."""
+        say(f"$ kubectl apply -f examples/{name}")
+        out = self.kubectl("apply", "-n", DEMO_NS, "-f", str(EXAMPLES / name), check=check)
+        if check:
+            say(out.strip())
+        return out
 
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -182,41 +197,16 @@ class Demo:
 
     def runs(self) -> None:
         section("3. PayloadRuns")
-        say("$ kubectl apply -f examples/multinode-by-handle.yaml")
-        say(
-            self.kubectl(
-                "apply", "-n", DEMO_NS, "-f", str(EXAMPLES / "multinode-by-handle.yaml")
-            ).strip()
-        )
+        self.apply_example("multinode-by-handle.yaml")
         status = self.wait_reconciled("qwen3-moe-grpo")
-        say(
-            f"  mode {status['payloadMode']} ({status['payloadModeReason']}): "
-            f"{status['payloadModeMessage']}"
-        )
+        say_mode(status)
         say(f"  claim {status['claimName']}, payload root {status['payloadRoot']}")
         say()
-        say("$ kubectl apply -f examples/disaggregated-root-rejected.yaml")
-        rejected = self.kubectl(
-            "apply",
-            "-n",
-            DEMO_NS,
-            "-f",
-            str(EXAMPLES / "disaggregated-root-rejected.yaml"),
-            check=False,
-        )
+        rejected = self.apply_example("disaggregated-root-rejected.yaml", check=False)
         say("  " + rejected.strip().replace("\n", "\n  "))
         say()
-        say("$ kubectl apply -f examples/disaggregated-inline.yaml")
-        say(
-            self.kubectl(
-                "apply", "-n", DEMO_NS, "-f", str(EXAMPLES / "disaggregated-inline.yaml")
-            ).strip()
-        )
-        status = self.wait_reconciled("pd-disaggregated")
-        say(
-            f"  mode {status['payloadMode']} ({status['payloadModeReason']}): "
-            f"{status['payloadModeMessage']}"
-        )
+        self.apply_example("disaggregated-inline.yaml")
+        say_mode(self.wait_reconciled("pd-disaggregated"))
         time.sleep(2.5)  # one readiness check, so the table shows the conditions' verdicts
         say()
         say("$ kubectl get payloadruns -o wide")
@@ -241,8 +231,7 @@ class Demo:
 
     def pods(self) -> None:
         section("4. A run whose pods run: vLLM (fake) + writer, orchestrator + retention, trainer")
-        say(f"$ kubectl apply -f {LOCAL_RUN.relative_to(REPO)}")
-        say(self.kubectl("apply", "-n", DEMO_NS, "-f", str(LOCAL_RUN)).strip())
+        self.apply_example(LOCAL_RUN)
         # Running is the operator's verdict that every workload of the run is ready (a pod
         # selector alone could be waited on before the StatefulSets have made their pods)
         status = self.wait_phase("local-by-handle", "Running", timeout=300)
@@ -378,7 +367,7 @@ class Demo:
             signal.pause()
 
 
-LOCAL_RUN = EXAMPLES / "local-node-by-handle.yaml"
+LOCAL_RUN = "local-node-by-handle.yaml"  # in examples/
 ROLLOUT = """
 import json, os, urllib.request
 from payloadrun.settings import Env
