@@ -253,7 +253,7 @@ def writer_dashboard() -> dict:
             [
                 (
                     "sum by (run) "
-                    f"(rate({w}inline_bytes_avoided_total{{{RUN}}}[$__rate_interval]))",
+                    f"(rate({w}response_reduction_bytes_total{{{RUN}}}[$__rate_interval]))",
                     "{{run}}",
                 ),
                 (
@@ -266,11 +266,11 @@ def writer_dashboard() -> dict:
             "against the bytes actually sent.",
         ),
         panel(
-            "Requests per second, by mode and status",
+            "Requests per second, by mode and HTTP code",
             [
                 (
-                    f"sum by (mode, status) (rate({w}requests_total{{{RUN}}}[$__rate_interval]))",
-                    "{{mode}} {{status}}",
+                    f"sum by (mode, code) (rate({w}requests_total{{{RUN}}}[$__rate_interval]))",
+                    "{{mode}} {{code}}",
                 )
             ],
             "reqps",

@@ -45,6 +45,7 @@ EXAMPLES = REPO / "examples"
 SYSTEM_NS = "payloadrun-system"
 DEMO_NS = "payloadrun-demo"
 RELEASE = "payloadrun"
+REDUCTION_METRIC = "payloadrun_writer_response_reduction_bytes_total"
 
 
 def say(text: str = "") -> None:
@@ -307,7 +308,7 @@ class Demo:
         tty = sys.stdout.isatty()
 
         def progress(r) -> None:
-            avoided = _metric(writer_metrics_url, "payloadrun_writer_inline_bytes_avoided_total")
+            avoided = _metric(writer_metrics_url, REDUCTION_METRIC)
             deleted = _metric(retention.metrics_url, "payloadrun_retention_deleted_files_total")
             line = (
                 f"step {r.step:>3}/{w.steps}  dir {mb(r.high_bytes):>9} {r.high_files:>5} files "
@@ -328,7 +329,7 @@ class Demo:
         handle_sent = _metric(
             writer_metrics_url, "payloadrun_writer_response_bytes_total", mode="handle"
         )
-        avoided = _metric(writer_metrics_url, "payloadrun_writer_inline_bytes_avoided_total")
+        avoided = _metric(writer_metrics_url, REDUCTION_METRIC)
         say("the same rollouts under the version-sweep baseline (rmtree of old v<k> only):")
         sweep = run_policy(w, VERSION_SWEEP, root, **kw)
         self._summary(consume, sweep, handle_sent, avoided)

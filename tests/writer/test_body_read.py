@@ -61,9 +61,8 @@ def test_by_handle_answer_is_the_same_either_way(read_path, writer, fake, root):
         back = reader.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
     inline = decode_npy_base64(direct.json()["choices"][0]["routed_experts"])
     assert back.tobytes() == inline.tobytes()
-    assert metric(writer, "payloadrun_writer_inline_bytes_avoided_total") == len(direct.body) - len(
-        via.body
-    )
+    reduction = metric(writer, "payloadrun_writer_response_reduction_bytes_total")
+    assert reduction == len(direct.body) - len(via.body)
     assert read_path in ([], [len(direct.body)]), "the buffer is sized by the Content-Length"
 
 

@@ -82,14 +82,14 @@ def test_writer_from_environment_serves_and_exports_metrics(tmp_path):
         assert len(list((tmp_path / "v0").iterdir())) == 1
         text = http("GET", f"http://127.0.0.1:{metrics_port}/metrics").body.decode()
         for line in (
-            'payloadrun_writer_requests_total{mode="handle",status="200"} 1.0',
+            'payloadrun_writer_requests_total{code="200",mode="handle"} 1.0',
             'payloadrun_writer_fallbacks_total{reason="no_space"} 0.0',
             "payloadrun_writer_payload_write_seconds_count 1.0",
             # (4 prompt + 4 completion - 1) rows of 4 layers x top-2 uint8 ids
             'payloadrun_writer_payload_written_bytes_total{field="routed_experts"} 56.0',
         ):
             assert line in text
-        assert "payloadrun_writer_inline_bytes_avoided_total" in text
+        assert "payloadrun_writer_response_reduction_bytes_total" in text
         assert 'payloadrun_writer_response_bytes_total{mode="handle"}' in text
         # vLLM's own /metrics path on the proxy port still reaches vLLM.
         assert http("GET", url + "/metrics").status == 404

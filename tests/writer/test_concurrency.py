@@ -48,7 +48,7 @@ def test_64_concurrent_requests_all_by_handle_no_file_half_written(writer, fake,
     replies = asyncio.run(_post_all(writer.url + GEN, bodies, headers))
     directs = asyncio.run(_post_all(fake.url + GEN, bodies, headers))
 
-    assert metric(writer, "payloadrun_writer_requests_total", mode="handle", status="200") == 64
+    assert metric(writer, "payloadrun_writer_requests_total", mode="handle", code="200") == 64
     files = []
     with PayloadReader(root) as reader:
         for reply, direct in zip(replies, directs, strict=True):
@@ -99,7 +99,7 @@ def test_a_60_mb_response_does_not_stall_the_event_loop(big_fake, root, start_wr
     stop, latencies = threading.Event(), []
     poller = threading.Thread(target=_poll_healthz, args=(writer.port, stop, latencies))
     started = time.perf_counter()
-    before = metric(writer, "payloadrun_writer_inline_bytes_avoided_total")
+    before = metric(writer, "payloadrun_writer_response_reduction_bytes_total")
     poller.start()
     try:
         reply = http("POST", writer.url + GEN, body, timeout=60)
@@ -108,7 +108,7 @@ def test_a_60_mb_response_does_not_stall_the_event_loop(big_fake, root, start_wr
         poller.join()
     took = time.perf_counter() - started
     assert reply.status == 200 and reply.headers["x-payloadrun-mode"] == "handle"
-    avoided = metric(writer, "payloadrun_writer_inline_bytes_avoided_total") - before
+    avoided = metric(writer, "payloadrun_writer_response_reduction_bytes_total") - before
     assert avoided > 60e6
     assert len(latencies) > 10
     worst = max(latencies)

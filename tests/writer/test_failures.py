@@ -31,7 +31,7 @@ def _assert_inline_fallback(writer, fake, body, reason):
     assert via.headers["x-payloadrun-mode"] == "inline"
     assert via.headers["x-payloadrun-fallback"] == reason
     assert metric(writer, "payloadrun_writer_fallbacks_total", reason=reason) == 1
-    assert metric(writer, "payloadrun_writer_requests_total", mode="inline", status="200") == 1
+    assert metric(writer, "payloadrun_writer_requests_total", mode="inline", code="200") == 1
     assert (
         metric(writer, "payloadrun_writer_payload_written_bytes_total", field="routed_experts") == 0
     )

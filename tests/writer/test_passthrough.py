@@ -40,7 +40,7 @@ def test_requests_without_payload_dir_pass_through_byte_for_byte(
     assert via.headers["content-type"] == direct.headers["content-type"]
     assert "x-payloadrun-mode" not in via.headers
     assert files_under(root) == []
-    assert metric(writer, "payloadrun_writer_requests_total", mode="passthrough", status="200") == 1
+    assert metric(writer, "payloadrun_writer_requests_total", mode="passthrough", code="200") == 1
     assert metric(writer, "payloadrun_writer_response_bytes_total", mode="passthrough") == len(
         via.body
     )
@@ -110,7 +110,7 @@ def test_vllm_errors_come_back_as_vllm_sent_them(writer, fake, root, status):
     assert via.json()["error"]["code"] == status
     assert files_under(root) == []
     assert (
-        metric(writer, "payloadrun_writer_requests_total", mode="passthrough", status=str(status))
+        metric(writer, "payloadrun_writer_requests_total", mode="passthrough", code=str(status))
         == 1
     )
 

@@ -62,7 +62,7 @@ def test_generate_refuses(writer, fake, root, tmp_path, attacks, name):
     assert repr(value) in error["message"]
     assert fake_posts(fake) == 0, "nothing may reach vLLM"
     assert _all_files(tmp_path) == []
-    assert metric(writer, "payloadrun_writer_requests_total", mode="rejected", status="400") == 1
+    assert metric(writer, "payloadrun_writer_requests_total", mode="rejected", code="400") == 1
 
 
 @pytest.mark.parametrize("value", [42, ["v1"], {"dir": "v1"}, True])

@@ -17,7 +17,7 @@ def test_rollouts_by_handle_are_deleted_on_consume(writer, root: Path):
     assert summary.written_rollouts > 0
     assert summary.written_files == summary.written_rollouts  # one file per request
     # every payload file came from the writer: handle mode, and bytes it wrote
-    handled = metric(writer, "payloadrun_writer_requests_total", mode="handle", status="200")
+    handled = metric(writer, "payloadrun_writer_requests_total", mode="handle", code="200")
     assert handled == summary.written_rollouts
     written = sum(
         metric(writer, "payloadrun_writer_payload_written_bytes_total", field=field)

@@ -98,7 +98,7 @@ def test_generate_one_choice_uint8_with_masks_and_logprobs(writer, fake, root):
     assert decode_npy_base64(direct.json()["choices"][0]["routed_experts"]).dtype == np.uint8
     assert files_under(root) == [root / "v3" / os.path.basename(file)]
     assert len(via.body) < len(direct.body)
-    assert metric(writer, "payloadrun_writer_requests_total", mode="handle", status="200") == 1
+    assert metric(writer, "payloadrun_writer_requests_total", mode="handle", code="200") == 1
     written = metric(writer, "payloadrun_writer_payload_written_bytes_total", field="sampling_mask")
     assert written > 0
     assert (
@@ -106,9 +106,8 @@ def test_generate_one_choice_uint8_with_masks_and_logprobs(writer, fake, root):
         == (40 + 12 - 1) * 4 * 2
     )
     assert metric(writer, "payloadrun_writer_payload_write_seconds_count") == 1
-    assert metric(writer, "payloadrun_writer_inline_bytes_avoided_total") == len(direct.body) - len(
-        via.body
-    )
+    reduction = metric(writer, "payloadrun_writer_response_reduction_bytes_total")
+    assert reduction == len(direct.body) - len(via.body)
     assert metric(writer, "payloadrun_writer_response_bytes_total", mode="handle") == len(via.body)
 
 
@@ -184,4 +183,4 @@ def test_nothing_inline_goes_back_unchanged(writer, fake, root):
     assert via.body == direct.body
     assert via.headers["x-payloadrun-mode"] == "inline"
     assert files_under(root) == []
-    assert metric(writer, "payloadrun_writer_requests_total", mode="inline", status="200") == 1
+    assert metric(writer, "payloadrun_writer_requests_total", mode="inline", code="200") == 1

@@ -442,7 +442,7 @@ class Writer:
             if nbytes:
                 m.payload_bytes.labels(field=name).inc(nbytes)
         if result.mode is Mode.HANDLE:
-            m.inline_bytes_avoided.inc(max(0, len(raw) - len(result.body)))
+            m.response_reduction_bytes.inc(max(0, len(raw) - len(result.body)))
         response_headers[MODE_HEADER] = result.mode.value
         m.request(result.mode, 200)
         m.sent(result.mode, len(result.body))

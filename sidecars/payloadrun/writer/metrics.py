@@ -2,7 +2,7 @@
 
 Every metric lives in the registry the app is built with (one per app), so tests and benchmarks
 can run several writers in one process. Labels are bounded: ``mode`` is one of
-:class:`~payloadrun.writer.transform.Mode`, ``status`` an HTTP status code, ``field`` one of the
+:class:`~payloadrun.writer.transform.Mode`, ``code`` the HTTP status code, ``field`` one of the
 two payload fields, ``reason`` one of the fallback reasons, ``kind`` one of three upstream
 failures.
 """
@@ -29,7 +29,7 @@ class WriterMetrics:
             PREFIX + "requests",
             "Requests served, by mode (handle, inline, passthrough, rejected) and the HTTP "
             "status sent to the client.",
-            ["mode", "status"],
+            ["mode", "code"],
             registry=r,
         )
         self.payload_bytes = Counter(
@@ -50,8 +50,8 @@ class WriterMetrics:
             ["mode"],
             registry=r,
         )
-        self.inline_bytes_avoided = Counter(
-            PREFIX + "inline_bytes_avoided",
+        self.response_reduction_bytes = Counter(
+            PREFIX + "response_reduction_bytes",
             "Response body bytes not sent because the arrays went by handle "
             "(upstream body size minus the body sent).",
             registry=r,
@@ -79,7 +79,7 @@ class WriterMetrics:
             self.response_bytes.labels(mode=mode.value)
 
     def request(self, mode: Mode, status: int) -> None:
-        self.requests.labels(mode=mode.value, status=str(status)).inc()
+        self.requests.labels(mode=mode.value, code=str(status)).inc()
 
     def sent(self, mode: Mode, nbytes: int) -> None:
         if nbytes:
