@@ -4,7 +4,9 @@
 ``bash cluster/build.sh``, and a node beside them (containerd, kubelet, kube-scheduler,
 kube-proxy, CoreDNS) whenever this machine can run one (Linux, root, ``cluster/node-packages.sh``
 installed), so pods run. When something is missing the tests that need it are skipped, unless
-``PAYLOADRUN_REQUIRE_CLUSTER`` is set (CI sets it): then they fail.
+``PAYLOADRUN_REQUIRE_CLUSTER`` is set (CI sets it): then they fail. ``PAYLOADRUN_NO_NODE=1``
+leaves the node out (the tests that need pods skip), for a second test session on a machine
+whose one node is taken.
 
 ``namespace`` (function): a fresh namespace per test, deleted afterwards.
 ``kube_api_client`` (session): an admin ``kubernetes.client.ApiClient``.
@@ -65,6 +67,12 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(f"{reason} (set PAYLOADRUN_REQUIRE_CLUSTER=1 to make this a failure)")
 
 
+def no_node_reason(binaries: Binaries) -> str | None:
+    if os.environ.get("PAYLOADRUN_NO_NODE", "").strip() not in ("", "0"):
+        return "PAYLOADRUN_NO_NODE is set"
+    return node_unsupported_reason(binaries)
+
+
 def built_binaries() -> Binaries:
     try:
         return find_binaries(CONTROL_PLANE_NAMES)  # the node's are checked apart
@@ -77,7 +85,7 @@ def built_binaries() -> Binaries:
 def node_binaries() -> Binaries:
     """The binaries, when this machine can run a node (else skipped, or failed under CI)."""
     binaries = built_binaries()
-    reason = node_unsupported_reason(binaries)
+    reason = no_node_reason(binaries)
     if reason:
         skip_or_fail(f"no node can run here: {reason}")
     return binaries
@@ -91,7 +99,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
     basetemp for post-mortems.
     """
     binaries = built_binaries()
-    no_node = node_unsupported_reason(binaries)
+    no_node = no_node_reason(binaries)
     if no_node and cluster_required():
         pytest.fail(
             f"PAYLOADRUN_REQUIRE_CLUSTER is set and no node can run here: {no_node}", pytrace=False
