@@ -33,9 +33,34 @@ def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedP
     return result
 
 
-def render(helm: str, *sets: str, namespace: str = "payloadrun-system") -> list[dict]:
-    args = ["template", "rel", str(CHART), "--namespace", namespace]
+def render(
+    helm: str,
+    *sets: str,
+    namespace: str = "payloadrun-system",
+    values: Path | None = None,
+    release: str = "rel",
+) -> list[dict]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    if values is not None:
+        args += ["--values", str(values)]
     for s in sets:
         args += ["--set", s]
     docs = yaml.safe_load_all(run_helm(helm, *args).stdout)
     return [d for d in docs if d]
+
+
+def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def env_of(container: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def operator_container(docs: list[dict]) -> dict:
+    (deploy,) = by_kind(docs)["Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    return container

@@ -6,18 +6,7 @@ import pytest
 
 from payloadrun_operator.crd import CRD_FILE
 
-from .conftest import CHART, REPO, render, run_helm
-
-
-def by_kind(docs):
-    out = {}
-    for doc in docs:
-        out.setdefault(doc["kind"], []).append(doc)
-    return out
-
-
-def env_of(container):
-    return {e["name"]: e.get("value") for e in container.get("env", [])}
+from .conftest import CHART, REPO, by_kind, env_of, render, run_helm
 
 
 def test_lint(helm):
