@@ -32,13 +32,21 @@ def test_defaults(helm):
     (deploy,) = kinds["Deployment"]
     pod = deploy["spec"]["template"]["spec"]
     assert deploy["spec"]["replicas"] == 1
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # the restrictive defaults, exactly (podSecurityContext and securityContext in values.yaml)
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "priorityClassName" not in pod
     (container,) = pod["containers"]
-    security = container["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True
-    assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert "args" not in container
     assert container["image"] == "ghcr.io/payloadrun/payloadrun-operator:0.1.0"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["port"] == "health"

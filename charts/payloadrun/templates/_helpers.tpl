@@ -69,3 +69,51 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.sidecars.image.repository (default .Chart.AppVersion .Values.sidecars.image.tag) -}}
 {{- end -}}
 
+{{/* The operator's settings the chart sets from its values (docs/operator.md lists them all). */}}
+{{- define "payloadrun.operatorEnv" -}}
+- name: PAYLOADRUN_SIDECAR_IMAGE
+  value: {{ include "payloadrun.sidecarImage" . | quote }}
+- name: PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY
+  value: {{ .Values.sidecars.image.pullPolicy | quote }}
+- name: PAYLOADRUN_SIDECAR_UID
+  value: {{ .Values.sidecars.uid | quote }}
+- name: PAYLOADRUN_WRITER_RESOURCES
+  value: {{ .Values.sidecars.writer.resources | toJson | quote }}
+- name: PAYLOADRUN_RETENTION_RESOURCES
+  value: {{ .Values.sidecars.retention.resources | toJson | quote }}
+- name: PAYLOADRUN_NAMESPACES
+  value: {{ join "," .Values.operator.watchNamespaces | quote }}
+- name: PAYLOADRUN_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: PAYLOADRUN_HEALTH_PORT
+  value: {{ .Values.health.port | quote }}
+- name: PAYLOADRUN_READINESS_CHECK_SECONDS
+  value: {{ .Values.operator.readinessCheckSeconds | quote }}
+- name: PAYLOADRUN_WATCH_SERVER_TIMEOUT
+  value: {{ .Values.operator.watch.serverTimeout | quote }}
+- name: PAYLOADRUN_WATCH_CLIENT_TIMEOUT
+  value: {{ .Values.operator.watch.clientTimeout | quote }}
+- name: PAYLOADRUN_WATCH_INACTIVITY_TIMEOUT
+  value: {{ .Values.operator.watch.inactivityTimeout | quote }}
+{{- end -}}
+
+{{/*
+The chart's env, then extraEnv. A name set twice would be two entries under one key: Kubernetes
+keeps the last one and Helm's upgrade patch may drop either, so it is refused with the fix.
+*/}}
+{{- define "payloadrun.env" -}}
+{{- $chart := include "payloadrun.operatorEnv" . | fromYamlArray -}}
+{{- $seen := dict -}}
+{{- range $chart }}{{ $_ := set $seen .name "" }}{{ end -}}
+{{- range $i, $e := .Values.extraEnv -}}
+{{- if hasKey $seen $e.name -}}
+{{- with get $seen $e.name -}}
+{{- fail (printf "extraEnv[%d] sets %s, as %s does: keep one of them" $i $e.name .) -}}
+{{- else -}}
+{{- fail (printf "extraEnv[%d] sets %s, which the chart sets from its values: remove it from extraEnv and set the chart's value instead (docs/operator.md, Settings, lists the variables)" $i $e.name) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $seen $e.name (printf "extraEnv[%d]" $i) -}}
+{{- end -}}
+{{- concat $chart .Values.extraEnv | toYaml -}}
+{{- end -}}
