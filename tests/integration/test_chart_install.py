@@ -43,45 +43,41 @@ def create_namespace(cluster, name: str) -> None:
     assert status in (201, 409), body
 
 
-@pytest.fixture(scope="module")
-def installed(kube_cluster):
-    helm = str(kube_cluster.binaries.path("helm"))
-    for ns in ("team-a", "team-b"):
-        create_namespace(kube_cluster, ns)
-    env = kube_cluster.env()
-    install = subprocess.run(
-        [
-            helm,
-            "upgrade",
-            "--install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            SYSTEM_NS,
-            "--create-namespace",
-            "--set",
-            "operator.watchNamespaces={team-a}",
-            "--set",
-            "sidecars.image.repository=registry.local/payloadrun",
-            "--set",
-            "sidecars.image.tag=test",
-        ],
+def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(kube_cluster.binaries.path("helm")), *args],
         capture_output=True,
         text=True,
-        env={**env, "HOME": str(kube_cluster.state_dir)},
+        env={**kube_cluster.env(), "HOME": str(kube_cluster.state_dir)},
         check=False,
         timeout=180,
     )
+
+
+@pytest.fixture(scope="module")
+def installed(kube_cluster):
+    for ns in ("team-a", "team-b"):
+        create_namespace(kube_cluster, ns)
+    install = run_helm(
+        kube_cluster,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        "operator.watchNamespaces={team-a}",
+        "--set",
+        "sidecars.image.repository=registry.local/payloadrun",
+        "--set",
+        "sidecars.image.tag=test",
+    )
     assert install.returncode == 0, install.stderr
     assert "payloadrun 0.1.0 is installed" in install.stdout  # NOTES.txt
-    yield helm, env
-    subprocess.run(
-        [helm, "uninstall", RELEASE, "--namespace", SYSTEM_NS],
-        env={**env, "HOME": str(kube_cluster.state_dir)},
-        capture_output=True,
-        check=False,
-        timeout=120,
-    )
+    yield
+    run_helm(kube_cluster, "uninstall", RELEASE, "--namespace", SYSTEM_NS)
 
 
 def test_installed_objects(kube_cluster, installed):
@@ -155,3 +151,75 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
         events = kubectl_json(kube_cluster, "get", "events", "-n", "team-a")
         assert any(e["reason"] == "SpecValid" for e in events["items"])
         assert "Forbidden" not in op.log_tail(400) and "403" not in op.log_tail(400), op.log_tail()
+
+
+def test_install_with_renamed_objects_extra_env_and_no_fixed_uid(kube_cluster, tmp_path):
+    """The API server accepts what the new values render: a second release beside the first,
+    every object named by fullnameOverride, extraEnv (a value and a valueFrom), extraArgs, and
+    the OpenShift values (no fixed uid). Pods do not run here: the Deployment object is checked."""
+    release, namespace, fullname = "prun-ops", "payloadrun-ops", "ml-operator"
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "fullnameOverride": fullname,
+                "extraEnv": [
+                    {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"},
+                    {
+                        "name": "POD_NAME",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                    },
+                ],
+                "extraArgs": ["--host=0.0.0.0"],
+                "podSecurityContext": {"runAsUser": None, "runAsGroup": None},
+            }
+        )
+    )
+    install = run_helm(
+        kube_cluster,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--values",
+        str(values),
+    )
+    try:
+        assert install.returncode == 0, install.stderr
+        assert f"rollout status deploy/{fullname}" in install.stdout  # NOTES.txt
+        deploy = kubectl_json(kube_cluster, "get", "deployment", fullname, "-n", namespace)
+        pod = deploy["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["env"][-2:] == [
+            {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"},
+            {
+                "name": "POD_NAME",
+                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+            },
+        ]
+        assert operator_env_from_deployment(deploy)["HTTPS_PROXY"] == "http://proxy.internal:3128"
+        assert container["args"] == ["--host=0.0.0.0"]
+        assert "runAsUser" not in pod["securityContext"]
+        assert "runAsGroup" not in pod["securityContext"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["serviceAccountName"] == fullname
+        kubectl_json(kube_cluster, "get", "serviceaccount", fullname, "-n", namespace)
+        kubectl_json(kube_cluster, "get", "service", f"{fullname}-metrics", "-n", namespace)
+        role = kubectl_json(kube_cluster, "get", "clusterrole", fullname)
+        assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        binding = kubectl_json(kube_cluster, "get", "clusterrolebinding", fullname)
+        assert binding["roleRef"]["name"] == fullname
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": fullname, "namespace": namespace}
+        ]
+        dashboards = kubectl_json(
+            kube_cluster, "get", "configmap", "-n", namespace, "-l", "grafana_dashboard=1"
+        )
+        assert {cm["metadata"]["name"] for cm in dashboards["items"]} == {
+            f"{fullname}-payloadrun-{board}" for board in ("operator", "retention", "writer")
+        }
+    finally:
+        run_helm(kube_cluster, "uninstall", release, "--namespace", namespace)
