@@ -8,6 +8,7 @@ VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
 .PHONY: help venv lint format test unit demo bench bench-all cluster-binaries node prometheus images
+.PHONY: dashboard-schema
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -35,7 +36,10 @@ images: ## build the container images (cached by content)
 prometheus: ## make sure a Prometheus server is installed (Debian's), for the dashboard tests
 	@bash hack/prometheus.sh >/dev/null
 
-test: lint cluster-binaries node prometheus ## every test: lint, unit, integration, e2e with pods (CI)
+dashboard-schema: ## Grafana's dashboard schema and tsc, for the dashboards' schema test (npm, cached)
+	@bash hack/dashboard-schema.sh >/dev/null
+
+test: lint cluster-binaries node prometheus dashboard-schema ## every test: lint, unit, integration, e2e with pods (CI)
 	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
 
 unit: ## the tests that need no control plane

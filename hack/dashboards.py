@@ -4,9 +4,11 @@
     python hack/dashboards.py --check    # exit 1 when they differ from what this would write
 
 Dashboards as code: every panel's query is written once here, the JSON follows Grafana's current
-schema, the datasource is the ``${datasource}`` template variable (never a fixed uid), and each
-dashboard has a fixed uid so links survive re-provisioning. ``queries()`` lists every expression,
-which the Prometheus test evaluates against live sidecars.
+schema (``python hack/dashboard-schema/check_dashboards.py`` checks it against Grafana's published
+types, and a chart test runs that check), the datasource is the ``${datasource}`` template
+variable (never a fixed uid), and each dashboard has a fixed uid so links survive
+re-provisioning. ``queries()`` lists every expression, which the Prometheus test evaluates against
+live sidecars.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ OUT = Path(__file__).resolve().parents[1] / "charts" / "payloadrun" / "dashboard
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RUN = 'namespace=~"$namespace", run=~"$run"'
+# A multi-value variable's saved selection, "All" (Grafana's schema requires text and value).
+ALL = {"text": ["All"], "value": ["$__all"]}
 
 
 def panel(
@@ -42,7 +46,15 @@ def panel(
         "datasource": DS,
         "gridPos": {"w": width, "h": 8},
         "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+        "options": {
+            "legend": {
+                "displayMode": "list",
+                "placement": "bottom",
+                "showLegend": True,
+                "calcs": [],
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
         "targets": [
             {"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
             for i, (expr, legend) in enumerate(exprs)
@@ -57,7 +69,6 @@ def variables(metric: str, with_run: bool = True) -> list[dict[str, Any]]:
             "label": "Data source",
             "type": "datasource",
             "query": "prometheus",
-            "current": {},
             "hide": 0,
         },
         {
@@ -66,12 +77,11 @@ def variables(metric: str, with_run: bool = True) -> list[dict[str, Any]]:
             "type": "query",
             "datasource": DS,
             "query": {"query": f"label_values({metric}, namespace)", "refId": "namespace"},
-            "definition": f"label_values({metric}, namespace)",
             "includeAll": True,
             "allValue": ".*",
             "multi": True,
             "refresh": 2,
-            "current": {},
+            "current": ALL,
             "hide": 0,
         },
     ]
@@ -86,12 +96,11 @@ def variables(metric: str, with_run: bool = True) -> list[dict[str, Any]]:
                     "query": f'label_values({metric}{{namespace=~"$namespace"}}, run)',
                     "refId": "run",
                 },
-                "definition": f'label_values({metric}{{namespace=~"$namespace"}}, run)',
                 "includeAll": True,
                 "allValue": ".*",
                 "multi": True,
                 "refresh": 2,
-                "current": {},
+                "current": ALL,
                 "hide": 0,
             }
         )

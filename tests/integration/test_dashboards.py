@@ -197,8 +197,8 @@ def test_every_template_variable_resolves(scraped):
         for var in board["templating"]["list"]:
             if var["type"] != "query":
                 continue
-            definition = var["definition"]  # label_values(metric{...}, label)
-            inner = definition[len("label_values(") : -1]
+            query = var["query"]["query"]  # label_values(metric{...}, label)
+            inner = query[len("label_values(") : -1]
             selector, label = (part.strip() for part in inner.rsplit(",", 1))
             params = {"match[]": fill_variables(selector.replace('=~"$namespace"', '=~".*"'))}
             url = f"{scraped}/api/v1/label/{label}/values?" + urllib.parse.urlencode(params)
