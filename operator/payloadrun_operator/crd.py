@@ -12,6 +12,7 @@ the API server applies their nested defaults.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -21,12 +22,14 @@ from payloadrun_operator.models import (
     MAX_NAME_LENGTH,
     NAME_LENGTH_MESSAGE,
     PLURAL,
+    RUN_DESCRIPTION,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
     PayloadRunSpec,
     PayloadRunStatus,
 )
+from payloadrun_operator.status import READY
 
 CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
 _DROP = {"title"}
@@ -85,7 +88,16 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _clean(schema: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in schema.items() if k not in _DROP and k != "$defs"}
+    out = {k: v for k, v in schema.items() if k not in _DROP and k != "$defs"}
+    if "description" in out:
+        out["description"] = _unwrap(out["description"])
+    return out
+
+
+def _unwrap(text: str) -> str:
+    """A docstring's wrapped lines as one line per paragraph (kubectl explain wraps them)."""
+    paragraphs = re.split(r"\n\s*\n", text.strip())
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
 def _default_empty_object(prop: dict[str, Any], required: bool) -> dict[str, Any]:
@@ -114,24 +126,66 @@ def model_schema(model: type) -> dict[str, Any]:
 
 
 def printer_columns() -> list[dict[str, Any]]:
+    """The columns of ``kubectl get payloadruns`` (priority 1: only with ``-o wide``)."""
     return [
-        {"name": "Mode", "type": "string", "jsonPath": ".status.payloadMode"},
-        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Claim", "type": "string", "jsonPath": ".status.claimName"},
+        {
+            "name": "Mode",
+            "type": "string",
+            "jsonPath": ".status.payloadMode",
+            "description": "How per-token payloads move: ByHandle or Inline.",
+        },
+        {
+            "name": "Phase",
+            "type": "string",
+            "jsonPath": ".status.phase",
+            "description": "Provisioning, Running or Rejected.",
+        },
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": f'.status.conditions[?(@.type=="{READY}")].status',
+            "description": "The Ready condition: True when every pod of the accepted spec's "
+            "workloads is ready (the phase is then Running).",
+        },
+        {
+            "name": "Claim",
+            "type": "string",
+            "jsonPath": ".status.claimName",
+            "description": "The ReadWriteMany claim of the payload root (by handle only).",
+        },
         {
             "name": "Reason",
             "type": "string",
             "jsonPath": ".status.payloadModeReason",
+            "description": "Why the payload mode.",
             "priority": 1,
         },
-        {"name": "Root", "type": "string", "jsonPath": ".status.payloadRoot", "priority": 1},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {
+            "name": "Root",
+            "type": "string",
+            "jsonPath": ".status.payloadRoot",
+            "description": "The run's payload root (by handle only).",
+            "priority": 1,
+        },
+        {
+            "name": "Age",
+            "type": "date",
+            "jsonPath": ".metadata.creationTimestamp",
+            "description": "Since the run was created.",
+        },
     ]
+
+
+# The Kubernetes API conventions for the fields every object has. metadata takes nothing but
+# its type: the API server refuses anything else there and publishes ObjectMeta's own schema.
+TYPE_META_DESCRIPTIONS = {
+    "apiVersion": "The versioned schema of this object: payloadrun.dev/v1alpha1.",
+    "kind": "The kind of object: PayloadRun.",
+}
 
 
 def build_crd() -> dict[str, Any]:
     spec = model_schema(PayloadRunSpec)
-    spec["description"] = "A multi-node RL run whose per-token payloads may move by handle."
     status = model_schema(PayloadRunStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -158,6 +212,7 @@ def build_crd() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
+                            "description": RUN_DESCRIPTION,
                             "required": ["spec"],
                             "x-kubernetes-validations": [
                                 {
@@ -166,8 +221,10 @@ def build_crd() -> dict[str, Any]:
                                 }
                             ],
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
+                                **{
+                                    name: {"type": "string", "description": description}
+                                    for name, description in TYPE_META_DESCRIPTIONS.items()
+                                },
                                 "metadata": {"type": "object"},
                                 "spec": spec,
                                 "status": status,

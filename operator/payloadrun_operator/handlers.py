@@ -42,16 +42,21 @@ from payloadrun_operator.status import (
     VOLUME_READY,
     Check,
     claim_check,
+    rfc3339,
     status_update,
     workloads_check,
 )
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
+# Ready describes the accepted spec: a refused one leaves the children as they were, not ready.
+SPEC_REJECTED = Check(
+    False, "SpecRejected", "the spec was refused (see the Validated condition): not applied"
+)
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
 
 
 def spec_errors(body: kopf.Body | dict[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
@@ -126,7 +131,7 @@ async def reconcile(
             op,
             body,
             patch,
-            {VALIDATED: Check(False, "InvalidSpec", message, warning=True)},
+            {VALIDATED: Check(False, "InvalidSpec", message, warning=True), READY: SPEC_REJECTED},
             {"observedGeneration": generation},
         )
         op.metrics.reconciles.labels("rejected").inc()

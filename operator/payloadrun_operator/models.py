@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from payloadrun import settings as sidecar
@@ -39,6 +39,22 @@ DISAGGREGATED_BY_HANDLE_MESSAGE = (
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 Port = Annotated[int, Field(ge=1, le=65535)]
+Generation = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
+
+# metav1.Condition's rules (k8s.io/apimachinery/pkg/apis/meta/v1/types.go), so a condition this
+# CRD accepts is one every Kubernetes tool reads.
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+MAX_CONDITION_MESSAGE = 32768
+
+RUN_DESCRIPTION = (
+    "A multi-node RL run (vLLM inference, an orchestrator, trainers) and how its per-token "
+    "payloads, MoE routed expert ids and sampling masks, move: inline in the HTTP responses, or "
+    "by handle through files on a shared ReadWriteMany volume that the operator provisions."
+)
 
 
 def _preserve(description: str) -> Any:
@@ -73,7 +89,10 @@ class DeletionPolicy(StrEnum):
 
 
 class EnvVar(Model):
-    name: Annotated[str, Field(min_length=1, max_length=256)]
+    name: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        description="The variable's name (the operator's own PAYLOADRUN_* and PAYLOAD_ROOT are "
+        "refused)."
+    )
     value: str | None = Field(default=None, description="The value (or use valueFrom).")
     value_from: dict[str, Any] | None = _preserve("a core/v1 EnvVarSource")
 
@@ -206,7 +225,7 @@ class Inference(Model):
         "the tokens-in generate endpoint, --enable-scale-out.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
-    resources: Resources | None = None
+    resources: Resources | None = Field(default=None, description="vLLM's container resources.")
     port: Port = Field(default=sidecar.VLLM_PORT, description="vLLM's HTTP port.")
     writer: Writer = Field(default_factory=Writer, description=Writer.__doc__)
 
@@ -214,9 +233,11 @@ class Inference(Model):
 class Orchestrator(Model):
     image: Name = Field(description="The orchestrator's image (prime-rl's, or yours).")
     command: list[str] | None = Field(default=None, description="Default: the image's.")
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, description="The orchestrator's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
-    resources: Resources | None = None
+    resources: Resources | None = Field(
+        default=None, description="The orchestrator container's resources."
+    )
     retention: Retention = Field(default_factory=Retention, description=Retention.__doc__)
 
 
@@ -224,29 +245,39 @@ class Trainer(Model):
     replicas: Annotated[int, Field(ge=1, le=4096)] = Field(default=1, description="Trainer pods.")
     image: Name = Field(description="The trainer's image.")
     command: list[str] | None = Field(default=None, description="Default: the image's.")
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, description="The trainer's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
-    resources: Resources | None = None
+    resources: Resources | None = Field(
+        default=None, description="Each trainer container's resources (e.g. its GPUs)."
+    )
 
 
 class LocalObjectReference(Model):
-    name: Name
+    name: Name = Field(description="The name of a Secret in the run's namespace.")
 
 
 class Placement(Model):
     """Pod placement shared by every workload of the run."""
 
-    node_selector: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels every pod of the run must match."
+    )
     tolerations: list[dict[str, Any]] | None = Field(
         default=None,
         description="core/v1 Tolerations",
         json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}},
     )
-    service_account_name: Name | None = None
-    image_pull_secrets: list[LocalObjectReference] | None = None
+    service_account_name: Name | None = Field(
+        default=None, description="The pods' service account (default: the namespace's default)."
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, description="Secrets to pull the run's images with."
+    )
 
 
 class PayloadRunSpec(Model):
+    """The run the operator builds: its workloads and how their payloads move."""
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -286,25 +317,78 @@ class PayloadRunSpec(Model):
     )
 
 
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
 class Condition(Model):
-    type: str
-    status: str
-    reason: str
-    message: str
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    """One observation of the run, shaped as Kubernetes' metav1.Condition (same rules)."""
+
+    type: Annotated[str, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)] = Field(
+        description="Validated, VolumeReady or Ready: one entry per type (CamelCase, or "
+        "example.com/CamelCase for a condition another controller adds)."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)] = Field(
+        description="Why the condition has its status, as a CamelCase identifier for programs "
+        "and alerts (e.g. ClaimPending, WorkloadsNotReady)."
+    )
+    message: Annotated[str, Field(max_length=MAX_CONDITION_MESSAGE)] = Field(
+        description="Why, for people: what is missing or wrong, and what to do. May be empty."
+    )
+    last_transition_time: AwareDatetime = Field(
+        description="When status last changed (RFC 3339); a new reason or message alone leaves "
+        "it as it is."
+    )
+    observed_generation: Generation | None = Field(
+        default=None,
+        description="The metadata.generation of the spec this condition was computed for.",
+    )
 
 
 class PayloadRunStatus(Model):
-    observed_generation: int | None = None
-    phase: str | None = None
-    payload_mode: str | None = None
-    payload_mode_reason: str | None = None
-    payload_mode_message: str | None = None
-    payload_root: str | None = None
-    claim_name: str | None = None
+    """What the operator observed of the run: its payload mode, volume and readiness (written by
+    the operator only, through the status subresource)."""
+
+    observed_generation: Generation | None = Field(
+        default=None,
+        description="The metadata.generation of the spec this status describes; behind "
+        "metadata.generation, the operator has not reconciled the latest change yet.",
+    )
+    phase: str | None = Field(
+        default=None,
+        description="Provisioning (children being applied, or their pods not ready yet), Running "
+        "(the Ready condition is True) or Rejected (the spec was refused: see the Validated "
+        "condition).",
+    )
+    payload_mode: str | None = Field(
+        default=None,
+        description="How per-token payloads move: ByHandle (files on the shared volume, the "
+        "responses carry segments) or Inline (inside the HTTP responses).",
+    )
+    payload_mode_reason: str | None = Field(
+        default=None,
+        description="Why that mode, as a CamelCase reason (e.g. MultiNodePerTokenPayloads, "
+        "SingleNode, Disaggregated, InlineRequested).",
+    )
+    payload_mode_message: str | None = Field(default=None, description="Why that mode, in words.")
+    payload_root: str | None = Field(
+        default=None,
+        description="The run's directory on the shared volume, as its pods see it (by handle "
+        "only).",
+    )
+    claim_name: str | None = Field(
+        default=None,
+        description="The ReadWriteMany PersistentVolumeClaim that holds the payload root (by "
+        "handle only).",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
+        description="Validated (the spec was accepted), VolumeReady (the payload volume's "
+        "claim is bound, or none is needed) and Ready (the accepted spec's workloads have every "
+        "pod ready; the phase is then Running), each with a reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -1,14 +1,25 @@
-"""Pure functions for the run's status: conditions, readiness of children, phase."""
+"""Pure functions for the run's status: conditions, readiness of children, phase.
+
+The conditions follow metav1.Condition, and the CRD enforces its rules (:class:`models.Condition`):
+a reason matches ``REASON_PATTERN``, a message has at most 32768 characters, and
+``lastTransitionTime`` is always set, in RFC 3339 (:func:`rfc3339`). A status that broke them
+would be refused by the API server, so they are kept here, where the conditions are made.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-VALIDATED = "Validated"
-VOLUME_READY = "VolumeReady"
-READY = "Ready"
+from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN
+
+# The conditions, each True or False with a reason:
+VALIDATED = "Validated"  # the spec was accepted (False: refused, the phase is Rejected)
+VOLUME_READY = "VolumeReady"  # the payload volume's claim is bound, or inline needs none
+READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase is Running)
 
 PHASE_REJECTED = "Rejected"
 PHASE_PROVISIONING = "Provisioning"
@@ -28,6 +39,27 @@ class Check:
     message: str
     warning: bool = False
 
+    def __post_init__(self) -> None:
+        if not re.fullmatch(REASON_PATTERN, self.reason) or len(self.reason) > 1024:
+            raise ValueError(
+                f"condition reason {self.reason!r} does not match {REASON_PATTERN} (at most 1024 "
+                "characters): the API server would refuse the status"
+            )
+
+
+def rfc3339(moment: datetime) -> str:
+    """``moment`` as metav1.Time writes it: RFC 3339 in UTC, whole seconds, ``Z``."""
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment!r} has no time zone: RFC 3339 needs one")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def bounded_message(message: str) -> str:
+    """``message`` cut to the condition's limit (an API error can be longer than that)."""
+    if len(message) <= MAX_CONDITION_MESSAGE:
+        return message
+    return message[: MAX_CONDITION_MESSAGE - 1] + "\u2026"
+
 
 def set_condition(
     conditions: Iterable[dict[str, Any]],
@@ -37,7 +69,11 @@ def set_condition(
     generation: int | None,
     now: str,
 ) -> list[dict[str, Any]]:
-    """``conditions`` with ``ctype`` set; its transition time moves only when its status does."""
+    """``conditions`` with ``ctype`` set; its transition time moves only when its status does.
+
+    ``now`` is an RFC 3339 time (:func:`rfc3339`); a condition that has no transition time yet
+    gets it.
+    """
     status = "True" if check.ok else "False"
     out = []
     found = False
@@ -60,7 +96,7 @@ def _condition(
         "type": ctype,
         "status": status,
         "reason": check.reason,
-        "message": check.message,
+        "message": bounded_message(check.message),
         "lastTransitionTime": since,
     }
     if generation is not None:

@@ -3,6 +3,7 @@ from pathlib import Path
 import yaml
 
 from payloadrun_operator.crd import CRD_FILE, build_crd, render_yaml
+from payloadrun_operator.status import READY, VALIDATED, VOLUME_READY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,10 @@ def test_crd_metadata_and_columns():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Mode"] == ".status.payloadMode"
     assert columns["Phase"] == ".status.phase"
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Claim"] == ".status.claimName"
+    default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert default == ["Mode", "Phase", "Ready", "Claim", "Age"]
     assert columns["Age"] == ".metadata.creationTimestamp"
     assert crd["spec"]["names"]["shortNames"] == ["prun"]
 
@@ -68,3 +72,70 @@ def test_defaults_reach_nested_objects():
         "x-kubernetes-int-or-string": True,
         "description": "Size of the managed claim (default 100Gi).",
     }
+
+
+def schema():
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def fields(node, path=""):
+    """(path, node) of every field under ``node``, through arrays' items."""
+    for name, child in node.get("properties", {}).items():
+        yield f"{path}.{name}", child
+        yield from fields(child.get("items", child), f"{path}.{name}")
+
+
+def test_every_field_has_a_description():
+    """``kubectl explain`` prints these: the run, its spec, its status and every field below."""
+    root = schema()
+    assert root["description"].startswith("A multi-node RL run")
+    missing = [path for path, node in fields(root) if not node.get("description", "").strip()]
+    # the API server refuses anything but a type on metadata (it publishes ObjectMeta's schema)
+    assert missing == [".metadata"], f"fields without a description (see models.py): {missing}"
+    assert root["properties"]["metadata"] == {"type": "object"}
+    status = root["properties"]["status"]
+    for ctype in (VALIDATED, VOLUME_READY, READY):
+        assert ctype in status["properties"]["conditions"]["description"]
+
+
+def test_descriptions_are_unwrapped_docstrings():
+    for path, node in fields(schema()):
+        assert "  " not in node.get("description", ""), path
+        assert "\n" not in node.get("description", ""), path
+
+
+def test_conditions_follow_metav1_condition():
+    """The rules of k8s.io/apimachinery's metav1.Condition, so every tool reads them alike."""
+    conditions = schema()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["type"] == "array"
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    item = conditions["items"]
+    props = item["properties"]
+    assert sorted(item["required"]) == sorted(
+        ["type", "status", "lastTransitionTime", "reason", "message"]
+    )
+    assert props["type"]["maxLength"] == 316
+    assert props["type"]["pattern"] == (
+        r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+    )
+    assert props["status"]["enum"] == ["True", "False", "Unknown"]
+    assert props["status"]["type"] == "string"
+    assert props["lastTransitionTime"] == {
+        "type": "string",
+        "format": "date-time",
+        "description": props["lastTransitionTime"]["description"],
+    }
+    assert props["reason"]["pattern"] == r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+    assert (props["reason"]["minLength"], props["reason"]["maxLength"]) == (1, 1024)
+    assert props["message"]["maxLength"] == 32768
+    for generation in (
+        props["observedGeneration"],
+        schema()["properties"]["status"]["properties"]["observedGeneration"],
+    ):
+        assert (generation["type"], generation["format"], generation["minimum"]) == (
+            "integer",
+            "int64",
+            0,
+        )

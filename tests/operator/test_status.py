@@ -1,11 +1,23 @@
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from payloadrun_operator.handlers import utc_now
+from payloadrun_operator.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
 from payloadrun_operator.status import (
     READY,
     VALIDATED,
     VOLUME_READY,
     Check,
+    bounded_message,
     claim_check,
     phase,
+    rfc3339,
     set_condition,
+    status_update,
     transitions,
     workload_ready,
     workloads_check,
@@ -84,8 +96,6 @@ def test_workload_ready():
 
 
 def test_status_update_writes_only_what_changed_and_names_the_events():
-    from payloadrun_operator.status import status_update
-
     checks = {READY: Check(False, "WorkloadsNotReady", "waiting", warning=False)}
     first = status_update({}, 3, checks, {"payloadMode": "ByHandle"}, "t1")
     assert first.fields["payloadMode"] == "ByHandle" and first.fields["phase"] == "Provisioning"
@@ -97,3 +107,79 @@ def test_status_update_writes_only_what_changed_and_names_the_events():
     )
     assert failed.events == [("Warning", "ApplyFailed", "Ready is False: 422")]
     assert failed.fields["conditions"][0]["lastTransitionTime"] == "t1"  # still False
+
+
+# --- what the API server accepts: metav1.Condition's rules (models.Condition) -------------------
+
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def test_rfc3339_is_utc_with_a_z():
+    moment = datetime(2026, 12, 1, 13, 4, 5, 999, tzinfo=timezone(timedelta(hours=2)))
+    assert rfc3339(moment) == "2026-12-01T11:04:05Z"
+    with pytest.raises(ValueError, match="no time zone"):
+        rfc3339(datetime(2026, 12, 1))
+    assert RFC3339.match(utc_now())
+
+
+def test_a_reason_the_api_server_would_refuse_is_refused_here():
+    for bad in ("", "Claim Pending", "1Reason", "Ends-", "x" * 1025):
+        with pytest.raises(ValueError, match="does not match"):
+            Check(False, bad, "m")
+    for phase_name in ("Pending", "Bound", "Lost"):  # every PersistentVolumeClaim phase
+        claim_check({"status": {"phase": phase_name}}, "c")
+
+
+def test_a_long_message_is_cut_to_the_limit():
+    conds = set_condition(
+        [], READY, Check(False, "ApplyFailed", "é" * 40_000), generation=1, now=T0
+    )
+    message = conds[0]["message"]
+    assert len(message) == MAX_CONDITION_MESSAGE and message.endswith("\u2026")
+    assert bounded_message("short") == "short"
+
+
+def test_a_condition_without_transition_time_gets_one():
+    old = [{"type": READY, "status": "False", "reason": "W", "message": ""}]
+    (cond,) = set_condition(old, READY, Check(False, "W", "still"), generation=1, now=T0)
+    assert cond["lastTransitionTime"] == T0
+
+
+T0 = "2026-12-01T00:00:00Z"
+CHECKS = st.builds(
+    Check,
+    ok=st.booleans(),
+    reason=st.from_regex(r"[A-Za-z]([A-Za-z0-9_,:]{0,30}[A-Za-z0-9_])?", fullmatch=True),
+    message=st.text(max_size=200) | st.just("m" * 40_000),
+    warning=st.booleans(),
+)
+TIMES = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from([VALIDATED, VOLUME_READY, READY]), CHECKS),
+            st.one_of(st.none(), st.integers(min_value=0, max_value=2**63 - 1)),
+            TIMES,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_every_status_the_operator_writes_passes_the_crd_rules(steps):
+    """Whatever checks come in whatever order, the status satisfies models.PayloadRunStatus."""
+    status: dict = {}
+    for checks, generation, moment in steps:
+        update = status_update(
+            status, generation, checks, {"payloadMode": "ByHandle"}, rfc3339(moment)
+        )
+        if update.fields is not None:
+            status = {**status, **update.fields}
+        parsed = PayloadRunStatus.model_validate(status)
+        for cond in status.get("conditions", []):
+            assert RFC3339.match(cond["lastTransitionTime"]), cond
+        assert len({c.type for c in parsed.conditions}) == len(parsed.conditions)
