@@ -38,6 +38,12 @@ def _rules(node: dict[str, Any]) -> str:
         parts.append(f"length {node.get('minLength', 0)}..{node.get('maxLength', '')}")
     if "pattern" in node:
         parts.append(f"matches `{node['pattern']}`")
+    if "format" in node:
+        parts.append(node["format"])
+    if node.get("x-kubernetes-list-type") == "map":
+        parts.append(
+            "one item per " + ", ".join(f"`{k}`" for k in node["x-kubernetes-list-map-keys"])
+        )
     return "; ".join(parts)
 
 
@@ -48,19 +54,23 @@ def _default(node: dict[str, Any]) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
-def rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
+def rows(
+    node: dict[str, Any], path: str, required: set[str], *, defaults: bool = True
+) -> list[str]:
     out = []
     for name, child in node.get("properties", {}).items():
         field = f"{path}.{name}"
         desc = child.get("description", "").replace("\n", " ")
         if name in required:
             desc = ("**Required.** " + desc).strip()
-        out.append(f"| `{field}` | {_type(child)} | {_default(child)} | {_rules(child)} | {desc} |")
+        cells = [f"`{field}`", _type(child), *([_default(child)] if defaults else [])]
+        out.append("| " + " | ".join([*cells, _cell(_rules(child)), _cell(desc)]) + " |")
         target = child.get("items", child) if child.get("type") == "array" else child
         out += rows(
             target,
             field + ("[]" if child.get("type") == "array" else ""),
             set(target.get("required", [])),
+            defaults=defaults,
         )
     return out
 
@@ -80,8 +90,9 @@ def cel_rules(node: dict[str, Any], path: str) -> list[str]:
 
 
 def render() -> str:
-    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    spec = schema["properties"]["spec"]
+    version = build_crd()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    spec, status = schema["properties"]["spec"], schema["properties"]["status"]
     lines = [
         "# PayloadRun reference",
         "",
@@ -90,6 +101,8 @@ def render() -> str:
         "",
         "`apiVersion: payloadrun.dev/v1alpha1`, `kind: PayloadRun` (short name `prun`),",
         "namespaced. What the operator does with each field: [operator.md](operator.md).",
+        "",
+        schema["description"],
         "",
         "## Spec",
         "",
@@ -105,27 +118,25 @@ def render() -> str:
         "",
         "## Status",
         "",
-        "| field | type | description |",
-        "|---|---|---|",
+        _cell(status.get("description", "")),
+        "",
+        "| field | type | bounds | description |",
+        "|---|---|---|---|",
+        *rows(status, "status", set(status.get("required", [])), defaults=False),
+        "",
+        "## Columns of `kubectl get payloadruns`",
+        "",
+        "| column | value | shown | description |",
+        "|---|---|---|---|",
         *[
-            f"| `status.{name}` | {_type(node)} | {STATUS_DOCS.get(name, '')} |"
-            for name, node in schema["properties"]["status"]["properties"].items()
+            f"| {col['name'].upper()} | `{_cell(col['jsonPath'])}` | "
+            f"{'with `-o wide`' if col.get('priority') else 'always'} | "
+            f"{_cell(col.get('description', ''))} |"
+            for col in version["additionalPrinterColumns"]
         ],
         "",
     ]
     return "\n".join(lines)
-
-
-STATUS_DOCS = {
-    "observedGeneration": "The spec generation the status describes.",
-    "phase": "`Provisioning`, `Running` (every workload ready) or `Rejected` (invalid spec).",
-    "payloadMode": "`ByHandle` or `Inline`.",
-    "payloadModeReason": "Why, as a CamelCase reason (see operator.md).",
-    "payloadModeMessage": "Why, in a sentence.",
-    "payloadRoot": "The run's directory on the shared volume (by handle only).",
-    "claimName": "The ReadWriteMany claim that holds it (by handle only).",
-    "conditions": "`Validated`, `VolumeReady` and `Ready`, each with reason and message.",
-}
 
 
 def main() -> int:
