@@ -166,8 +166,11 @@ def test_kubectl_apply_of_each_example(kube_cluster, operator, api, namespace):
         assert condition(run, "Validated")["status"] == "True"
 
     table = kube_cluster.kubectl("get", "payloadruns", "-n", namespace).stdout
-    assert "MODE" in table and "PHASE" in table and "CLAIM" in table
+    assert table.splitlines()[0].split() == ["NAME", "MODE", "PHASE", "READY", "CLAIM", "AGE"]
     assert "qwen3-moe-grpo-payloads" in table
+    # Ready follows the workloads, whose pods wait for a node (or for the claim) here
+    row = next(line.split() for line in table.splitlines() if line.startswith("qwen3-moe-grpo"))
+    assert row[1:4] == ["ByHandle", "Provisioning", "False"], table
 
 
 def test_python_client_gets_the_cel_message(operator, api, namespace):
@@ -397,6 +400,8 @@ def test_operator_rejects_what_cel_would_on_a_cluster_without_cel(
         validated = condition(run, "Validated")
         assert (validated["status"], validated["reason"]) == ("False", "InvalidSpec")
         assert CEL_MESSAGE in validated["message"]
+        ready = condition(run, "Ready")  # Ready speaks of the accepted spec: there is none
+        assert (ready["status"], ready["reason"]) == ("False", "SpecRejected")
         assert children(api, namespace, body["metadata"]["name"]) == {}
 
         def warning():
