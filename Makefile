@@ -33,7 +33,7 @@ node: ## what the local node needs (root): Debian's containerd, runc, CNI plugin
 images: ## build the container images (cached by content)
 	@bash hack/images.sh
 
-prometheus: ## make sure a Prometheus server is installed (Debian's), for the dashboard tests
+prometheus: ## make sure Prometheus and promtool are installed (Debian's), for dashboard and alert tests
 	@bash hack/prometheus.sh >/dev/null
 
 dashboard-schema: ## Grafana's dashboard schema and tsc, for the dashboards' schema test (npm, cached)

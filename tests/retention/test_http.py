@@ -149,6 +149,10 @@ def test_metrics_match_the_directory_after_the_periodic_scan(sidecar, root):
     assert m["payloadrun_retention_version_directories"] == dirs == 1
     assert m["payloadrun_retention_policy_step"] == 4
     assert m["payloadrun_retention_pending_batches"] == 0
+    assert m["payloadrun_retention_recorded_step"] == 4
+    assert m["payloadrun_retention_oldest_pending_step"] == -1
+    assert m["payloadrun_retention_max_off_policy_steps"] == 1
+    assert m['payloadrun_retention_journal_errors_total{error="no_space"}'] == 0
     assert m['payloadrun_retention_deleted_files_total{reason="consumed"}'] == 5
     assert m['payloadrun_retention_deleted_bytes_total{reason="consumed"}'] == 5000
     assert m['payloadrun_retention_deleted_files_total{reason="backstop"}'] == 7

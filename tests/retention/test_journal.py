@@ -1,7 +1,10 @@
+import errno
 import json
+import os
 
 import pytest
 
+from payloadrun.retention import journal
 from payloadrun.retention.journal import Journal, JournalError, header, read_records
 
 
@@ -56,3 +59,53 @@ def test_rewrite_replaces_atomically_and_appends_continue(tmp_path):
     assert [r.get("step") for r in read_records(j.path)] == [None, 49, 50]
     assert not (tmp_path / "j.jsonl.tmp").exists()
     assert all(json.loads(line) for line in j.path.read_text().splitlines())
+
+
+def test_a_failed_append_is_cut_off_so_the_next_starts_a_clean_line(tmp_path, monkeypatch):
+    j = Journal(tmp_path / "j.jsonl")
+    j.open()
+    j.append({"op": "run", "run_id": "r"})
+    real_write = os.write
+
+    def volume_fills(fd, data):
+        real_write(fd, bytes(data[:7]))  # part of the record reaches the file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", volume_fills)
+    with pytest.raises(OSError, match="No space"):
+        j.append({"op": "policy", "step": 1})
+    monkeypatch.undo()
+    j.append({"op": "policy", "step": 2})
+    j.close()
+    assert [r.get("step") for r in read_records(j.path)] == [None, 2]
+    assert j.size == j.path.stat().st_size
+
+
+def test_a_rewrite_whose_directory_fsync_fails_appends_to_the_new_file(tmp_path, monkeypatch):
+    """After the rename the path names the new journal: appends must not go to the old inode,
+    which is unlinked and would lose every acknowledged event at the next start."""
+    j = Journal(tmp_path / "j.jsonl")
+    j.open()
+    for step in range(5):
+        j.append({"op": "policy", "step": step})
+
+    def fsync_fails(path):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal, "fsync_dir", fsync_fails)
+    opens = []
+    real_open = Journal.open
+
+    def open_fails_once(self):
+        opens.append(self.path)
+        if len(opens) == 1:
+            raise OSError(errno.ESTALE, "Stale file handle")
+        real_open(self)
+
+    monkeypatch.setattr(Journal, "open", open_fails_once)
+    with pytest.raises(OSError, match="Stale"):
+        j.rewrite([{"op": "run", "run_id": "r"}, {"op": "policy", "step": 4}])
+    j.append({"op": "policy", "step": 5})  # reopens the new file
+    j.close()
+    assert [r.get("step") for r in read_records(j.path)] == [None, 4, 5]
+    assert len(opens) == 2

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from retention_helpers import existing, make_files
 
+from payloadrun.retention import journal as journal_module
 from payloadrun.retention.deleter import Retry
 from payloadrun.retention.journal import read_records
 from payloadrun.retention.service import (
@@ -265,3 +266,70 @@ def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_fact
     third = service_factory(unlink=unlink)
     assert third.wait_idle(10)
     assert existing(consumed + loose) == []
+
+
+def gauge(svc, name: str) -> float | None:
+    return svc.registry.get_sample_value(f"payloadrun_retention_{name}")
+
+
+def test_step_gauges_show_how_far_behind_the_oldest_pending_batch_is(service_factory, root):
+    svc = service_factory(max_off_policy_steps=3)
+    assert gauge(svc, "max_off_policy_steps") == 3
+    assert gauge(svc, "recorded_step") == -1 and gauge(svc, "oldest_pending_step") == -1
+    for step in (1, 2, 3):
+        svc.record_batch(step, make_files(root, step - 1, 2))
+    svc.policy_updated(1)
+    svc.record_batch(7, [], empty=True)  # orchestrator progress, though nothing is pending
+    assert gauge(svc, "recorded_step") == 7
+    assert gauge(svc, "oldest_pending_step") == 2
+    assert gauge(svc, "policy_step") == 1
+    # the alert's comparison: 7 - 2 = 5 steps behind, more than the window of 3
+    assert gauge(svc, "recorded_step") - gauge(svc, "oldest_pending_step") > 3
+    assert svc.wait_idle(10)
+    svc.close()
+    again = service_factory(max_off_policy_steps=3)  # the journal replays the steps
+    assert gauge(again, "recorded_step") == 7 and gauge(again, "oldest_pending_step") == 2
+    again.policy_updated(3)
+    assert gauge(again, "oldest_pending_step") == -1 and gauge(again, "pending_batches") == 0
+
+
+def test_a_failed_journal_append_is_counted_and_not_recorded(service_factory, root, monkeypatch):
+    svc = service_factory()
+    kept = make_files(root, 0, 2)
+    svc.record_batch(1, kept)
+    assert svc.wait_idle(10)
+
+    def volume_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", volume_full)
+    with pytest.raises(OSError, match="No space"):
+        svc.record_batch(2, make_files(root, 0, 2))
+    monkeypatch.undo()
+    errors = svc.metrics.journal_errors
+    assert errors.labels("no_space")._value.get() == 1
+    assert errors.labels("io_error")._value.get() == 0
+    svc.record_batch(3, make_files(root, 1, 1))
+    svc.close()
+    again = service_factory()
+    assert again.status()["pending_steps"] == [1, 3]  # the refused event was never recorded
+
+
+def test_a_failed_compaction_is_counted_and_the_journal_goes_on(service_factory, root, monkeypatch):
+    def fsync_fails(path):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    svc = service_factory(compact_bytes=1)
+    monkeypatch.setattr(journal_module, "fsync_dir", fsync_fails)  # after the rename
+    for step in range(1, 6):
+        svc.record_batch(step, make_files(root, step, 3))
+        if step > 1:
+            svc.policy_updated(step - 1)
+        assert svc.wait_idle(10)
+    assert svc.metrics.journal_errors.labels("permission")._value.get() >= 1
+    svc.record_batch(6, make_files(root, 6, 1))
+    svc.close()
+    monkeypatch.undo()
+    again = service_factory()
+    st = again.status()
+    assert st["policy_step"] == 4 and st["pending_steps"] == [5, 6]

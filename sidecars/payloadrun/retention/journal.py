@@ -153,6 +153,7 @@ class Journal:
         self.path = path
         self._fd: int | None = None
         self.size = 0
+        self._reopen = False  # a rewrite replaced the file but could not reopen it
 
     def open(self) -> None:
         """Open for appending; a torn last line is cut off first so new lines start clean."""
@@ -169,14 +170,28 @@ class Journal:
         self.size = size
 
     def append(self, record: Record) -> None:
-        """Write one record and fsync it: the caller may acknowledge the event afterwards."""
+        """Write one record and fsync it: the caller may acknowledge the event afterwards.
+
+        A failed append (``OSError``: volume full, gone) is cut off again, so the next append
+        starts a clean line rather than gluing a record to a torn one, which replay would
+        refuse as a damaged middle line.
+        """
+        if self._fd is None and self._reopen:
+            self.open()
+            self._reopen = False
         if self._fd is None:
             raise JournalError(f"retention journal {str(self.path)!r} is not open")
         data = encode(record)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        os.fdatasync(self._fd)  # the data and the new size; not the timestamps
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)  # the data and the new size; not the timestamps
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size)
+                os.lseek(self._fd, self.size, os.SEEK_SET)
+            raise
         self.size += len(data)
 
     def rewrite(self, records: Iterable[Record]) -> None:
@@ -190,13 +205,18 @@ class Journal:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
         was_open = self._fd is not None
-        self.close()
-        if was_open:
-            self.open()
-        else:
-            self.size = len(data)
+        try:
+            fsync_dir(self.path.parent)
+        finally:
+            # the path names the new file now: appends must go there, even if the fsync failed
+            self.close()
+            if was_open:
+                self._reopen = True
+                self.open()
+                self._reopen = False
+            else:
+                self.size = len(data)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -4,7 +4,10 @@ Names follow the project's convention: prefix ``payloadrun_retention_``, base un
 on counters; the only labels are ``reason`` (consumed, discarded, backstop, wipe) and ``error``
 (a handful of failure classes), so every series is bounded. Values that live in the service
 (policy step, pending batches, directory size) are read at scrape time through callbacks, never by
-walking the tree: the directory figures come from accounting corrected by a periodic scan.
+walking the tree: the directory figures come from accounting corrected by a periodic scan. The
+step gauges (newest recorded, oldest pending, and the configured ``max_off_policy_steps``) let an
+alert compare how far behind the orchestrator the oldest unconsumed batch is with the run's own
+off-policy window.
 """
 
 from __future__ import annotations
@@ -16,14 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from payloadrun.retention.policy import Reason
 
 PREFIX = "payloadrun_retention_"
-ERROR_LABELS = (
-    "no_space",
-    "permission",
-    "volume_gone",
-    "io_error",
-    "not_a_directory",
-    "is_a_directory",
-)
+# payloadrun.store.failure_reason: why a write (a journal append or rewrite) failed
+WRITE_ERROR_LABELS = ("no_space", "permission", "volume_gone", "io_error")
+# payloadrun.retention.deleter.error_reason: why an unlink failed
+ERROR_LABELS = (*WRITE_ERROR_LABELS, "not_a_directory", "is_a_directory")
 
 
 class RetentionMetrics:
@@ -46,6 +45,15 @@ class RetentionMetrics:
             "version_directories", "v<k> directories under the payload root."
         )
         self.policy_step = gauge("policy_step", "Last policy step reported (-1 before any).")
+        self.recorded_step = gauge(
+            "recorded_step", "Highest batch step recorded, any disposition (-1 before any)."
+        )
+        self.oldest_pending_step = gauge(
+            "oldest_pending_step", "Step of the oldest recorded batch not yet consumed (-1: none)."
+        )
+        self.max_off_policy_steps = gauge(
+            "max_off_policy_steps", "The run's max_off_policy_steps (the backstop's m)."
+        )
         self.pending_batches = gauge("pending_batches", "Recorded batches not yet consumed.")
         self.pending_files = gauge("pending_files", "Files of recorded batches not yet consumed.")
         self.queue_files = gauge("delete_queue_files", "Files queued for deletion.")
@@ -96,11 +104,20 @@ class RetentionMetrics:
             "Journal rewrites that dropped settled events.",
             registry=registry,
         )
+        self.journal_errors = Counter(
+            p + "journal_errors",
+            "Failed journal writes, by error class: an append (the call was answered 503 and "
+            "not recorded) or a compaction (the journal keeps growing).",
+            ["error"],
+            registry=registry,
+        )
         for reason in Reason:
             self.deleted_files.labels(reason.value)
             self.deleted_bytes.labels(reason.value)
         for label in ERROR_LABELS:
             self.delete_errors.labels(label)
+        for label in WRITE_ERROR_LABELS:
+            self.journal_errors.labels(label)
         for label in ("bad_request", "discard_conflict"):
             self.refused.labels(label)
 

@@ -29,6 +29,7 @@ from payloadrun.retention.metrics import RetentionMetrics
 from payloadrun.retention.policy import Reason, backstop_bound
 from payloadrun.retention.queue import DeletionQueue
 from payloadrun.retention.state import RetentionState
+from payloadrun.store import failure_reason
 
 log = logging.getLogger("payloadrun.retention")
 
@@ -72,6 +73,10 @@ def _check_step(step: object) -> int:
     if type(step) is not int or step < 0:
         raise ValueError(f"step must be an integer >= 0, got {step!r}")
     return step
+
+
+def _step_or_minus_one(step: int | None) -> int:
+    return -1 if step is None else step
 
 
 def _as_list(files: Iterable[object]) -> list[object]:
@@ -119,12 +124,15 @@ class RetentionService:
             directory_bytes=lambda: q.dir_bytes,
             directory_files=lambda: q.dir_files,
             version_directories=lambda: q.version_dirs,
-            policy_step=lambda: -1 if self._state.policy_step is None else self._state.policy_step,
+            policy_step=lambda: _step_or_minus_one(self._state.policy_step),
+            recorded_step=lambda: _step_or_minus_one(self._state.recorded_step),
+            oldest_pending_step=lambda: _step_or_minus_one(self._state.oldest_pending_step),
             pending_batches=lambda: len(self._state.pending),
             pending_files=lambda: self._state.pending_files,
             queue_files=lambda: q.queue_files,
             journal_bytes=lambda: self._journal.size if self._journal else 0,
         )
+        self.metrics.max_off_policy_steps.set(config.max_off_policy_steps)
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -267,6 +275,7 @@ class RetentionService:
                 "mode": self.mode.value if self.mode else None,
                 "root": str(self.root.path),
                 "policy_step": self._state.policy_step,
+                "recorded_step": self._state.recorded_step,
                 "max_off_policy_steps": self.config.max_off_policy_steps,
                 "max_steps": self.config.max_steps,
                 "pending_batches": len(self._state.pending),
@@ -315,8 +324,13 @@ class RetentionService:
         return journal.run_op(self.config.run_id, self.config.max_off_policy_steps)
 
     def _append(self, record: journal.Record) -> None:
+        """Journal ``record``; a failure is counted and raised (the call is not acknowledged)."""
         assert self._journal is not None
-        self._journal.append(record)
+        try:
+            self._journal.append(record)
+        except OSError as exc:
+            self.metrics.journal_errors.labels(failure_reason(exc)).inc()
+            raise
 
     def _compact(self) -> None:
         """Rewrite the journal as the current state plus the unsettled deletions (lock held)."""
@@ -331,7 +345,17 @@ class RetentionService:
             if self._closing or self._journal is None:
                 return
             if self._journal.size > max(self.config.compact_bytes, 2 * self._compacted_size):
-                self._compact()
+                try:
+                    self._compact()
+                except OSError as exc:
+                    # the old journal stays whole and in use; the next settled job tries again
+                    self.metrics.journal_errors.labels(failure_reason(exc)).inc()
+                    log.warning(
+                        "retention journal compaction failed (%s): %s; the journal keeps "
+                        "growing until a compaction succeeds",
+                        failure_reason(exc),
+                        exc,
+                    )
 
 
 __all__ = [

@@ -29,9 +29,11 @@ class Settled:
 
 @dataclass
 class RetentionState:
-    """Pending batches (step -> files), each file's owning batch, and the last policy step."""
+    """Pending batches (step -> files), each file's owning batch, the last policy step."""
 
     policy_step: int | None = None
+    # the highest step recorded, whatever its disposition: how far the orchestrator has got
+    recorded_step: int | None = None
     # step -> its files, in the order they were recorded (a dict as an ordered set): unlinking in
     # recorded order, which is about creation order, is faster than in hash order, since a
     # directory's entries are then removed roughly in the order the file system laid them out.
@@ -41,6 +43,10 @@ class RetentionState:
     @property
     def pending_files(self) -> int:
         return len(self.owner)
+
+    @property
+    def oldest_pending_step(self) -> int | None:
+        return min(self.pending, default=None)
 
     def is_protected(self, key: str) -> bool:
         """True while a batch that holds ``key`` is recorded and not yet consumed."""
@@ -59,6 +65,8 @@ class RetentionState:
         that lists a file twice never loses it early.
         """
         unique = list(dict.fromkeys(files))
+        if self.recorded_step is None or step > self.recorded_step:
+            self.recorded_step = step
         if disposition is not Disposition.PENDING:
             return [f for f in unique if f not in self.owner]
         batch = self.pending.setdefault(step, {})
