@@ -4,7 +4,9 @@ A fake vLLM, the writer sidecar in front of it, a retention sidecar driven by th
 the operator reconciling a run on the local control plane are all scraped once a second by a real
 Prometheus server (Debian's, installed by hack/prometheus.sh) on loopback. Then each panel query
 (with Grafana's variables filled in) and each template-variable query goes through Prometheus'
-HTTP API and must return at least one series.
+HTTP API and must return at least one series. The same Prometheus loads the chart's alerting
+rules (scrape jobs named as the chart's monitors name them): every rule evaluates without error
+on these real series, and none is pending or firing on this healthy system.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, str(REPO / "hack"))
 import dashboards  # noqa: E402  (hack/dashboards.py: the dashboards' single source)
 
 NAMESPACE, RUN = "demo", "demo-run"
+RULES = REPO / "charts/payloadrun/alerts/payloadrun.rules.yaml"
 
 
 def http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
@@ -104,12 +107,13 @@ def scraped(kube_cluster, tmp_path_factory):
 
         prom_port = free_port()
         targets = {
-            "writer": urllib.parse.urlparse(writer_process.metrics_url).netloc,
-            "retention": urllib.parse.urlparse(retention.metrics_url).netloc,
-            "operator": f"127.0.0.1:{operator.metrics_port}",
+            "payloadrun-writer": urllib.parse.urlparse(writer_process.metrics_url).netloc,
+            "payloadrun-retention": urllib.parse.urlparse(retention.metrics_url).netloc,
+            "payloadrun-operator": f"127.0.0.1:{operator.metrics_port}",
         }
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
             "scrape_configs": [
                 {
                     "job_name": job,
@@ -204,3 +208,21 @@ def test_every_template_variable_resolves(scraped):
             url = f"{scraped}/api/v1/label/{label}/values?" + urllib.parse.urlencode(params)
             values = http(url)["data"]
             assert values, f"{name}: variable {var['name']} has no values"
+
+
+def test_every_alerting_rule_evaluates_and_stays_silent_when_healthy(scraped):
+    expected = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    deadline = time.monotonic() + 30
+    while True:
+        groups = http(f"{scraped}/api/v1/rules?type=alert")["data"]["groups"]
+        rules = {r["name"]: r for g in groups for r in g["rules"]}
+        if set(rules) == expected and all(
+            r.get("lastEvaluation", "0001").startswith("2") for r in rules.values()
+        ):
+            break
+        assert time.monotonic() < deadline, f"rules not all evaluated: {sorted(rules)}"
+        time.sleep(0.5)
+    broken = {name: r.get("lastError") for name, r in rules.items() if r["health"] != "ok"}
+    assert not broken, broken
+    active = {name: r["alerts"] for name, r in rules.items() if r["state"] != "inactive"}
+    assert not active, f"alerts active on a healthy system: {active}"
