@@ -12,7 +12,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from payloadrun.settings import env_of
-from payloadrun_operator import __version__
+from payloadrun.version import add_version_flag
 from payloadrun_operator.handlers import register
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="address of the metrics and liveness endpoints (127.0.0.1 outside a pod)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every API call")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_flag(parser)
     return parser
 
 
