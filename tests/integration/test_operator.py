@@ -462,3 +462,33 @@ def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, 
         eventually("the run deleted with no operator running", gone, 30)
     finally:
         operator.start()
+
+
+def test_json_logs_name_the_run_they_are_about(operator, api, namespace, tmp_path):
+    """With PAYLOADRUN_LOG_FORMAT=json every line the operator writes is one JSON object in the
+    sidecars' shape, and kopf's per-object lines carry the run as ``object``."""
+    body = load_example("singlenode-inline.yaml")
+    name = body["metadata"]["name"]
+    log = tmp_path / "operator.json.log"
+    operator.stop()  # one operator at a time reconciles this namespace
+    try:
+        json_op = LocalOperator(
+            operator.kubeconfig,
+            namespaces=(namespace,),
+            env={"PAYLOADRUN_LOG_FORMAT": "json"},
+            log_path=log,
+        )
+        with json_op:
+            create_run(api, namespace, body)
+            reconciled(api, namespace, name)
+    finally:
+        operator.start()
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries
+    for entry in entries:
+        assert entry.keys() >= {"timestamp", "severity", "logger", "message"}, entry
+    about_run = [e for e in entries if e.get("object", {}).get("name") == name]
+    assert about_run, entries
+    assert about_run[0]["object"]["namespace"] == namespace
+    assert about_run[0]["object"]["kind"] == "PayloadRun"
+    assert any(e["message"].startswith("applied ") for e in about_run), about_run

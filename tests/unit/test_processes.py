@@ -6,13 +6,29 @@ The sidecars run as real processes here; the operator as a process where it need
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+import kopf
 import pytest
 import yaml
+
+from payloadrun.logs import JsonFormatter, severity
+from payloadrun.retention.client import RetentionClient
+from payloadrun.settings import Env
+from payloadrun.testing.processes import SidecarProcess, free_port, writer
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = metadata.version("payloadrun")
@@ -49,3 +65,158 @@ def test_one_version_everywhere():
     assert DEFAULT_SIDECAR_IMAGE.endswith(f":{VERSION}")
     chart = yaml.safe_load((REPO / "charts/payloadrun/Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION, "Chart.yaml's appVersion is not the package's version"
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+# The keys every JSON line has, in every process; kopf's JSON has these but "logger".
+COMMON_KEYS = {"timestamp", "severity", "logger", "message"}
+SEVERITIES = {"debug", "info", "warn", "error", "fatal"}
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00$")
+PLAIN_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Every line of a log as JSON, each with the common keys (fails on the first that is not)."""
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            pytest.fail(f"line {number} is not JSON: {line!r}\n---\n{text[-3000:]}")
+        assert isinstance(entry, dict) and entry.keys() >= COMMON_KEYS, line
+        assert TIMESTAMP.match(entry["timestamp"]), entry["timestamp"]
+        assert entry["severity"] in SEVERITIES, line
+        entries.append(entry)
+    assert entries, "nothing was logged"
+    return entries
+
+
+def record(msg: str = "hello %s", *args: Any, level: int = logging.INFO, **attrs: Any):
+    args = args or (("w",) if "%s" in msg else ())
+    rec = logging.LogRecord("payloadrun.test", level, __file__, 1, msg, args, None)
+    rec.created = 1_796_120_365.592378  # microseconds that are not zero
+    vars(rec).update(attrs)
+    return rec
+
+
+def test_the_json_shape_is_kopfs_plus_the_logger_name():
+    from kopf._core.actions.loggers import make_formatter
+
+    kopf_json = make_formatter(kopf.LogFormat.JSON)
+    ref = {"apiVersion": "payloadrun.dev/v1alpha1", "kind": "PayloadRun", "name": "r",
+           "uid": "u-1", "namespace": "ns"}  # fmt: skip
+    for rec in (
+        record(),
+        record(level=logging.WARNING, k8s_ref=ref, k8s_skip=False, settings=object()),
+        record(level=logging.CRITICAL, step=7),
+    ):
+        ours, theirs = json.loads(JsonFormatter().format(rec)), json.loads(kopf_json.format(rec))
+        assert ours.keys() == theirs.keys() | {"logger"}
+        assert {k: ours[k] for k in theirs} == theirs
+        assert ours["logger"] == "payloadrun.test"
+    assert json.loads(JsonFormatter().format(record(step=7)))["step"] == 7
+
+
+def test_json_lines_carry_tracebacks_in_one_field():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        rec = record("failed", level=logging.ERROR, exc_info=sys.exc_info())
+    line = JsonFormatter().format(rec)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["severity"] == "error" and entry["exc_info"].endswith("ValueError: boom")
+    rec = record()
+    rec.created = 1_796_120_365.0  # zero microseconds still print six digits
+    assert TIMESTAMP.match(json.loads(JsonFormatter().format(rec))["timestamp"])
+    assert [severity(n) for n in (5, 10, 20, 30, 40, 50)] == [
+        "debug", "debug", "info", "warn", "error", "fatal"
+    ]  # fmt: skip
+
+
+def test_the_writer_logs_json_lines_and_plain_stays_as_it_was(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: a 502 and a warning
+    env = {Env.LOG_FORMAT: "json", Env.WRITER_LOG_LEVEL_DEPRECATED: "DEBUG"}
+    with writer(dead, tmp_path, env=env, log_path=tmp_path / "json.log") as proc:
+        answer = urllib.request.Request(proc.url + "/v1/models")
+        with pytest.raises(urllib.error.HTTPError, match="502"):
+            urllib.request.urlopen(answer, timeout=10)
+        urllib.request.urlopen(proc.metrics_url, timeout=10).read()
+    entries = json_lines((tmp_path / "json.log").read_text())
+    assert {e["severity"] for e in entries} >= {"debug", "info", "warn"}
+    assert any(e["logger"] == "payloadrun.writer" and "listening" in e["message"] for e in entries)
+    with writer(dead, tmp_path, "--log-format", "plain", log_path=tmp_path / "plain.log"):
+        pass
+    first = (tmp_path / "plain.log").read_text().splitlines()[0]
+    assert PLAIN_LINE.match(first) and "INFO payloadrun.writer: writer listening on" in first
+
+
+def test_the_retention_sidecar_logs_json_lines(tmp_path):
+    log = tmp_path / "retention.log"
+    sidecar = SidecarProcess(
+        tmp_path / "root", "run-1", args=("--log-format", "json"), log_path=log
+    )
+    with sidecar, RetentionClient(sidecar.url) as client:
+        client.record_batch(1, [])
+        with pytest.raises(Exception, match="400"):
+            client.record_batch(2, ["../escape.bin"])
+    entries = json_lines(log.read_text())
+    assert any(e["logger"] == "payloadrun.retention" for e in entries)
+
+
+def test_a_sidecar_that_cannot_listen_says_so_in_its_log_format(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run(
+            "-m", "payloadrun.cli", "writer", "--log-format", "json",
+            "--listen", f"127.0.0.1:{port}", "--metrics-port", "0",
+        )  # fmt: skip
+    assert result.returncode == 1
+    (entry,) = json_lines(result.stderr)
+    assert entry["severity"] == "fatal" and entry["logger"] == "payloadrun.writer"
+    assert f"cannot listen on port {port}: in use" in entry["message"]
+
+
+def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
+    """No API server answers: kopf logs its startup, the failed requests and its stop."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}"}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PAYLOADRUN_METRICS_PORT": "0",
+        "PAYLOADRUN_HEALTH_PORT": "0",
+        Env.LOG_FORMAT: "json",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "payloadrun_operator", "--host", "127.0.0.1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    entries = json_lines(out)
+    loggers = {e["logger"].split(".")[0] for e in entries}
+    assert "kopf" in loggers
+    assert any(e["severity"] == "error" for e in entries)  # the refused connections
