@@ -438,6 +438,10 @@ def test_operator_metrics(operator, api, namespace):
     text = urllib.request.urlopen(operator.metrics_url, timeout=5).read().decode()
     assert 'payloadrun_operator_reconciles_total{result="applied"}' in text
     assert 'payloadrun_operator_runs{mode="Inline",phase="Provisioning"}' in text
+    # what every component exports (docs/metrics.md, "Every component")
+    assert 'payloadrun_build_info{component="operator",' in text
+    assert "\nprocess_resident_memory_bytes " in text and "\nprocess_open_fds " in text
+    assert "_created" not in text
 
 
 def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, namespace):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import signal
 import socket
@@ -220,3 +221,109 @@ def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
     loggers = {e["logger"].split(".")[0] for e in entries}
     assert "kopf" in loggers
     assert any(e["severity"] == "error" for e in entries)  # the refused connections
+
+
+# --- metrics every component exports, and docs/metrics.md ---------------------------------------
+
+METRICS_MD = REPO / "docs" / "metrics.md"
+# docs/metrics.md section heading (its start) -> the components whose /metrics it describes
+SECTIONS = {
+    "Every component": ("operator", "writer", "retention"),
+    "Writer sidecar": ("writer",),
+    "Retention sidecar": ("retention",),
+    "Operator": ("operator",),
+}
+# client_python's collectors: the only families a group row (``process_*``) may stand for
+GROUP_PREFIXES = ("process_", "python_")
+TYPE_LINE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
+
+
+def exported(text: str) -> dict[str, str]:
+    """Name -> type of every family in an exposition (counters by their ``_total`` name)."""
+    return dict(TYPE_LINE.findall(text))
+
+
+def documented() -> dict[str, dict[str, tuple[str, str]]]:
+    """Component -> {name or ``prefix_*``: (type, the row's text)} from docs/metrics.md's tables."""
+    found: dict[str, dict[str, tuple[str, str]]] = {
+        c: {} for c in ("operator", "writer", "retention")
+    }
+    components: tuple[str, ...] = ()
+    for line in METRICS_MD.read_text().splitlines():
+        if line.startswith("## "):
+            heading = line[3:]
+            components = next((c for s, c in SECTIONS.items() if heading.startswith(s)), ())
+        elif line.startswith("| `") and components:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                for component in components:
+                    assert name not in found[component], f"{name} documented twice"
+                    found[component][name] = (cells[1], line)
+    return found
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+@pytest.fixture(scope="module")
+def expositions(tmp_path_factory) -> dict[str, str]:
+    """/metrics of a real writer and retention sidecar, and of the operator's metrics."""
+    from prometheus_client import generate_latest
+
+    from payloadrun_operator.metrics import OperatorMetrics
+
+    tmp = tmp_path_factory.mktemp("metrics")
+    with (
+        writer(f"http://127.0.0.1:{free_port()}", tmp / "writer") as w,
+        SidecarProcess(tmp / "retention", "run-1") as r,
+    ):
+        texts = {"writer": scrape(w.metrics_url), "retention": scrape(r.metrics_url)}
+    # The operator's process needs a cluster (tests/integration/test_operator.py scrapes it);
+    # here its registry, which the process serves as it is.
+    texts["operator"] = generate_latest(OperatorMetrics().registry).decode()
+    return texts
+
+
+@pytest.mark.parametrize("component", ["operator", "writer", "retention"])
+def test_build_info_process_metrics_and_no_created_series(expositions, component):
+    text = expositions[component]
+    build = [line for line in text.splitlines() if line.startswith("payloadrun_build_info{")]
+    assert build == [
+        f'payloadrun_build_info{{component="{component}",'
+        f'python_version="{platform.python_version()}",version="{VERSION}"}} 1.0'
+    ]
+    families = exported(text)
+    for name in ("process_resident_memory_bytes", "process_open_fds", "python_info"):
+        assert families.get(name) == "gauge", name
+    assert families["process_cpu_seconds_total"] == "counter"
+    assert families["python_gc_collections_total"] == "counter"
+    assert "_created" not in text
+
+
+@pytest.mark.parametrize("component", ["operator", "writer", "retention"])
+def test_metrics_md_names_exactly_what_each_component_exports(expositions, component):
+    """Every family a component exports has a row in its section (or in "Every component"),
+    with its type, and every row names a family the component exports. A group row
+    (``process_*``) stands for client_python's collectors only, and its text names each of
+    their families that the components export."""
+    families = exported(expositions[component])
+    docs = documented()[component]
+    groups = {name[:-1]: row for name, (_, row) in docs.items() if name.endswith("*")}
+    assert set(groups) <= set(GROUP_PREFIXES), groups
+    for name, kind in families.items():
+        group = next((row for prefix, row in groups.items() if name.startswith(prefix)), None)
+        if group is not None:
+            assert f"`{name}`" in group, f"{name} ({component}) is not named in its group row"
+            continue
+        assert name in docs, f"{component} exports {name} ({kind}): add a row to docs/metrics.md"
+        assert docs[name][0] == kind, f"{name} is a {kind}, docs/metrics.md says {docs[name][0]}"
+    for name, (_, row) in docs.items():
+        if name.endswith("*"):
+            assert any(f.startswith(name[:-1]) for f in families), f"nothing matches {name}"
+            listed = re.findall(rf"`({re.escape(name[:-1])}[a-z_]+)`", row)
+            missing = set(listed) - set(families)
+            assert not missing, f"the {name} row names {missing}, {component} exports none of them"
+        else:
+            assert name in families, f"docs/metrics.md names {name}, {component} does not export it"
