@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import time
@@ -496,3 +497,41 @@ def test_json_logs_name_the_run_they_are_about(operator, api, namespace, tmp_pat
     assert about_run[0]["object"]["namespace"] == namespace
     assert about_run[0]["object"]["kind"] == "PayloadRun"
     assert any(e["message"].startswith("applied ") for e in about_run), about_run
+
+
+def test_a_kubeconfig_with_an_exec_credential_plugin(operator, api, namespace, tmp_path):
+    """EKS, GKE and AKS kubeconfigs get their credentials from a plugin; the operator runs it
+    without a client library (as in its image). This plugin hands out the admin certificate."""
+    admin = yaml.safe_load(Path(operator.kubeconfig).read_text())
+    (user,) = admin["users"]
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": base64.b64decode(
+                user["user"]["client-certificate-data"]
+            ).decode(),
+            "clientKeyData": base64.b64decode(user["user"]["client-key-data"]).decode(),
+        },
+    }
+    plugin = tmp_path / "credential-plugin"
+    ran = tmp_path / "plugin-ran"
+    plugin.write_text(f"#!/bin/sh\ntouch {ran}\ncat <<'EOF'\n{json.dumps(credential)}\nEOF\n")
+    plugin.chmod(0o755)
+    user["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
+    }
+    kubeconfig = tmp_path / "exec.kubeconfig"
+    kubeconfig.write_text(json.dumps(admin))
+    body = load_example("singlenode-inline.yaml")
+    operator.stop()  # one operator at a time reconciles this namespace
+    try:
+        with LocalOperator(
+            kubeconfig, namespaces=(namespace,), log_path=tmp_path / "operator.log"
+        ) as exec_op:
+            create_run(api, namespace, body)
+            run = reconciled(api, namespace, body["metadata"]["name"])
+            assert "401" not in exec_op.log_tail(400), exec_op.log_tail()
+    finally:
+        operator.start()
+    assert run["status"]["phase"] == "Provisioning" and ran.exists()
