@@ -2,7 +2,10 @@
 
 Decisions are pure functions (:mod:`decisions`, :mod:`builders`); :mod:`handlers` validates,
 builds, applies and reports. It talks to the API server through kopf and a small aiohttp client
-(:mod:`kube`), not the official Kubernetes client, which would triple its memory.
+(:mod:`kube`), not the official Kubernetes client, which its image does not have (what that saves:
+:mod:`kube`).
 """
 
-__version__ = "0.1.0"
+from payloadrun.version import __version__
+
+__all__ = ["__version__"]

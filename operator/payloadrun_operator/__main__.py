@@ -11,8 +11,9 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
+from payloadrun import logs, settings
 from payloadrun.settings import env_of
-from payloadrun_operator import __version__
+from payloadrun.version import add_version_flag
 from payloadrun_operator.handlers import register
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="address of the metrics and liveness endpoints (127.0.0.1 outside a pod)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every API call")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    settings.add_arguments(parser, OperatorSettings)  # --log-format
+    add_version_flag(parser)
     return parser
 
 
@@ -58,32 +60,34 @@ def operator_identity() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = OperatorSettings.from_env()
+        config = OperatorSettings.from_env(args=args)
     except SettingsError as exc:
         print(f"payloadrun-operator: {exc}", file=sys.stderr)
         return 2
-    namespaces = tuple(args.namespace) or settings.namespaces
+    namespaces = tuple(args.namespace) or config.namespaces
 
+    # kopf's handler and levels; with json, the one shape of every payloadrun process
+    # (payloadrun.logs: kopf's own JSON keys plus the logger's name).
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL, log_prefix=True)
+    if config.log_format != "plain":
+        logs.use_format(config.log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    op = Operator(settings, KubeClient(), OperatorMetrics(), namespaces)
+    op = Operator(config, KubeClient(), OperatorMetrics(), namespaces)
     registry = kopf.OperatorRegistry()
     register(registry, op)
-    if settings.metrics_port:
+    if config.metrics_port:
         try:
-            start_http_server(settings.metrics_port, addr=args.host, registry=op.metrics.registry)
+            start_http_server(config.metrics_port, addr=args.host, registry=op.metrics.registry)
         except OSError as exc:
             print(
                 f"payloadrun-operator: cannot serve metrics on {args.host}:"
-                f"{settings.metrics_port} ({exc.strerror}): set "
+                f"{config.metrics_port} ({exc.strerror}): set "
                 f"{env_of(OperatorSettings, 'metrics_port')} to a free port, or 0 to turn "
                 "metrics off",
                 file=sys.stderr,
             )
             return 2
-    liveness = (
-        f"http://{args.host}:{settings.health_port}/healthz" if settings.health_port else None
-    )
+    liveness = f"http://{args.host}:{config.health_port}/healthz" if config.health_port else None
     kopf.run(
         registry=registry,
         standalone=True,

@@ -299,6 +299,7 @@ def writer_container(ctx: RunContext) -> Manifest:
                 Env.WRITER_METRICS_HOST: "0.0.0.0",
                 Env.WRITER_METRICS_PORT: str(writer.metrics_port),
                 Env.PAYLOAD_ROOT: ctx.root,
+                Env.LOG_FORMAT: ctx.settings.sidecar_log_format,
             }
         ),
         "ports": [
@@ -333,6 +334,7 @@ def retention_container(ctx: RunContext) -> Manifest:
                 Env.RETENTION_METRICS_PORT: str(retention.metrics_port),
                 Env.RETENTION_WORKERS: str(retention.workers),
                 Env.RETENTION_SCAN_INTERVAL: str(retention.scan_interval_seconds),
+                Env.LOG_FORMAT: ctx.settings.sidecar_log_format,
             }
         ),
         "ports": [

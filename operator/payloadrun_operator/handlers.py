@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from payloadrun_operator import readiness
+from payloadrun_operator import credentials, readiness
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode, validation_errors
 from payloadrun_operator.kube import KubeApiError
@@ -192,7 +192,12 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.login(registry=registry)
     async def login(**kwargs: Any) -> kopf.ConnectionInfo:
-        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        # kopf's kubeconfig login reads static credentials only and leaves exec credential
+        # plugins (EKS, GKE, AKS kubeconfigs) to a client library, which the image does not
+        # have: credentials.py runs them.
+        info = kopf.login_with_service_account(**kwargs) or credentials.login_with_kubeconfig(
+            **kwargs
+        )
         if info is None:
             raise kopf.LoginError(
                 "no credentials: run in a pod with a service account, or set KUBECONFIG"

@@ -3,8 +3,12 @@
 Children are created and updated with server-side apply (one idempotent PATCH per object, owned
 by the field manager ``payloadrun-operator``): applying the same manifest twice changes nothing,
 and a field the operator stops setting is removed. Credentials are the ones kopf logs in with
-(:class:`kopf.ConnectionInfo`), so the operator needs no Kubernetes client library: that keeps
-its resident memory near a third of a client-based operator's.
+(:class:`kopf.ConnectionInfo`), so the operator needs no Kubernetes client library, and its image
+has none. That saves memory, though not the two thirds once claimed here: measured by
+``bench/operator.py`` (client library not importable, as in the image), the operator holds
+81-83 MiB after 100 runs, 1.3 times the 62 MiB that kopf and the official client take merely
+imported, and 56 MiB at start against 67 MiB for the same operator with the client importable
+(kopf then imports it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""The operator's Prometheus metrics (kopf exports none of its own)."""
+"""The operator's Prometheus metrics (kopf exports none of its own), beside the build info and
+process metrics every payloadrun process exports (:mod:`payloadrun.process_metrics`)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from payloadrun import process_metrics
 
 RESULTS = ("applied", "rejected", "error")
 
@@ -12,6 +15,7 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        process_metrics.register(self.registry, "operator")
         self.reconciles = Counter(
             "payloadrun_operator_reconciles",
             "PayloadRun reconciliations by result (applied, rejected, error).",

@@ -6,6 +6,7 @@ names its environment variable, parser and bounds, and ``__post_init__`` validat
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Mapping
@@ -105,12 +106,26 @@ class OperatorSettings:
     readiness_check_seconds: int = _seconds(
         "PAYLOADRUN_READINESS_CHECK_SECONDS", 10, 1, 3600, "how often readiness is checked"
     )
+    # The operator's own lines; plain (kopf's text lines) unless the chart or --log-format says.
+    log_format: str = settings.log_format()
+    # The sidecars run in a cluster, where log pipelines (Fluent Bit, Vector, Loki, Cloud
+    # Logging) parse one JSON object per line: json unless the chart says otherwise. A run's
+    # writer.args or retention.args (--log-format plain) overrides it for one run.
+    sidecar_log_format: str = setting(
+        "json",
+        help="the sidecars' log format (injected as PAYLOADRUN_LOG_FORMAT)",
+        env="PAYLOADRUN_SIDECAR_LOG_FORMAT",
+        choices=settings.LOG_FORMATS,
+    )
 
     def __post_init__(self) -> None:
         settings.validate(self)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
-        """The settings the environment sets; an empty variable means its default."""
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, args: argparse.Namespace | None = None
+    ) -> OperatorSettings:
+        """The settings the environment sets (an empty variable means its default); a flag
+        in ``args`` (the few settings that have one, such as ``--log-format``) wins."""
         env = os.environ if env is None else env
-        return settings.from_args(cls, None, {k: v for k, v in env.items() if v != ""})
+        return settings.from_args(cls, args, {k: v for k, v in env.items() if v != ""})

@@ -7,6 +7,13 @@ For tests, benchmarks and the demo (the counterpart of :mod:`payloadrun.testing`
 
 The process gets loopback-only metrics and liveness ports, its own log file, and is stopped with
 SIGTERM (then SIGKILL) when the block ends. Importing this module does not import kopf.
+
+It runs as in the operator image, which has no Kubernetes client library: the development
+environment has the ``kubernetes`` package (the tests' client), and kopf imports it whenever it
+can (its ``thirdparty`` module, at ``import kopf``), which costs memory (11 MiB at the
+operator's start, bench/operator.py) and would hide an accidental dependence on it. The child
+process makes ``import kubernetes`` (and ``kubernetes_asyncio``, ``pykube``) fail, as it does
+in the image; ``client_libraries=True`` lets it import them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,15 @@ from payloadrun.testing.processes import free_port
 from payloadrun_operator.names import OPERATOR_CONTAINER
 from payloadrun_operator.settings import OperatorSettings
 
+# The client libraries kopf uses when it can import them; the operator image has none of them.
+CLIENT_LIBRARIES = ("kubernetes", "kubernetes_asyncio", "pykube")
+# `python -c` this, then the operator's arguments: the operator with those imports failing.
+AS_IN_THE_IMAGE = (
+    "import sys\n"
+    f"sys.modules.update(dict.fromkeys({CLIENT_LIBRARIES!r}))  # None: the import fails\n"
+    "from payloadrun_operator.__main__ import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 METRICS_PORT_ENV = env_of(OperatorSettings, "metrics_port")
 HEALTH_PORT_ENV = env_of(OperatorSettings, "health_port")
 # The chart's container gets ports for its pod; a local process gets free loopback ports.
@@ -55,8 +71,10 @@ class LocalOperator:
         namespaces: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        client_libraries: bool = False,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
+        self.client_libraries = client_libraries
         self.namespaces = namespaces
         self.extra_env = dict(env or {})
         if log_path is None:
@@ -89,7 +107,11 @@ class LocalOperator:
             HEALTH_PORT_ENV: str(self.health_port),
             **self.extra_env,
         }
-        args = [sys.executable, "-m", "payloadrun_operator", "--host", "127.0.0.1"]
+        if self.client_libraries:
+            args = [sys.executable, "-m", "payloadrun_operator"]
+        else:
+            args = [sys.executable, "-c", AS_IN_THE_IMAGE]
+        args += ["--host", "127.0.0.1"]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it open)

@@ -38,6 +38,7 @@ _HOMES = {
         "segments_to_json",
     ),
     "payloadrun.store": ("PayloadStore", "PayloadWriteError"),
+    "payloadrun.version": ("__version__",),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         segments_to_json,
     )
     from payloadrun.store import PayloadStore, PayloadWriteError
+    from payloadrun.version import __version__
 
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "SegmentError",
     "SegmentOverlapError",
     "ShortReadError",
+    "__version__",
     "clip_all",
     "compact_routed_experts",
     "decode_routed_experts",

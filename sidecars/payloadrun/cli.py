@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from payloadrun.version import add_version_flag
+
 # Modules with ``register(subparsers)``; each adds one subcommand whose handler is ``args.run``.
 SUBCOMMANDS = (
     "payloadrun.retention.cli",
@@ -21,9 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="MoE router-replay ids and sampling masks moved by handle through a shared "
         "volume: the data-plane tools.",
     )
+    add_version_flag(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(subparsers)
+    for subcommand in subparsers.choices.values():  # `payloadrun writer --version` too
+        add_version_flag(subcommand)
     return parser
 
 

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from payloadrun import logs
+
 log = logging.getLogger("payloadrun.serving")
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -141,15 +141,18 @@ async def serve(
             loop.remove_signal_handler(sig)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+def configure_logging(level: str, log_format: str = "plain") -> None:
+    logs.configure(level, log_format)
 
 
 def run_sidecar(command: str, main: Coroutine[Any, Any, None]) -> int:
-    """Run a sidecar's main coroutine; an address it cannot bind is a one-line exit (status 1)."""
+    """Run a sidecar's main coroutine; an address it cannot bind is a one-line exit (status 1).
+
+    The line is logged (``payloadrun.<command>``, critical), so it has the format of every other.
+    """
     try:
         asyncio.run(main)
     except ListenError as exc:
-        print(f"payloadrun {command}: {exc.strerror}", file=sys.stderr)
+        logging.getLogger(f"payloadrun.{command}").critical("%s", exc.strerror)
         return 1
     return 0

@@ -38,8 +38,9 @@ class Env:
     RETENTION_URL = "PAYLOADRUN_RETENTION_URL"
     MAX_OFF_POLICY_STEPS = "PAYLOADRUN_MAX_OFF_POLICY_STEPS"
     MAX_STEPS = "PAYLOADRUN_MAX_STEPS"
-    # both sidecars
+    # both sidecars (and the operator's own process)
     LOG_LEVEL = "PAYLOADRUN_LOG_LEVEL"
+    LOG_FORMAT = "PAYLOADRUN_LOG_FORMAT"
     # the writer sidecar
     WRITER_UPSTREAM = "PAYLOADRUN_WRITER_UPSTREAM"
     WRITER_LISTEN = "PAYLOADRUN_WRITER_LISTEN"
@@ -71,6 +72,7 @@ RETENTION_WORKERS = 8
 RETENTION_SCAN_INTERVAL_S = 60
 MAX_OFF_POLICY_STEPS = 8
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("plain", "json")  # payloadrun.logs formats them
 
 T = TypeVar("T")
 
@@ -261,6 +263,18 @@ def deprecated_in_use(cls: type, env: Mapping[str, str] | None = None) -> list[s
 def port(default: int, *, help: str, **how: Any) -> Any:
     """A TCP port setting: 0 to 65535 (what 0 means, the help says)."""
     return setting(default, help=help, parse=parse_int, minimum=0, maximum=65535, **how)
+
+
+def log_format(default: str = "plain", **how: Any) -> Any:
+    """The log-format setting: the same flag and variable in the operator and both sidecars."""
+    return setting(
+        default,
+        help="log lines as plain text or as one JSON object each (docs/operations.md, Logs)",
+        flag="--log-format",
+        env=Env.LOG_FORMAT,
+        choices=LOG_FORMATS,
+        **how,
+    )
 
 
 def log_level(**how: Any) -> Any:

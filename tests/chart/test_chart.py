@@ -55,6 +55,8 @@ def test_defaults(helm):
     # the sidecar defaults flow from the chart to the operator, so runs name no sidecar image
     assert env["PAYLOADRUN_SIDECAR_IMAGE"] == "ghcr.io/payloadrun/payloadrun:0.1.0"
     assert json.loads(env["PAYLOADRUN_WRITER_RESOURCES"])["limits"]["memory"] == "4Gi"
+    # structured logs in a cluster, the operator's and the sidecars' alike
+    assert env["PAYLOADRUN_LOG_FORMAT"] == env["PAYLOADRUN_SIDECAR_LOG_FORMAT"] == "json"
     assert env["PAYLOADRUN_NAMESPACES"] == ""
     assert pod["serviceAccountName"] == "rel-payloadrun"
     dashboards = [c for c in kinds["ConfigMap"] if c["metadata"]["labels"].get("grafana_dashboard")]
@@ -112,12 +114,16 @@ def test_non_default_values(helm):
             "metrics.service.enabled=false",
             "serviceAccount.name=custom",
             "operator.verbose=true",
+            "operator.logFormat=plain",
+            "sidecars.logFormat=plain",
         )
     )
     (deploy,) = kinds["Deployment"]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     assert container["image"].endswith(":1.2.3")
     assert container["args"] == ["--verbose"]
+    assert env_of(container)["PAYLOADRUN_LOG_FORMAT"] == "plain"
+    assert env_of(container)["PAYLOADRUN_SIDECAR_LOG_FORMAT"] == "plain"
     assert env_of(container)["PAYLOADRUN_SIDECAR_IMAGE"] == "registry.local/pr:v9"
     assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
     assert "Service" not in kinds and "ConfigMap" not in kinds
@@ -131,6 +137,7 @@ def test_non_default_values(helm):
         ("operator.readinessCheckSeconds=0", "/operator/readinessCheckSeconds"),
         ("operator.watchNamespaces={Not_A_Namespace}", "/operator/watchNamespaces/0"),
         ("serviceMonitor.interval=often", "/serviceMonitor/interval"),
+        ("sidecars.logFormat=yaml", "/sidecars/logFormat"),
         ("replicas=2", "additional properties 'replicas' not allowed"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import time
@@ -443,6 +444,10 @@ def test_operator_metrics(operator, api, namespace):
     text = urllib.request.urlopen(operator.metrics_url, timeout=5).read().decode()
     assert 'payloadrun_operator_reconciles_total{result="applied"}' in text
     assert 'payloadrun_operator_runs{mode="Inline",phase="Provisioning"}' in text
+    # what every component exports (docs/metrics.md, "Every component")
+    assert 'payloadrun_build_info{component="operator",' in text
+    assert "\nprocess_resident_memory_bytes " in text and "\nprocess_open_fds " in text
+    assert "_created" not in text
 
 
 def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, namespace):
@@ -467,3 +472,71 @@ def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, 
         eventually("the run deleted with no operator running", gone, 30)
     finally:
         operator.start()
+
+
+def test_json_logs_name_the_run_they_are_about(operator, api, namespace, tmp_path):
+    """With PAYLOADRUN_LOG_FORMAT=json every line the operator writes is one JSON object in the
+    sidecars' shape, and kopf's per-object lines carry the run as ``object``."""
+    body = load_example("singlenode-inline.yaml")
+    name = body["metadata"]["name"]
+    log = tmp_path / "operator.json.log"
+    operator.stop()  # one operator at a time reconciles this namespace
+    try:
+        json_op = LocalOperator(
+            operator.kubeconfig,
+            namespaces=(namespace,),
+            env={"PAYLOADRUN_LOG_FORMAT": "json"},
+            log_path=log,
+        )
+        with json_op:
+            create_run(api, namespace, body)
+            reconciled(api, namespace, name)
+    finally:
+        operator.start()
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries
+    for entry in entries:
+        assert entry.keys() >= {"timestamp", "severity", "logger", "message"}, entry
+    about_run = [e for e in entries if e.get("object", {}).get("name") == name]
+    assert about_run, entries
+    assert about_run[0]["object"]["namespace"] == namespace
+    assert about_run[0]["object"]["kind"] == "PayloadRun"
+    assert any(e["message"].startswith("applied ") for e in about_run), about_run
+
+
+def test_a_kubeconfig_with_an_exec_credential_plugin(operator, api, namespace, tmp_path):
+    """EKS, GKE and AKS kubeconfigs get their credentials from a plugin; the operator runs it
+    without a client library (as in its image). This plugin hands out the admin certificate."""
+    admin = yaml.safe_load(Path(operator.kubeconfig).read_text())
+    (user,) = admin["users"]
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": base64.b64decode(
+                user["user"]["client-certificate-data"]
+            ).decode(),
+            "clientKeyData": base64.b64decode(user["user"]["client-key-data"]).decode(),
+        },
+    }
+    plugin = tmp_path / "credential-plugin"
+    ran = tmp_path / "plugin-ran"
+    plugin.write_text(f"#!/bin/sh\ntouch {ran}\ncat <<'EOF'\n{json.dumps(credential)}\nEOF\n")
+    plugin.chmod(0o755)
+    user["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
+    }
+    kubeconfig = tmp_path / "exec.kubeconfig"
+    kubeconfig.write_text(json.dumps(admin))
+    body = load_example("singlenode-inline.yaml")
+    operator.stop()  # one operator at a time reconciles this namespace
+    try:
+        with LocalOperator(
+            kubeconfig, namespaces=(namespace,), log_path=tmp_path / "operator.log"
+        ) as exec_op:
+            create_run(api, namespace, body)
+            run = reconciled(api, namespace, body["metadata"]["name"])
+            assert "401" not in exec_op.log_tail(400), exec_op.log_tail()
+    finally:
+        operator.start()
+    assert run["status"]["phase"] == "Provisioning" and ran.exists()

@@ -92,6 +92,7 @@ def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
         "PAYLOADRUN_WRITER_METRICS_HOST": "0.0.0.0",
         "PAYLOADRUN_WRITER_METRICS_PORT": "9401",
         "PAYLOAD_ROOT": "/payloads/ml/run1/payloads",
+        "PAYLOADRUN_LOG_FORMAT": "json",
     }
     assert writer["volumeMounts"] == [
         {"name": "payloads", "mountPath": "/payloads", "readOnly": False}
@@ -131,6 +132,7 @@ def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
     assert renv["PAYLOADRUN_RUN_ID"] == "uid-123"
     assert renv["PAYLOADRUN_RESUME"] == "false"
     assert renv["PAYLOADRUN_MAX_OFF_POLICY_STEPS"] == "8"
+    assert renv["PAYLOADRUN_LOG_FORMAT"] == "json"
     assert retention["readinessProbe"]["httpGet"]["port"] == 9402
     assert pod["securityContext"]["fsGroup"] == SETTINGS.sidecar_uid
 

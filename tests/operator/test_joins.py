@@ -143,6 +143,33 @@ def test_one_log_level_variable_for_both_sidecars():
     assert settings.deprecated_in_use(WriterListen, both) == []
 
 
+def test_one_log_format_setting_from_the_operator_to_both_sidecars(spec_dict):
+    """The operator's sidecar log format reaches both sidecars (json unless set), a run's args
+    override it for that run, and the operator reads the same flag and variable itself."""
+    for cls in (WriterListen, RetentionListen, OperatorSettings):
+        (s, _) = settings.settings_of(cls)["log_format"]
+        assert (s.flag, s.env, s.choices) == ("--log-format", Env.LOG_FORMAT, ("plain", "json"))
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    for chosen in ("json", "plain"):
+        ops = OperatorSettings(sidecar_log_format=chosen)
+        children = build_children(RunContext("r", "ns", "u", spec, decide_payload_mode(spec), ops))
+        for name, cls in (
+            (names.WRITER_CONTAINER, WriterListen),
+            (names.RETENTION_CONTAINER, RetentionListen),
+        ):
+            env = _env(_container(children, name))
+            assert settings.from_args(cls, None, env).log_format == chosen, name
+    assert OperatorSettings().sidecar_log_format == "json"
+    assert OperatorSettings().log_format == "plain"
+    spec_dict["inference"]["writer"] = {"args": ["--log-format", "plain"]}
+    _, children = _children(spec_dict)
+    writer = _container(children, names.WRITER_CONTAINER)
+    parser = argparse.ArgumentParser()
+    register_writer(parser.add_subparsers())
+    args = parser.parse_args(writer["args"])
+    assert settings.from_args(WriterListen, args, _env(writer)).log_format == "plain"
+
+
 def test_readiness_finds_the_children_the_builders_name(spec_dict):
     ctx, children = _children(spec_dict)
     built = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children}

@@ -77,6 +77,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.sidecars.image.pullPolicy | quote }}
 - name: PAYLOADRUN_SIDECAR_UID
   value: {{ .Values.sidecars.uid | quote }}
+- name: PAYLOADRUN_SIDECAR_LOG_FORMAT
+  value: {{ .Values.sidecars.logFormat | quote }}
 - name: PAYLOADRUN_WRITER_RESOURCES
   value: {{ .Values.sidecars.writer.resources | toJson | quote }}
 - name: PAYLOADRUN_RETENTION_RESOURCES
@@ -95,6 +97,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.operator.watch.clientTimeout | quote }}
 - name: PAYLOADRUN_WATCH_INACTIVITY_TIMEOUT
   value: {{ .Values.operator.watch.inactivityTimeout | quote }}
+- name: PAYLOADRUN_LOG_FORMAT
+  value: {{ .Values.operator.logFormat | quote }}
 {{- end -}}
 
 {{/*

@@ -9,6 +9,7 @@ the pod. The default ports are the CRD's.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from payloadrun.retention.config import RetentionConfig
 from payloadrun.settings import RETENTION_METRICS_PORT, RETENTION_PORT, Env, setting
 
 SWITCH_INTERVAL_S = 0.0005
+log = logging.getLogger("payloadrun.retention")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class RetentionListen:
         parse=Path,
     )
     log_level: str = settings.log_level()
+    log_format: str = settings.log_format()
 
     def __post_init__(self) -> None:
         settings.validate(self)
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     except settings.SettingsError as exc:
         print(f"payloadrun retention: {exc}", file=sys.stderr)
         return 2
-    serving.configure_logging(where.log_level)
+    serving.configure_logging(where.log_level, where.log_format)
     try:
         # The sidecar owns the directory's lifecycle: on a new volume its run directory may not
         # exist yet (a path that exists and is not a directory is still an error).
@@ -80,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             config.root.mkdir(parents=True, exist_ok=True)
         service = RetentionService(config)
     except (ValueError, OSError) as exc:
-        raise SystemExit(f"retention: {exc}") from exc
+        log.critical("%s", exc)
+        return 1
     # Deletion threads hold the GIL between their system calls; with the default 5 ms switch
     # interval the event loop can wait that long several times per request. A shorter interval
     # keeps API calls in the millisecond range while a step's files are being unlinked.

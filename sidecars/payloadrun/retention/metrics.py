@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from payloadrun import process_metrics
 from payloadrun.retention.policy import Reason
 
 PREFIX = "payloadrun_retention_"
@@ -30,6 +31,7 @@ class RetentionMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        process_metrics.register(registry, "retention")
         p = PREFIX
 
         def gauge(name: str, doc: str) -> Gauge:

@@ -59,6 +59,7 @@ class WriterListen:
         env=Env.WRITER_METRICS_HOST,
     )
     log_level: str = settings.log_level(deprecated_env=(Env.WRITER_LOG_LEVEL_DEPRECATED,))
+    log_format: str = settings.log_format()
 
     def __post_init__(self) -> None:
         settings.validate(self)
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     except settings.SettingsError as exc:
         print(f"payloadrun writer: {exc}", file=sys.stderr)
         return 2
-    serving.configure_logging(where.log_level)
+    serving.configure_logging(where.log_level, where.log_format)
     for note in settings.deprecated_in_use(WriterListen):
         log.warning("%s", note)
     host, port = where.address

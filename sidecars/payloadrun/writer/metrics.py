@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from payloadrun import process_metrics
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK
 from payloadrun.writer.rewrite import FALLBACK_REASONS
 from payloadrun.writer.transform import Mode
@@ -25,6 +26,7 @@ class WriterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        process_metrics.register(r, "writer")
         self.requests = Counter(
             PREFIX + "requests",
             "Requests served, by mode (handle, inline, passthrough, rejected) and the HTTP "
