@@ -5,9 +5,17 @@ run's effective settings, and three workloads with their Services:
 
 - inference: a StatefulSet of vLLM pods. By handle, the writer sidecar runs beside vLLM (a native
   sidecar, so it starts first and stops last) and the ``<run>-inference`` Service targets it;
-  inline, the Service targets vLLM itself.
-- orchestrator: a Deployment of one pod. By handle, the retention sidecar runs beside it.
-- trainer: a StatefulSet; by handle it mounts the volume read-only.
+  inline, the Service targets vLLM itself. It serves until the run ends.
+- orchestrator: a Job of one pod. By handle, the retention sidecar runs beside it.
+- trainer: an Indexed Job, one pod per rank (``<run>-trainer-<rank>`` on its headless Service,
+  as a StatefulSet's would be); by handle it mounts the volume read-only. Its completion is the
+  run's success.
+
+Both Jobs replace a failed pod (``restartPolicy: Never``, so the failed one and its logs stay)
+up to ``spec.failurePolicy.backoffLimit`` times, and never run a replacement beside the pod it
+replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its inputs
+(:func:`lifecycle.inputs_hash`) and has pods only while the run is active (``RunContext.active``).
+A finished run's ``<run>-cleanup`` Job deletes its payload files (:func:`build_cleanup`).
 
 Every child carries an owner reference to the run (garbage-collected with it), except a managed
 claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
@@ -20,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from payloadrun.settings import Env
-from payloadrun_operator import names
+from payloadrun_operator import lifecycle, names
 from payloadrun_operator.decisions import (
     DEFAULT_CLAIM_SIZE,
     ModeDecision,
@@ -50,7 +58,8 @@ class RunContext:
     uid: str
     spec: PayloadRunSpec
     decision: ModeDecision
-    settings: OperatorSettings
+    settings: OperatorSettings  # with the run's pinned sidecar settings (lifecycle.pinned_settings)
+    active: bool = True  # whether the workloads have pods (not suspended, not finished)
 
     @property
     def by_handle(self) -> bool:
@@ -66,6 +75,9 @@ class RunContext:
 
     def child_name(self, component: str) -> str:
         return names.child_name(self.name, component)
+
+    def inputs(self, component: str) -> str:
+        return lifecycle.inputs_hash(self.spec, component, lifecycle.pin_of(self.settings))
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -364,17 +376,44 @@ def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> 
     }
 
 
+def workload_metadata(ctx: RunContext, component: str) -> Manifest:
+    meta = metadata(ctx, ctx.child_name(component), component)
+    meta["annotations"] = {names.INPUTS_ANNOTATION: ctx.inputs(component)}
+    return meta
+
+
 def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) -> Manifest:
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": metadata(ctx, ctx.child_name(component), component),
+        "metadata": workload_metadata(ctx, component),
         "spec": {
-            "replicas": replicas,
+            "replicas": replicas if ctx.active else 0,
             "serviceName": names.headless_name(ctx.name, component),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(ctx, component)},
             "template": {"metadata": {"labels": labels(ctx, component)}, "spec": pod},
+        },
+    }
+
+
+def job(ctx: RunContext, component: str, pods: int, pod: Manifest, **spec: Any) -> Manifest:
+    """A Job of ``pods`` pods at once that replaces failed ones, one for one, up to the limit."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": workload_metadata(ctx, component),
+        "spec": {
+            "suspend": not ctx.active,
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": ctx.spec.failure_policy.backoff_limit,
+            "podReplacementPolicy": "Failed",
+            **spec,
+            "template": {
+                "metadata": {"labels": labels(ctx, component)},
+                "spec": {**pod, "restartPolicy": "Never"},
+            },
         },
     }
 
@@ -433,24 +472,9 @@ def build_orchestrator(ctx: RunContext) -> list[Manifest]:
         },
     )
     sidecars = [retention_container(ctx)] if ctx.by_handle else []
-    component = ORCHESTRATOR
-    return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata(ctx, ctx.child_name(component), component),
-            "spec": {
-                "replicas": 1,
-                # Two orchestrators would both drive retention of one root: never overlap them.
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": selector(ctx, component)},
-                "template": {
-                    "metadata": {"labels": labels(ctx, component)},
-                    "spec": pod_spec(ctx, [container], sidecars),
-                },
-            },
-        }
-    ]
+    # One pod; a replacement only once the failed one has stopped (podReplacementPolicy), since
+    # two orchestrators would both drive the retention of one root.
+    return [job(ctx, ORCHESTRATOR, 1, pod_spec(ctx, [container], sidecars))]
 
 
 def build_trainer(ctx: RunContext) -> list[Manifest]:
@@ -468,9 +492,13 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
         container["volumeMounts"] = [volume_mount(ctx, read_only=True)]
     port = names.TRAINER_DIST_PORT
     ports = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
+    pod = pod_spec(ctx, [container], [])
+    # <run>-trainer-<rank>.<run>-trainer-headless, as a StatefulSet's pods are named; the rank is
+    # also in JOB_COMPLETION_INDEX.
+    pod["subdomain"] = names.headless_name(ctx.name, TRAINER)
     return [
         headless_service(ctx, TRAINER, ports),
-        stateful_set(ctx, TRAINER, trainer.replicas, pod_spec(ctx, [container], [])),
+        job(ctx, TRAINER, trainer.replicas, pod, completionMode="Indexed"),
     ]
 
 
@@ -484,3 +512,33 @@ def build_children(ctx: RunContext) -> list[Manifest]:
         *build_orchestrator(ctx),
         *build_trainer(ctx),
     ]
+
+
+CLEANUP_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def build_cleanup(ctx: RunContext) -> Manifest:
+    """The Job that deletes a finished run's payload files (``payloadrun wipe``), as the sidecars'
+    user, with the sidecars' image; by handle only."""
+    container = {
+        "name": names.CLEANUP_CONTAINER,
+        "image": ctx.settings.sidecar_image,
+        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
+        "args": ["wipe", "--root", ctx.root, "--json"],
+        "env": env_list({Env.LOG_FORMAT: ctx.settings.sidecar_log_format}),
+        "resources": CLEANUP_RESOURCES,
+        "securityContext": sidecar_security_context(ctx),
+        "volumeMounts": [volume_mount(ctx, read_only=False)],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(ctx, ctx.child_name(names.CLEANUP), names.CLEANUP),
+        "spec": {
+            "backoffLimit": 3,
+            "template": {
+                "metadata": {"labels": labels(ctx, names.CLEANUP)},
+                "spec": {**pod_spec(ctx, [container], []), "restartPolicy": "Never"},
+            },
+        },
+    }

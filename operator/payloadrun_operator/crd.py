@@ -138,7 +138,7 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Phase",
             "type": "string",
             "jsonPath": ".status.phase",
-            "description": "Provisioning, Running or Rejected.",
+            "description": "Provisioning, Running, Suspended, Succeeded, Failed or Rejected.",
         },
         {
             "name": "Ready",
@@ -165,6 +165,20 @@ def printer_columns() -> list[dict[str, Any]]:
             "type": "string",
             "jsonPath": ".status.payloadRoot",
             "description": "The run's payload root (by handle only).",
+            "priority": 1,
+        },
+        {
+            "name": "Last Step",
+            "type": "integer",
+            "jsonPath": ".status.lastStep",
+            "description": "The last policy step of a finished run (by handle).",
+            "priority": 1,
+        },
+        {
+            "name": "Finished",
+            "type": "date",
+            "jsonPath": ".status.completionTime",
+            "description": "When the run Succeeded or Failed.",
             "priority": 1,
         },
         {

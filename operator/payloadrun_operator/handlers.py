@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from payloadrun_operator import credentials, readiness
+from payloadrun_operator import credentials, lifecycle, readiness
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode, validation_errors
 from payloadrun_operator.kube import KubeApiError
@@ -28,6 +28,7 @@ from payloadrun_operator.models import (
     PayloadRunSpec,
 )
 from payloadrun_operator.names import (
+    ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
     DIFFBASE_KEY,
     FIELD_MANAGER,
@@ -137,12 +138,22 @@ async def reconcile(
         op.metrics.reconciles.labels("rejected").inc()
         return
     assert spec is not None
+    status = body.get("status") or {}
+    final = lifecycle.is_final(status.get("phase"))
     decision = decide_payload_mode(spec)
-    ctx = RunContext(meta["name"], meta["namespace"], meta["uid"], spec, decision, op.settings)
-    applied: dict[tuple[str, str], dict[str, Any]] = {}
+    # The sidecars the run was started with, unless its rollout annotation asks for new ones.
+    pin = lifecycle.current_pin(op.settings, status, meta.get("annotations") or {})
+    ctx = RunContext(
+        meta["name"],
+        meta["namespace"],
+        meta["uid"],
+        spec,
+        decision,
+        lifecycle.pinned_settings(op.settings, pin),
+        active=lifecycle.runs_pods(spec.suspend, status.get("phase")),
+    )
     try:
-        for child in build_children(ctx):
-            applied[(child["kind"], child["metadata"]["name"])] = await op.client.apply(child)
+        applied, waiting = await apply_children(op, ctx, final=final)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
         # observedGeneration stays behind: readiness is followed only after a complete reconcile
@@ -154,33 +165,78 @@ async def reconcile(
             {},
         )
         raise kopf.TemporaryError(f"{exc}; retrying", delay=15) from exc
-    claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
-    if ctx.claim and claim is None:  # a claim the run brings: read it
-        claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
-    workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
-    report(
-        op,
-        body,
-        patch,
-        {
-            VALIDATED: SPEC_VALID,
-            VOLUME_READY: claim_check(claim, ctx.claim),
-            READY: workloads_check(workloads),
-        },
-        {
-            "observedGeneration": generation,
+    if waiting:
+        raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=5)
+    checks = {VALIDATED: SPEC_VALID, **lifecycle.suspend_check(spec.suspend, status)}
+    if not final:
+        claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
+        if ctx.claim and claim is None:  # a claim the run brings: read it
+            claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
+        workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
+        checks[VOLUME_READY] = claim_check(claim, ctx.claim)
+        checks[READY] = lifecycle.ready_check(ctx.active, workloads_check(workloads))
+    fields: dict[str, Any] = {"observedGeneration": generation}
+    if not final:  # a finished run keeps what it ran with
+        fields |= {
             "payloadMode": str(decision.mode),
             "payloadModeReason": decision.reason,
             "payloadModeMessage": decision.message,
             "payloadRoot": ctx.root,
             "claimName": ctx.claim,
-        },
-    )
+            "sidecars": pin,
+            "startTime": status.get("startTime") or utc_now(),
+        }
+    report(op, body, patch, checks, fields)
     op.metrics.reconciles.labels("applied").inc()
     op.metrics.reconcile_seconds.observe(time.perf_counter() - started)
     logger.info(
-        "applied %d children, payloads %s (%s)", len(applied), decision.mode, decision.reason
+        "applied %d children, payloads %s (%s)%s",
+        len(applied),
+        decision.mode,
+        decision.reason,
+        "" if ctx.active else ", without pods (suspended or finished)",
     )
+
+
+async def apply_children(
+    op: Operator, ctx: RunContext, *, final: bool
+) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    """Bring the children to what ``ctx`` builds, touching no workload whose inputs are unchanged
+    beyond whether it has pods. A finished run's children are only stopped, never created.
+
+    Returns the children as the API server has them, and the Jobs still being deleted before
+    they can be created again.
+    """
+    workload_kinds = {(kind, ctx.child_name(c)) for _, kind, c in WORKLOADS}
+    applied: dict[tuple[str, str], dict[str, Any]] = {}
+    waiting: list[str] = []
+    for child in build_children(ctx):
+        meta = child["metadata"]
+        key = (child["kind"], meta["name"])
+        if key not in workload_kinds:
+            if not final:
+                applied[key] = await op.client.apply(child)
+            continue
+        live = await op.client.get(child["apiVersion"], child["kind"], ctx.namespace, meta["name"])
+        plan = lifecycle.workload_plan(child, live)
+        if final and plan != lifecycle.SCALE:
+            plan = lifecycle.KEEP
+        if plan == lifecycle.APPLY:
+            applied[key] = await op.client.apply(child)
+        elif plan == lifecycle.SCALE:
+            manifest = lifecycle.activity_manifest(child)
+            applied[key] = await op.client.apply(manifest, manager=ACTIVITY_MANAGER)
+        elif plan == lifecycle.RECREATE:
+            # Foreground: the Job goes once its pods have, so old and new pods never overlap
+            await op.client.delete(
+                child["apiVersion"], child["kind"], ctx.namespace, meta["name"], "Foreground"
+            )
+            waiting.append(f"{child['kind']} {meta['name']}")
+        elif plan == lifecycle.WAIT:
+            waiting.append(f"{child['kind']} {meta['name']}")
+        elif live is not None:
+            applied[key] = {"kind": child["kind"], **live}
+    return applied, waiting
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:

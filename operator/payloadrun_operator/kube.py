@@ -32,6 +32,8 @@ PLURALS = {
     ("v1", "Service"): "services",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
+    ("batch/v1", "Job"): "jobs",
+    ("v1", "Pod"): "pods",
 }
 
 
@@ -114,8 +116,12 @@ class KubeClient:
                 )
             return payload
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply ``manifest`` (create it, or bring it to this state)."""
+    async def apply(self, manifest: dict[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply ``manifest`` (create it, or bring it to this state) as ``manager``.
+
+        A second manager owns only the fields it applies: the operator's activity manager
+        scales a workload (replicas, suspend) without restating, or touching, its template.
+        """
         meta = manifest["metadata"]
         path = object_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
@@ -125,7 +131,7 @@ class KubeClient:
             path,
             f"applying {manifest['kind']} {meta['namespace']}/{meta['name']}",
             body=manifest,
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": manager, "force": "true"},
             content_type="application/apply-patch+yaml",
         )
         return result or {}
@@ -199,6 +205,28 @@ class KubeClient:
             f"posting an event for {meta['namespace']}/{meta['name']}",
             body=event,
         )
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, propagation: str
+    ) -> bool:
+        """Delete an object (``propagation``: Foreground, Background or Orphan for its
+        dependents); False when it was already gone."""
+        try:
+            await self._request(
+                "DELETE",
+                object_path(api_version, kind, namespace, name),
+                f"deleting {kind} {namespace}/{name}",
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "propagationPolicy": propagation,
+                },
+            )
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def get(
         self, api_version: str, kind: str, namespace: str, name: str

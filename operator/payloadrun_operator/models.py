@@ -252,6 +252,16 @@ class Trainer(Model):
     )
 
 
+class FailurePolicy(Model):
+    """When a run gives up: failed pods are replaced until a component has failed this often."""
+
+    backoff_limit: Annotated[int, Field(ge=0, le=1000)] = Field(
+        default=3,
+        description="Failed pods the orchestrator, and the trainers together, may have before "
+        "the run is Failed (each failed pod is replaced until then, and kept for its logs).",
+    )
+
+
 class LocalObjectReference(Model):
     name: Name = Field(description="The name of a Secret in the run's namespace.")
 
@@ -315,6 +325,15 @@ class PayloadRunSpec(Model):
     placement: Placement = Field(
         default_factory=Placement, description="Pod placement shared by every workload."
     )
+    suspend: bool = Field(
+        default=False,
+        description="Stop every pod of the run and keep its claim, payload directory and "
+        "retention journal; false again resumes it where it was (the field Kueue and other "
+        "queueing systems set on batch workloads).",
+    )
+    failure_policy: FailurePolicy = Field(
+        default_factory=FailurePolicy, description=FailurePolicy.__doc__
+    )
 
 
 class ConditionStatus(StrEnum):
@@ -327,7 +346,8 @@ class Condition(Model):
     """One observation of the run, shaped as Kubernetes' metav1.Condition (same rules)."""
 
     type: Annotated[str, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)] = Field(
-        description="Validated, VolumeReady or Ready: one entry per type (CamelCase, or "
+        description="Validated, VolumeReady, Ready, Suspended, Complete, Failed or "
+        "PayloadsReleased: one entry per type (CamelCase, or "
         "example.com/CamelCase for a condition another controller adds)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
@@ -348,6 +368,42 @@ class Condition(Model):
     )
 
 
+class PinnedSidecars(Model):
+    """The sidecar image and settings the run was started with. Operator restarts and upgrades
+    keep them; the annotation rollout.payloadrun.dev/sidecars moves the run onto the operator's
+    current ones."""
+
+    image: str = Field(description="Image of both sidecars.")
+    image_pull_policy: str = Field(description="Their imagePullPolicy.")
+    uid: int = Field(description="Their user, and the pods' fsGroup.")
+    log_format: str = Field(description="Their log format (plain or json).")
+    writer_resources: dict[str, Any] = Field(
+        description="The writer's resources (unless the run sets its own).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    retention_resources: dict[str, Any] = Field(
+        description="The retention sidecar's resources (unless the run sets its own).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    rollout: str | None = Field(
+        default=None,
+        description="The value of the rollout.payloadrun.dev/sidecars annotation these were "
+        "taken for (none: taken when the run started).",
+    )
+
+
+class RunFailure(Model):
+    """What made the run fail."""
+
+    component: str = Field(description="orchestrator or trainer.")
+    reason: str = Field(description="The Job's reason (e.g. BackoffLimitExceeded).")
+    exit_code: int | None = Field(
+        default=None, description="The exit code of the component's last failed container."
+    )
+    pod: str | None = Field(default=None, description="The last failed pod (its logs stay).")
+    message: str = Field(description="Why, in words.")
+
+
 class PayloadRunStatus(Model):
     """What the operator observed of the run: its payload mode, volume and readiness (written by
     the operator only, through the status subresource)."""
@@ -360,8 +416,9 @@ class PayloadRunStatus(Model):
     phase: str | None = Field(
         default=None,
         description="Provisioning (children being applied, or their pods not ready yet), Running "
-        "(the Ready condition is True) or Rejected (the spec was refused: see the Validated "
-        "condition).",
+        "(the Ready condition is True), Suspended (spec.suspend: no pod runs), Succeeded "
+        "(every trainer exited 0), Failed (see failure) or Rejected (the spec was refused: see "
+        "the Validated condition). Succeeded and Failed are final.",
     )
     payload_mode: str | None = Field(
         default=None,
@@ -384,11 +441,27 @@ class PayloadRunStatus(Model):
         description="The ReadWriteMany PersistentVolumeClaim that holds the payload root (by "
         "handle only).",
     )
+    sidecars: PinnedSidecars | None = Field(default=None, description=PinnedSidecars.__doc__)
+    start_time: AwareDatetime | None = Field(
+        default=None, description="When the operator first built the run's workloads."
+    )
+    completion_time: AwareDatetime | None = Field(
+        default=None, description="When the run Succeeded or Failed."
+    )
+    last_step: int | None = Field(
+        default=None,
+        description="The last policy step the retention sidecar had seen when the run "
+        "finished (by handle only; absent when it could not be read).",
+    )
+    failure: RunFailure | None = Field(default=None, description=RunFailure.__doc__)
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Validated (the spec was accepted), VolumeReady (the payload volume's "
-        "claim is bound, or none is needed) and Ready (the accepted spec's workloads have every "
-        "pod ready; the phase is then Running), each with a reason and a message.",
+        "claim is bound, or none is needed), Ready (the accepted spec's workloads have every "
+        "pod ready; the phase is then Running), Suspended, Complete (the trainers finished), "
+        "Failed (a component failed beyond spec.failurePolicy) and PayloadsReleased (a finished "
+        "run's payload files and claim went as the volume's deletionPolicy says), each with a "
+        "reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -14,6 +14,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 # Who writes: server-side apply's field manager, the events' reporting component.
 FIELD_MANAGER = "payloadrun-operator"
+# A second field manager that owns only whether workloads run (replicas, suspend): suspending,
+# resuming or finishing a run scales its workloads without restating their templates.
+ACTIVITY_MANAGER = "payloadrun-operator-activity"
 # kopf's state on each run: annotations with this prefix; the finalizer kopf would add.
 ANNOTATION_PREFIX = GROUP
 FINALIZER = f"{GROUP}/finalizer"
@@ -28,12 +31,22 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RUN = f"{GROUP}/run"
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={FIELD_MANAGER}"
 
+# On each workload: the hash of what its template was built from (the run's spec that concerns
+# it and the sidecar settings the run pinned). An operator restart or upgrade that finds it
+# unchanged leaves the workload's template alone, whatever the new operator would build.
+INPUTS_ANNOTATION = f"{GROUP}/inputs"
+# On a run: set it to a new value (any string, e.g. the time) to move the run onto the operator's
+# current sidecar image and settings. Not under payloadrun.dev/, which kopf keeps for itself and
+# leaves out of the changes it reacts to.
+ROLLOUT_ANNOTATION = "rollout.payloadrun.dev/sidecars"
+
 # Components: each child is named <run>-<component> (see child_name).
 INFERENCE = "inference"
 ORCHESTRATOR = "orchestrator"
 TRAINER = "trainer"
 SETTINGS = "settings"
 PAYLOADS = "payloads"  # the managed claim's component label
+CLEANUP = "cleanup"  # the Job that deletes a finished run's payload files
 HEADLESS_SUFFIX = "-headless"
 
 # Containers.
@@ -42,6 +55,7 @@ WRITER_CONTAINER = "payload-writer"
 RETENTION_CONTAINER = "payload-retention"
 ORCHESTRATOR_CONTAINER = ORCHESTRATOR
 TRAINER_CONTAINER = TRAINER
+CLEANUP_CONTAINER = CLEANUP
 OPERATOR_CONTAINER = "operator"  # the chart's Deployment
 
 # Volumes and ports.
@@ -54,16 +68,18 @@ TRAINER_DIST_PORT_NAME = "dist"
 TRAINER_DIST_PORT = 29500  # torch.distributed's default
 
 # The workloads a run owns, as (apiVersion, kind, component); readiness follows each of them.
+# Inference serves until the run ends (a StatefulSet); the orchestrator and the trainers are
+# Jobs, so a process that exits 0 is done rather than restarted, and failures are counted.
 WORKLOADS = (
     ("apps/v1", "StatefulSet", INFERENCE),
-    ("apps/v1", "Deployment", ORCHESTRATOR),
-    ("apps/v1", "StatefulSet", TRAINER),
+    ("batch/v1", "Job", ORCHESTRATOR),
+    ("batch/v1", "Job", TRAINER),
 )
 # The kinds readiness lists by the managed-by label.
 CHILD_KINDS = (
     ("v1", "PersistentVolumeClaim"),
     ("apps/v1", "StatefulSet"),
-    ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
 )
 
 

@@ -1,10 +1,12 @@
-"""Following each run's volume and workloads after its reconcile, without a finalizer.
+"""Following each run's volume, workloads and end after its reconcile, without a finalizer.
 
 kopf's timers and daemons put a finalizer on every object, so a run could not be deleted while
 the operator is down. Instead, one background task per operator lists, every few seconds and per
 watched namespace, the runs and their children (three list calls whatever the number of runs),
-recomputes ``VolumeReady`` and ``Ready`` with the pure functions of :mod:`status`, and writes
-what changed (guarded by the run's resourceVersion) with an event per transition.
+recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end (``Complete``, ``Failed``:
+:mod:`lifecycle`) with pure functions, and writes what changed (guarded by the run's
+resourceVersion) with an event per transition. A run that has ended is stopped and its payloads
+released (:mod:`finishing`) by the same passes.
 """
 
 from __future__ import annotations
@@ -16,26 +18,35 @@ from typing import Any
 
 import aiohttp
 
+from payloadrun_operator import finishing, lifecycle
 from payloadrun_operator.kube import KubeApiError
 from payloadrun_operator.models import KIND
 from payloadrun_operator.names import (
     API_VERSION,
     CHILD_KINDS,
     MANAGED_SELECTOR,
+    ORCHESTRATOR,
+    ORCHESTRATOR_CONTAINER,
+    TRAINER,
+    TRAINER_CONTAINER,
     WORKLOADS,
     child_name,
 )
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.status import (
+    PAYLOADS_RELEASED,
     PHASE_REJECTED,
     READY,
     VOLUME_READY,
+    Check,
     claim_check,
     status_update,
     workloads_check,
 )
 
 log = logging.getLogger("payloadrun.readiness")
+CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
+FINISHED = Check(False, "Finished", "the run has finished: its workloads have no pods")
 
 
 def follows(run: dict[str, Any]) -> bool:
@@ -54,36 +65,76 @@ async def refresh(op: Operator, namespace: str | None, now: str) -> int:
     for api, kind in CHILD_KINDS:
         for obj in await client.list_objects(api, kind, namespace, MANAGED_SELECTOR):
             meta = obj["metadata"]
-            children[(meta["namespace"], kind, meta["name"])] = obj
+            children[(meta["namespace"], kind, meta["name"])] = {"kind": kind, **obj}
     updated = 0
     for run in runs:
         if not follows(run):
             continue
         run.setdefault("apiVersion", API_VERSION)
         run.setdefault("kind", KIND)
-        meta, status = run["metadata"], run["status"]
-        ns, name = meta["namespace"], meta["name"]
+        if await refresh_run(op, run, children, now):
+            updated += 1
+    return updated
+
+
+async def refresh_run(
+    op: Operator, run: dict[str, Any], children: finishing.Children, now: str
+) -> bool:
+    """Recompute one run's conditions from its children; act on its end. True if written."""
+    client = op.client
+    meta, status = run["metadata"], run["status"]
+    ns, name = meta["namespace"], meta["name"]
+    suspend = bool((run.get("spec") or {}).get("suspend", False))
+    was_final = lifecycle.is_final(status.get("phase"))
+    checks: dict[str, Check] = {}
+    fields: dict[str, Any] = {}
+    if was_final:
+        checks[READY] = FINISHED
+        checks[PAYLOADS_RELEASED] = await finishing.release(op, run, children)
+    else:
         claim_name = status.get("claimName") if status.get("payloadMode") == "ByHandle" else None
         claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
         if claim_name and claim is None:  # a claim the run brings carries no label of ours
             claim = await client.get("v1", "PersistentVolumeClaim", ns, claim_name)
         workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
-        update = status_update(
-            status,
-            meta.get("generation"),
-            {VOLUME_READY: claim_check(claim, claim_name), READY: workloads_check(workloads)},
-            {},
-            now,
-        )
-        op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
-        if update.fields is None:
-            continue
-        if await client.patch_status(run, update.fields) is None:
-            continue  # the run changed since the list: the next pass sees the new one
-        updated += 1
-        for event_type, reason, message in update.events:
-            await client.post_event(run, event_type, reason, message, now)
-    return updated
+        active = lifecycle.runs_pods(suspend, status.get("phase"))
+        checks[VOLUME_READY] = claim_check(claim, claim_name)
+        checks[READY] = lifecycle.ready_check(active, workloads_check(workloads))
+        checks |= lifecycle.suspend_check(suspend, status)
+        jobs = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
+        failure = await failure_of(op, ns, jobs)
+        end = lifecycle.end_checks(status, jobs[TRAINER], jobs[ORCHESTRATOR], failure)
+        if end:
+            checks |= end
+            checks[READY] = FINISHED
+            fields["completionTime"] = now
+            if failure is not None:
+                fields["failure"] = failure
+            step = await finishing.last_step(op, run)  # before its pod stops
+            if step is not None:
+                fields["lastStep"] = step
+    update = status_update(status, meta.get("generation"), checks, fields, now)
+    op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
+    if lifecycle.is_final(update.phase):
+        await finishing.stop(op, run, children)
+    if update.fields is None:
+        return False
+    if await client.patch_status(run, update.fields) is None:
+        return False  # the run changed since the list: the next pass sees the new one
+    for event_type, reason, message in update.events:
+        await client.post_event(run, event_type, reason, message, now)
+    return True
+
+
+async def failure_of(
+    op: Operator, namespace: str, jobs: dict[str, dict[str, Any] | None]
+) -> dict[str, Any] | None:
+    """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None."""
+    for component, job in jobs.items():
+        if job is not None and lifecycle.job_outcome(job) == "Failed":
+            pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
+            return lifecycle.failure_of(component, job, pods, CONTAINERS[component])
+    return None
 
 
 async def follow(

@@ -20,10 +20,17 @@ from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN
 VALIDATED = "Validated"  # the spec was accepted (False: refused, the phase is Rejected)
 VOLUME_READY = "VolumeReady"  # the payload volume's claim is bound, or inline needs none
 READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase is Running)
+SUSPENDED = "Suspended"  # spec.suspend: no pod runs (the phase is Suspended)
+COMPLETE = "Complete"  # every trainer exited 0 (the phase is Succeeded, for good)
+FAILED = "Failed"  # a component failed beyond spec.failurePolicy (the phase is Failed, for good)
+PAYLOADS_RELEASED = "PayloadsReleased"  # a finished run's files and claim went, per its policy
 
 PHASE_REJECTED = "Rejected"
 PHASE_PROVISIONING = "Provisioning"
 PHASE_RUNNING = "Running"
+PHASE_SUSPENDED = "Suspended"
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,11 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
     validated = condition(conds, VALIDATED)
     if validated is not None and validated["status"] == "False":
         return PHASE_REJECTED
+    for ctype, final_phase in ((FAILED, PHASE_FAILED), (COMPLETE, PHASE_SUCCEEDED)):
+        if (condition(conds, ctype) or {}).get("status") == "True":
+            return final_phase
+    if (condition(conds, SUSPENDED) or {}).get("status") == "True":
+        return PHASE_SUSPENDED
     ready = condition(conds, READY)
     if ready is not None and ready["status"] == "True":
         return PHASE_RUNNING
@@ -146,17 +158,18 @@ def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
 
 
 def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
-    """A StatefulSet's or Deployment's readiness, and what it is waiting for."""
+    """A StatefulSet's or a Job's readiness (every pod it wants ready), and what it waits for."""
     if obj is None:
         return False, "not created yet"
     name = obj["metadata"]["name"]
-    want = obj.get("spec", {}).get("replicas", 1)
+    spec = obj.get("spec", {})
     status = obj.get("status", {})
-    ready = status.get("readyReplicas", 0)
-    current = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
-    if current and ready >= want:
-        return True, f"{name} {ready}/{want} ready"
-    return False, f"{name} {ready}/{want} ready"
+    if obj.get("kind") == "Job":  # its template never changes: no generation to wait for
+        want, ready, current = spec.get("parallelism", 1), status.get("ready", 0), True
+    else:
+        want, ready = spec.get("replicas", 1), status.get("readyReplicas", 0)
+        current = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
+    return current and ready >= want, f"{name} {ready}/{want} ready"
 
 
 def workloads_check(workloads: Iterable[dict[str, Any] | None]) -> Check:

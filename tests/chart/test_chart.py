@@ -75,10 +75,17 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
         for verb in rule["verbs"]
     }
     resources = {r for _, r, _ in granted}
-    assert "secrets" not in resources and "pods" not in resources and "*" not in resources
-    assert not any(verb in ("delete", "deletecollection", "*", "update") for _, _, verb in granted)
+    assert "secrets" not in resources and "*" not in resources
+    assert not any(verb in ("deletecollection", "*", "update") for _, _, verb in granted)
+    # deletes: a Job whose template changed, a finished run's claim (deletionPolicy Delete)
+    deletes = {(group, resource) for group, resource, verb in granted if verb == "delete"}
+    assert deletes == {("batch", "jobs"), ("", "persistentvolumeclaims")}
+    # pods: listed only (a failed Job's exit code, the orchestrator's address)
+    assert {verb for _, resource, verb in granted if resource == "pods"} == {"list"}
     assert ("payloadrun.dev", "payloadruns/status", "patch") in granted
     assert ("apps", "statefulsets", "create") in granted
+    assert ("batch", "jobs", "create") in granted
+    assert "deployments" not in resources
 
 
 def test_namespaced_install(helm):

@@ -1,6 +1,6 @@
 import pytest
 
-from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.builders import RunContext, build_children, build_cleanup
 from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.models import PayloadRunSpec
 from payloadrun_operator.settings import OperatorSettings
@@ -25,13 +25,13 @@ def test_by_handle_children(spec_dict):
     children = by_kind(build_children(context(spec_dict)))
     assert sorted(children) == [
         ("ConfigMap", "run1-settings"),
-        ("Deployment", "run1-orchestrator"),
+        ("Job", "run1-orchestrator"),
+        ("Job", "run1-trainer"),
         ("PersistentVolumeClaim", "run1-payloads"),
         ("Service", "run1-inference"),
         ("Service", "run1-inference-headless"),
         ("Service", "run1-trainer-headless"),
         ("StatefulSet", "run1-inference"),
-        ("StatefulSet", "run1-trainer"),
     ]
     for child in children.values():
         assert child["metadata"]["namespace"] == "ml"
@@ -68,7 +68,7 @@ def test_existing_claim_is_used_not_created(spec_dict):
     spec_dict["payloads"] = {"volume": {"claimName": "team-nfs"}}
     children = by_kind(build_children(context(spec_dict)))
     assert not any(kind == "PersistentVolumeClaim" for kind, _ in children)
-    pod = children[("StatefulSet", "run1-trainer")]["spec"]["template"]["spec"]
+    pod = children[("Job", "run1-trainer")]["spec"]["template"]["spec"]
     assert pod["volumes"] == [
         {"name": "payloads", "persistentVolumeClaim": {"claimName": "team-nfs"}}
     ]
@@ -114,9 +114,17 @@ def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
     spec_dict["maxSteps"] = 100
     spec_dict["orchestrator"]["env"] = [{"name": "USER_VAR", "value": "1"}]
     children = by_kind(build_children(context(spec_dict)))
-    deploy = children[("Deployment", "run1-orchestrator")]
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
-    pod = deploy["spec"]["template"]["spec"]
+    job = children[("Job", "run1-orchestrator")]
+    # one pod; a failed one is kept (its logs) and replaced only once it has stopped
+    assert {k: v for k, v in job["spec"].items() if k != "template"} == {
+        "suspend": False,
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": 3,
+        "podReplacementPolicy": "Failed",
+    }
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
     (orch,) = pod["containers"]
     (retention,) = pod["initContainers"]
     env = env_of(orch)
@@ -139,7 +147,7 @@ def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
 
 def test_trainer_mounts_read_only(spec_dict):
     children = by_kind(build_children(context(spec_dict)))
-    pod = children[("StatefulSet", "run1-trainer")]["spec"]["template"]["spec"]
+    pod = children[("Job", "run1-trainer")]["spec"]["template"]["spec"]
     (trainer,) = pod["containers"]
     assert trainer["volumeMounts"] == [
         {"name": "payloads", "mountPath": "/payloads", "readOnly": True}
@@ -154,7 +162,7 @@ def test_inline_mode_adds_no_sidecar_and_no_volume(spec_dict):
     kinds = by_kind(children)
     assert not any(kind == "PersistentVolumeClaim" for kind, _ in kinds)
     for child in children:
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             pod = child["spec"]["template"]["spec"]
             assert "initContainers" not in pod and "volumes" not in pod
             for container in pod["containers"]:
@@ -175,7 +183,7 @@ def test_placement_applies_to_every_pod(spec_dict):
         "imagePullSecrets": [{"name": "regcred"}],
     }
     for child in build_children(context(spec_dict)):
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             pod = child["spec"]["template"]["spec"]
             assert pod["nodeSelector"] == {"pool": "gpu"}
             assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -214,7 +222,7 @@ def test_port_names_are_iana_service_names(spec_dict):
 
     for child in build_children(context(spec_dict)):
         pods = []
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             pods.append(child["spec"]["template"]["spec"])
         for pod in pods:
             for container in pod["containers"] + pod.get("initContainers", []):
@@ -231,7 +239,7 @@ def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
     takes no traffic before its writer serves, the orchestrator calls no absent retention API."""
     children = by_kind(build_children(context(spec_dict)))
     inference = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
-    orchestrator = children[("Deployment", "run1-orchestrator")]["spec"]["template"]["spec"]
+    orchestrator = children[("Job", "run1-orchestrator")]["spec"]["template"]["spec"]
     for (sidecar,), port in (
         (inference["initContainers"], 8001),
         (orchestrator["initContainers"], 9402),
@@ -240,3 +248,43 @@ def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
         # liveness, not readiness: the writer's /readyz waits for vLLM, which starts after it
         assert probe["httpGet"] == {"path": "/healthz", "port": port}
         assert probe["periodSeconds"] * probe["failureThreshold"] >= 30
+
+
+def test_trainers_are_an_indexed_job_named_like_a_statefulsets_pods(spec_dict):
+    spec_dict["trainer"]["replicas"] = 4
+    spec_dict["failurePolicy"] = {"backoffLimit": 7}
+    job = by_kind(build_children(context(spec_dict)))[("Job", "run1-trainer")]
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
+    assert spec["backoffLimit"] == 7
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "run1-trainer-headless"  # run1-trainer-<rank>.run1-trainer-headless
+    assert pod["restartPolicy"] == "Never"
+
+
+def test_a_suspended_run_has_workloads_without_pods(spec_dict):
+    spec_dict["suspend"] = True
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    ctx = RunContext("run1", "ml", "u", spec, decide_payload_mode(spec), SETTINGS, active=False)
+    children = by_kind(build_children(ctx))
+    assert children[("StatefulSet", "run1-inference")]["spec"]["replicas"] == 0
+    assert children[("Job", "run1-orchestrator")]["spec"]["suspend"] is True
+    assert children[("Job", "run1-trainer")]["spec"]["suspend"] is True
+    # the claim is still built: suspending keeps the payloads
+    assert ("PersistentVolumeClaim", "run1-payloads") in children
+
+
+def test_the_cleanup_job_wipes_the_root_as_the_sidecars_user(spec_dict):
+    ctx = context(spec_dict)
+    job = build_cleanup(ctx)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["wipe", "--root", "/payloads/ml/run1/payloads", "--json"]
+    assert container["image"] == SETTINGS.sidecar_image
+    assert container["securityContext"]["runAsUser"] == SETTINGS.sidecar_uid
+    assert container["volumeMounts"] == [
+        {"name": "payloads", "mountPath": "/payloads", "readOnly": False}
+    ]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "run1-payloads"
+    assert pod["restartPolicy"] == "Never"
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "PayloadRun"

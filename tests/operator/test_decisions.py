@@ -148,7 +148,7 @@ def test_injected_env_names_are_the_ones_the_builders_set(spec_dict):
     set_names = {
         e["name"]
         for child in build_children(ctx)
-        if child["kind"] in ("StatefulSet", "Deployment")
+        if child["kind"] in ("StatefulSet", "Job")
         for c in child["spec"]["template"]["spec"]["containers"]
         for e in c["env"]
     }

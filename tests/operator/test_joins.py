@@ -43,7 +43,7 @@ def _children(spec_dict: dict) -> tuple[RunContext, list[dict]]:
 
 def _container(children: list[dict], name: str) -> dict:
     for child in children:
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             pod = child["spec"]["template"]["spec"]
             for c in pod["containers"] + pod.get("initContainers", []):
                 if c["name"] == name:
@@ -123,7 +123,7 @@ def test_every_variable_the_operator_sets_is_a_declared_name(spec_dict):
     assert len(declared) == len([k for k in vars(Env) if k.isupper()]), "two names, one variable"
     _, children = _children(spec_dict | {"maxSteps": 10})
     for child in children:
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             pod = child["spec"]["template"]["spec"]
             for c in pod["containers"] + pod.get("initContainers", []):
                 assert {e["name"] for e in c["env"]} <= declared, c["name"]
@@ -181,7 +181,7 @@ def test_readiness_finds_the_children_the_builders_name(spec_dict):
         assert (
             f"{names.LABEL_MANAGED_BY}={labels[names.LABEL_MANAGED_BY]}" == names.MANAGED_SELECTOR
         )
-        if child["kind"] in ("StatefulSet", "Deployment"):
+        if child["kind"] in ("StatefulSet", "Job"):
             assert (child["apiVersion"], child["kind"]) in names.CHILD_KINDS
         owner = child["metadata"].get("ownerReferences", [{}])[0]
         assert owner.get("apiVersion", names.API_VERSION) == names.API_VERSION

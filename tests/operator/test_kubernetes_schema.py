@@ -27,7 +27,7 @@ import referencing.jsonschema
 from kubernetes_validate import utils as kubernetes_validate
 
 from payloadrun_devcluster.binaries import cache_dir, read_versions
-from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.builders import RunContext, build_children, build_cleanup
 from payloadrun_operator.crd import build_crd
 from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.models import PayloadRunSpec
@@ -167,7 +167,14 @@ def test_every_child_matches_the_kubernetes_schema(spec_dict, run):
     for child in children:
         assert_valid(child)
     kinds = {c["kind"] for c in children}
-    assert {"ConfigMap", "Service", "StatefulSet", "Deployment"} <= kinds
+    assert {"ConfigMap", "Service", "StatefulSet", "Job"} <= kinds
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.startswith("by-handle")])
+def test_a_finished_runs_cleanup_job_matches_the_kubernetes_schema(spec_dict, run):
+    spec = PayloadRunSpec.model_validate({**spec_dict, **RUNS[run]})
+    ctx = RunContext("run1", "ml", "uid-123", spec, decide_payload_mode(spec), SETTINGS)
+    assert_valid(build_cleanup(ctx))
 
 
 def test_every_kind_the_operator_builds_is_checked(spec_dict):
@@ -181,7 +188,7 @@ def test_every_kind_the_operator_builds_is_checked(spec_dict):
         ("v1", "ConfigMap"),
         ("v1", "Service"),
         ("apps/v1", "StatefulSet"),
-        ("apps/v1", "Deployment"),
+        ("batch/v1", "Job"),
     }
 
 

@@ -1,0 +1,136 @@
+"""What the operator does when a run ends: stop its pods, read its last step, release its files.
+
+Every function is idempotent (the readiness pass calls them again until they are done) and takes
+the run's children as the pass listed them, so a finished run costs no extra API call once its
+payloads are released.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from payloadrun_operator import lifecycle
+from payloadrun_operator.builders import RunContext, build_cleanup
+from payloadrun_operator.decisions import claim_owned_by_run, decide_payload_mode
+from payloadrun_operator.models import DeletionPolicy, PayloadRunSpec
+from payloadrun_operator.names import (
+    ACTIVITY_MANAGER,
+    CLEANUP,
+    ORCHESTRATOR,
+    WORKLOADS,
+    child_name,
+)
+from payloadrun_operator.runtime import Operator
+from payloadrun_operator.status import PAYLOADS_RELEASED, PHASE_FAILED, Check, condition
+
+log = logging.getLogger("payloadrun.finishing")
+Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+POLICY_STEP = re.compile(rb"^payloadrun_retention_policy_step (\S+)$", re.MULTILINE)
+
+
+async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None:
+    """No pod of a finished run runs on: inference scaled to 0, unfinished Jobs suspended."""
+    ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    for api_version, kind, component in WORKLOADS:
+        live = children.get((ns, kind, child_name(name, component)))
+        if live is None:
+            continue
+        stopped = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": live["metadata"]["name"], "namespace": ns},
+            "spec": {"suspend": True} if kind == "Job" else {"replicas": 0},
+        }
+        if lifecycle.needs_scaling(stopped, live):
+            await op.client.apply(lifecycle.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
+
+
+async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any]]:
+    return await op.client.list_objects("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job}")
+
+
+async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
+    """The policy step the run's retention sidecar last saw, from its /metrics (None when the run
+    is inline, the orchestrator's pod is gone, or the endpoint does not answer in 3 s)."""
+    if (run.get("status") or {}).get("payloadMode") != "ByHandle":
+        return None
+    ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    spec = PayloadRunSpec.model_validate(run.get("spec") or {})
+    port = spec.orchestrator.retention.metrics_port
+    for pod in await job_pods(op, ns, child_name(name, ORCHESTRATOR)):
+        ip = pod.get("status", {}).get("podIP")
+        if not ip or pod["status"].get("phase") != "Running":
+            continue
+        try:
+            timeout = aiohttp.ClientTimeout(total=3)
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(f"http://{ip}:{port}/metrics") as resp,
+            ):
+                match = POLICY_STEP.search(await resp.read())
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.info("%s/%s: the retention sidecar's step is unknown: %s", ns, name, exc)
+            continue
+        if match:
+            step = int(float(match.group(1)))
+            return step if step >= 0 else None
+    return None
+
+
+async def release(op: Operator, run: Mapping[str, Any], children: Children) -> Check:
+    """Delete a finished run's payload files (a cleanup Job) and then its claim, as the volume's
+    deletionPolicy says; the PayloadsReleased condition that says how far it got."""
+    status = run.get("status") or {}
+    released = condition(status.get("conditions") or [], PAYLOADS_RELEASED)
+    if released is not None and released["status"] == "True":
+        return Check(True, released["reason"], released["message"])
+    if status.get("payloadMode") != "ByHandle":
+        return Check(True, "NoPayloadFiles", "payloads moved inline: no file is on a volume")
+    if status.get("phase") == PHASE_FAILED:
+        return Check(
+            False,
+            "KeptAfterFailure",
+            "the run failed: its payload files and claim stay for debugging; deleting the run "
+            "releases them as its deletionPolicy says",
+        )
+    meta = run["metadata"]
+    spec = PayloadRunSpec.model_validate(run.get("spec") or {})
+    claim = status.get("claimName")
+    if spec.payloads.volume.deletion_policy is DeletionPolicy.RETAIN:
+        return Check(False, "Retained", f"deletionPolicy Retain: claim {claim} and the files stay")
+    job_name = child_name(meta["name"], CLEANUP)
+    job = children.get((meta["namespace"], "Job", job_name))
+    if job is None:
+        pin = status.get("sidecars") or {}
+        ctx = RunContext(
+            meta["name"],
+            meta["namespace"],
+            meta["uid"],
+            spec,
+            decide_payload_mode(spec),
+            lifecycle.pinned_settings(op.settings, pin),
+            active=False,
+        )
+        await op.client.apply(build_cleanup(ctx))
+        return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
+    outcome = lifecycle.job_outcome(job)
+    if outcome is None:
+        return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
+    if outcome == "Failed":
+        return Check(
+            False,
+            "CleanupFailed",
+            f"Job {job_name} could not delete the payload files: kubectl logs job/{job_name}; "
+            "delete the Job to try again",
+            warning=True,
+        )
+    if not claim_owned_by_run(spec) or not claim:
+        return Check(True, "FilesDeleted", f"the payload files were deleted; claim {claim} stays")
+    await op.client.delete("v1", "PersistentVolumeClaim", meta["namespace"], claim, "Background")
+    return Check(True, "FilesAndClaimDeleted", f"the payload files and claim {claim} were deleted")

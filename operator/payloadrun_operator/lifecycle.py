@@ -1,0 +1,278 @@
+"""A run's lifecycle, as pure functions: what it runs with, whether its pods run, how it ends.
+
+- **Pinned sidecars.** A run records in its status, when it starts, the sidecar image and the
+  settings the operator injects (:data:`PIN_FIELDS`). Every later reconcile builds from that
+  record, so an operator restart or upgrade with new defaults leaves a live run as it is; new
+  runs get the new defaults. The annotation ``rollout.payloadrun.dev/sidecars`` set to a new
+  value takes the operator's current settings again (an explicit roll).
+- **Inputs.** Each workload carries the hash of what its template is built from
+  (:func:`inputs_hash`): the part of the spec that concerns it and the pinned settings it uses.
+  A reconcile that finds the hash unchanged leaves the template alone, whatever code built it,
+  and changing one component's spec rolls that component only.
+- **Activity.** Pods run unless ``spec.suspend`` is set or the run has finished.
+- **The end.** The trainers are an Indexed Job: when it completes (every trainer exited 0) the
+  run is Succeeded. The orchestrator and the trainers fail when their Job does (more failed pods
+  than ``spec.failurePolicy.backoffLimit``): the run is Failed, with the component, the Job's
+  reason and the exit code of the last failed container. Both are final, as a Job's are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from payloadrun_operator.models import PayloadRunSpec
+from payloadrun_operator.names import (
+    INFERENCE,
+    INPUTS_ANNOTATION,
+    ORCHESTRATOR,
+    ROLLOUT_ANNOTATION,
+    TRAINER,
+)
+from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.status import (
+    COMPLETE,
+    FAILED,
+    PHASE_FAILED,
+    PHASE_SUCCEEDED,
+    SUSPENDED,
+    Check,
+    condition,
+)
+
+FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
+
+# status.sidecars key -> the OperatorSettings field it pins.
+PIN_FIELDS = {
+    "image": "sidecar_image",
+    "imagePullPolicy": "sidecar_image_pull_policy",
+    "uid": "sidecar_uid",
+    "logFormat": "sidecar_log_format",
+    "writerResources": "writer_resources",
+    "retentionResources": "retention_resources",
+}
+# The pinned settings each workload's template uses (the trainers only share the pods' fsGroup).
+PINS_USED = {
+    INFERENCE: ("image", "imagePullPolicy", "uid", "logFormat", "writerResources"),
+    ORCHESTRATOR: ("image", "imagePullPolicy", "uid", "logFormat", "retentionResources"),
+    TRAINER: ("uid",),
+}
+# Spec fields that concern one workload only, or none's template.
+COMPONENT_FIELDS = (INFERENCE, ORCHESTRATOR, TRAINER)
+NOT_IN_TEMPLATES = ("suspend", "failurePolicy")
+
+
+# --- pinned sidecars -------------------------------------------------------------------------
+
+
+def pin_of(settings: OperatorSettings, rollout: str | None = None) -> dict[str, Any]:
+    """The record of ``settings`` a run keeps in ``status.sidecars``."""
+    pin = {key: getattr(settings, attr) for key, attr in PIN_FIELDS.items()}
+    if rollout is not None:
+        pin["rollout"] = rollout
+    return pin
+
+
+def current_pin(
+    settings: OperatorSettings, status: Mapping[str, Any], annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """The record this reconcile builds with: the run's own, or the operator's current settings
+    for a run that has none yet or whose rollout annotation asks for them."""
+    recorded = status.get("sidecars")
+    wanted = annotations.get(ROLLOUT_ANNOTATION)
+    if recorded and recorded.get("rollout") == wanted:
+        return dict(recorded)
+    return pin_of(settings, wanted)
+
+
+def pinned_settings(settings: OperatorSettings, pin: Mapping[str, Any]) -> OperatorSettings:
+    """The operator's settings with the run's pinned ones in place of the current defaults."""
+    values = {attr: pin[key] for key, attr in PIN_FIELDS.items() if key in pin}
+    return dataclasses.replace(settings, **values)
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) -> str:
+    """What ``component``'s template is built from, hashed: the run-wide spec, the component's
+    own section and the pinned settings it uses (the orchestrator also the inference ports it
+    calls). Neither suspend nor the failure policy is part of any template."""
+    data = spec.model_dump(mode="json", by_alias=True)
+    skipped = (*COMPONENT_FIELDS, *NOT_IN_TEMPLATES)
+    inputs: dict[str, Any] = {
+        "run": {k: v for k, v in data.items() if k not in skipped},
+        component: data[component],
+        "sidecars": {key: pin.get(key) for key in PINS_USED[component]},
+    }
+    if component == ORCHESTRATOR:
+        inference = data[INFERENCE]
+        inputs["inferencePorts"] = [inference["port"], inference["writer"]["port"]]
+    encoded = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:20]
+
+
+# --- activity ---------------------------------------------------------------------------------
+
+
+def is_final(phase: str | None) -> bool:
+    return phase in FINAL_PHASES
+
+
+def runs_pods(suspend: bool, phase: str | None) -> bool:
+    """Whether the run's workloads should have pods."""
+    return not suspend and not is_final(phase)
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+def job_outcome(job: Mapping[str, Any] | None) -> str | None:
+    """``Complete`` or ``Failed`` once the Job has finished, else None."""
+    for cond in (job or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return str(cond["type"])
+    return None
+
+
+def job_failure_reason(job: Mapping[str, Any]) -> tuple[str, str]:
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return cond.get("reason") or "Failed", cond.get("message") or ""
+    return "Failed", ""
+
+
+def last_failed_container(
+    pods: Iterable[Mapping[str, Any]], container: str
+) -> tuple[str | None, int | None]:
+    """The most recent failed pod of a Job and its container's exit code."""
+    latest: tuple[str, str, int | None] | None = None
+    for pod in pods:
+        if pod.get("status", {}).get("phase") != "Failed":
+            continue
+        for status in pod["status"].get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated")
+            if status.get("name") != container or not terminated:
+                continue
+            when = terminated.get("finishedAt") or ""
+            if latest is None or when > latest[0]:
+                latest = (when, pod["metadata"]["name"], terminated.get("exitCode"))
+    return (latest[1], latest[2]) if latest else (None, None)
+
+
+def failure_of(
+    component: str, job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], container: str
+) -> dict[str, Any]:
+    """``status.failure`` for a component whose Job failed."""
+    reason, job_message = job_failure_reason(job)
+    pod, exit_code = last_failed_container(pods, container)
+    failed = job.get("status", {}).get("failed", 0)
+    message = f"the {component} failed {failed} time(s): {reason}"
+    if job_message:
+        message += f" ({job_message})"
+    if pod:
+        message += f"; the last failed pod {pod} exited with code {exit_code}"
+        message += f" (kubectl logs {pod} -c {container})"
+    failure: dict[str, Any] = {"component": component, "reason": reason, "message": message}
+    if pod:
+        failure["pod"] = pod
+        failure["exitCode"] = exit_code
+    return failure
+
+
+# --- conditions -------------------------------------------------------------------------------
+
+
+def end_checks(
+    status: Mapping[str, Any],
+    trainer: Mapping[str, Any] | None,
+    orchestrator: Mapping[str, Any] | None,
+    failure: Mapping[str, Any] | None,
+) -> dict[str, Check]:
+    """Complete or Failed once the Jobs say so; nothing before, and nothing new after (final)."""
+    conds = status.get("conditions") or []
+    if any((condition(conds, c) or {}).get("status") == "True" for c in (COMPLETE, FAILED)):
+        return {}
+    if failure is not None:
+        reason = f"{failure['component'].title()}Failed"
+        return {FAILED: Check(True, reason, failure["message"], warning=True)}
+    if job_outcome(trainer) == "Complete":
+        done = (trainer or {}).get("status", {}).get("succeeded", 0)
+        return {COMPLETE: Check(True, "TrainersSucceeded", f"every trainer exited 0 ({done})")}
+    return {}
+
+
+def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[str, Check]:
+    """Suspended while spec.suspend is set; False (resumed) once a suspended run resumes."""
+    if suspend:
+        return {
+            SUSPENDED: Check(
+                True,
+                "SpecSuspended",
+                "spec.suspend is true: no pod runs; "
+                "the claim, the payload directory and the journal stay",
+            )
+        }
+    if condition(status.get("conditions") or [], SUSPENDED) is not None:
+        return {SUSPENDED: Check(False, "Resumed", "spec.suspend is false: the pods run")}
+    return {}
+
+
+# --- applying workloads -----------------------------------------------------------------------
+
+APPLY = "apply"  # create it, or bring its template up to date (a StatefulSet rolls)
+SCALE = "scale"  # same template: only whether it has pods changes
+KEEP = "keep"  # nothing to write
+RECREATE = "recreate"  # a Job whose inputs changed: its template is immutable, so delete it first
+WAIT = "wait"  # the previous Job is still being deleted
+
+
+def activity_of(manifest: Mapping[str, Any]) -> tuple[str, Any]:
+    """The field that says whether a workload has pods, and its value."""
+    spec = manifest.get("spec", {})
+    if manifest.get("kind") == "Job":
+        return "suspend", bool(spec.get("suspend", False))
+    return "replicas", spec.get("replicas", 1)
+
+
+def activity_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the activity field of ``manifest``, for the activity field manager's apply."""
+    key, value = activity_of(manifest)
+    meta = manifest["metadata"]
+    return {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {key: value},
+    }
+
+
+def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> str:
+    """What to do to bring the live workload to ``desired`` without disturbing what is equal."""
+    if live is None:
+        return APPLY
+    if live["metadata"].get("deletionTimestamp"):
+        return WAIT
+    wanted = desired["metadata"].get("annotations", {}).get(INPUTS_ANNOTATION)
+    if (live["metadata"].get("annotations") or {}).get(INPUTS_ANNOTATION) != wanted:
+        return RECREATE if desired["kind"] == "Job" else APPLY
+    return SCALE if needs_scaling(desired, live) else KEEP
+
+
+def needs_scaling(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Whether the live workload's activity differs from ``desired``'s (a finished Job is left
+    as it ended: it has no pods to start or stop)."""
+    live_activity = activity_of({"kind": desired["kind"], "spec": live.get("spec", {})})
+    if live_activity == activity_of(desired):
+        return False
+    return not (desired["kind"] == "Job" and job_outcome(live))
+
+
+def ready_check(active: bool, workloads: Check) -> Check:
+    """Ready while active is the workloads' readiness; a stopped run is not ready, and says why."""
+    if active:
+        return workloads
+    return Check(False, "Stopped", "the run is suspended or finished: its workloads have no pods")
