@@ -12,6 +12,7 @@ from payloadrun.version import add_version_flag
 SUBCOMMANDS = (
     "payloadrun.retention.cli",
     "payloadrun.simulate",
+    "payloadrun.wipe",
     "payloadrun.writer.cli",
     "payloadrun.testing.fakevllm",
 )

@@ -23,6 +23,11 @@ from payloadrun.settings import (
     setting,
 )
 
+# What the retention sidecar keeps directly under the payload root, beside the ``v<k>``
+# directories (``payloadrun wipe`` removes exactly these and the ``v<k>``).
+STATE_DIR = ".retention"  # the journal's directory, unless --state-dir puts it elsewhere
+TRASH_DIR = ".retention-trash"  # version directories a fresh run moved aside, being deleted
+
 
 @dataclass(frozen=True)
 class RetentionConfig:
@@ -84,7 +89,7 @@ class RetentionConfig:
     )
     state_dir: Path | None = setting(
         None,
-        help="journal directory (default <root>/.retention, on the shared volume)",
+        help=f"journal directory (default <root>/{STATE_DIR}, on the shared volume)",
         flag="--state-dir",
         env=Env.RETENTION_STATE_DIR,
         parse=Path,

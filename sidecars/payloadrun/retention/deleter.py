@@ -75,13 +75,15 @@ def unlink_names(
     on_error: ErrorHook,
     unlink: Callable[..., None] = os.unlink,
     stop: threading.Event | None = None,
+    shown_as: str | None = None,
 ) -> Removed:
     """Unlink ``root/dir_name/<name>`` for each name; counts what was really removed.
 
-    ``stop`` cuts retries short at shutdown (the journal replays what is left).
+    ``stop`` cuts retries short at shutdown (the journal replays what is left). Errors name the
+    directory ``shown_as`` (default ``dir_name``), so a caller deep in a tree can name the path.
     """
     removed = Removed()
-    where = dir_name
+    where = shown_as or dir_name
     try:
         dfd = open_dir(root_fd, dir_name)
     except OSError as exc:
@@ -91,7 +93,7 @@ def unlink_names(
         return removed
     try:
         for name in names:
-            size = _unlink_one(dfd, f"{dir_name}/{name}", name, retry, on_error, unlink, stop)
+            size = _unlink_one(dfd, f"{where}/{name}", name, retry, on_error, unlink, stop)
             if size is not None:
                 removed.files += 1
                 removed.bytes += size
@@ -154,28 +156,52 @@ def rmdir_if_empty(root_fd: int, dir_name: str) -> bool:
     return True
 
 
-def remove_tree(root_fd: int, dir_name: str, *, retry: Retry, on_error: ErrorHook) -> Removed:
-    """Remove ``root/dir_name`` and everything in it; regular files are counted.
+def remove_tree(
+    root_fd: int,
+    dir_name: str,
+    *,
+    retry: Retry,
+    on_error: ErrorHook,
+    shown_as: str | None = None,
+) -> Removed:
+    """Remove ``root/dir_name`` and everything in it; every non-directory removed is counted.
 
-    Used for the trash of a wiped run, where anything may be found: files are unlinked one by
-    one (counted), subdirectories go with ``shutil.rmtree`` (which never follows symlinks).
+    Used for the trash of a wiped run (and by ``payloadrun wipe``), where anything may be found:
+    files and symlinks are unlinked one by one (a symlink itself, never its target),
+    subdirectories are removed the same way, each opened ``O_NOFOLLOW`` below its parent's
+    descriptor. A directory that cannot be opened or listed is reported to ``on_error`` and left;
+    the rest of the tree still goes. Errors name paths below ``shown_as`` (default ``dir_name``).
+    A directory left behind (an error inside it, or an entry created meanwhile) is not an error
+    here: the caller checks whether ``dir_name`` is gone.
     """
     removed = Removed()
-    dfd = open_dir(root_fd, dir_name)
+    shown = shown_as or dir_name
+    try:
+        dfd = open_dir(root_fd, dir_name)
+    except OSError as exc:
+        on_error(error_reason(exc), shown, exc, 1, True)
+        return removed
     if dfd is None:
         return removed
+    files: list[str] = []
     try:
-        files, subdirs = [], []
+        subdirs = []
         with os.scandir(dfd) as it:
             for entry in it:
                 (subdirs if entry.is_dir(follow_symlinks=False) else files).append(entry.name)
         for sub in subdirs:
-            removed.add(remove_tree(dfd, sub, retry=retry, on_error=on_error))
+            removed.add(
+                remove_tree(dfd, sub, retry=retry, on_error=on_error, shown_as=f"{shown}/{sub}")
+            )
+    except OSError as exc:
+        on_error(error_reason(exc), shown, exc, 1, True)
     finally:
         os.close(dfd)
-    removed.add(unlink_names(root_fd, dir_name, files, retry=retry, on_error=on_error))
+    removed.add(
+        unlink_names(root_fd, dir_name, files, retry=retry, on_error=on_error, shown_as=shown)
+    )
     try:
         rmdir_if_empty(root_fd, dir_name)
     except OSError as exc:
-        on_error(error_reason(exc), dir_name, exc, 1, True)
+        on_error(error_reason(exc), shown, exc, 1, True)
     return removed

@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 
 from payloadrun.paths import PayloadRoot, parse_version_dir_name
 from payloadrun.retention import deleter
+from payloadrun.retention.config import TRASH_DIR
 from payloadrun.retention.journal import Released
 from payloadrun.retention.metrics import RetentionMetrics
 from payloadrun.retention.policy import Reason, backstop_bound, backstop_versions
 from payloadrun.store import fsync_dir
 
 log = logging.getLogger("payloadrun.retention")
-
-TRASH_DIR = ".retention-trash"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from payloadrun.paths import PayloadPathError, PayloadRoot
 from payloadrun.retention import journal
-from payloadrun.retention.config import RetentionConfig
+from payloadrun.retention.config import STATE_DIR, RetentionConfig
 from payloadrun.retention.journal import JOURNAL_NAME, Journal
 from payloadrun.retention.metrics import RetentionMetrics
 from payloadrun.retention.policy import Reason, backstop_bound
@@ -32,8 +32,6 @@ from payloadrun.retention.state import RetentionState
 from payloadrun.store import failure_reason
 
 log = logging.getLogger("payloadrun.retention")
-
-STATE_DIR = ".retention"
 
 
 class StartMode(StrEnum):
