@@ -24,6 +24,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.models import PayloadRunSpec
 from payloadrun_operator.names import (
     INFERENCE,
@@ -83,7 +84,8 @@ def current_pin(
     for a run that has none yet or whose rollout annotation asks for them."""
     recorded = status.get("sidecars")
     wanted = annotations.get(ROLLOUT_ANNOTATION)
-    if recorded and recorded.get("rollout") == wanted:
+    # removing the annotation is no request: the run keeps what it has
+    if recorded and (wanted is None or recorded.get("rollout") == wanted):
         return dict(recorded)
     return pin_of(settings, wanted)
 
@@ -98,15 +100,18 @@ def pinned_settings(settings: OperatorSettings, pin: Mapping[str, Any]) -> Opera
 
 
 def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) -> str:
-    """What ``component``'s template is built from, hashed: the run-wide spec, the component's
-    own section and the pinned settings it uses (the orchestrator also the inference ports it
-    calls). Neither suspend nor the failure policy is part of any template."""
+    """What ``component``'s template is built from, hashed: the run-wide spec, the payload mode
+    (which inference.disaggregated alone can change), the component's own section and, by
+    handle, the pinned settings it uses (the orchestrator also the inference ports it calls).
+    Neither suspend nor the failure policy is part of any template."""
     data = spec.model_dump(mode="json", by_alias=True)
     skipped = (*COMPONENT_FIELDS, *NOT_IN_TEMPLATES)
+    by_handle = decide_payload_mode(spec).by_handle
     inputs: dict[str, Any] = {
         "run": {k: v for k, v in data.items() if k not in skipped},
+        "byHandle": by_handle,
         component: data[component],
-        "sidecars": {key: pin.get(key) for key in PINS_USED[component]},
+        "sidecars": {key: pin.get(key) for key in PINS_USED[component]} if by_handle else {},
     }
     if component == ORCHESTRATOR:
         inference = data[INFERENCE]
@@ -174,8 +179,9 @@ def failure_of(
     if job_message:
         message += f" ({job_message})"
     if pod:
+        namespace = job["metadata"]["namespace"]
         message += f"; the last failed pod {pod} exited with code {exit_code}"
-        message += f" (kubectl logs {pod} -c {container})"
+        message += f" (kubectl logs -n {namespace} {pod} -c {container})"
     failure: dict[str, Any] = {"component": component, "reason": reason, "message": message}
     if pod:
         failure["pod"] = pod
@@ -224,29 +230,32 @@ def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[str, Check]:
 # --- applying workloads -----------------------------------------------------------------------
 
 APPLY = "apply"  # create it, or bring its template up to date (a StatefulSet rolls)
-SCALE = "scale"  # same template: only whether it has pods changes
+SCALE = "scale"  # same template: only its activity fields (pods or not, failure limit) change
 KEEP = "keep"  # nothing to write
 RECREATE = "recreate"  # a Job whose inputs changed: its template is immutable, so delete it first
 WAIT = "wait"  # the previous Job is still being deleted
 
 
-def activity_of(manifest: Mapping[str, Any]) -> tuple[str, Any]:
-    """The field that says whether a workload has pods, and its value."""
+def activity_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a workload that change without its template: whether it has pods (a
+    StatefulSet's replicas, a Job's suspend) and a Job's failure limit."""
     spec = manifest.get("spec", {})
     if manifest.get("kind") == "Job":
-        return "suspend", bool(spec.get("suspend", False))
-    return "replicas", spec.get("replicas", 1)
+        fields = {"suspend": bool(spec.get("suspend", False))}
+        if "backoffLimit" in spec:
+            fields["backoffLimit"] = spec["backoffLimit"]
+        return fields
+    return {"replicas": spec.get("replicas", 1)}
 
 
 def activity_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Only the activity field of ``manifest``, for the activity field manager's apply."""
-    key, value = activity_of(manifest)
+    """Only the activity fields of ``manifest``, for the activity field manager's apply."""
     meta = manifest["metadata"]
     return {
         "apiVersion": manifest["apiVersion"],
         "kind": manifest["kind"],
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "spec": {key: value},
+        "spec": activity_of(manifest),
     }
 
 
@@ -265,8 +274,9 @@ def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) ->
 def needs_scaling(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
     """Whether the live workload's activity differs from ``desired``'s (a finished Job is left
     as it ended: it has no pods to start or stop)."""
+    wanted = activity_of(desired)
     live_activity = activity_of({"kind": desired["kind"], "spec": live.get("spec", {})})
-    if live_activity == activity_of(desired):
+    if all(live_activity.get(key) == value for key, value in wanted.items()):
         return False
     return not (desired["kind"] == "Job" and job_outcome(live))
 

@@ -177,12 +177,6 @@ def test_a_new_run_with_the_annotation_records_its_value():
     assert current_pin(OLD, {"sidecars": stored(pin)}, {ROLLOUT_ANNOTATION: "v2"}) == pin
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="removing the rollout annotation counts as a new value (None != the recorded one): "
-    "the run takes the operator's current settings, and since a merge patch of the new record "
-    "leaves the old 'rollout' key in status.sidecars, it does so on every reconcile after",
-)
 def test_removing_the_rollout_annotation_keeps_the_record():
     status = {"sidecars": stored(pin_of(OLD, "v1"))}
     assert current_pin(NEW, status, {}) == pin_of(OLD, "v1")
@@ -328,21 +322,7 @@ TEMPLATE_CHANGES = [
         ("deploymentType", "SingleNode"),
         ("placement.serviceAccountName", "rl"),
     )
-] + [
-    pytest.param(
-        "inference.disaggregated",
-        True,
-        id="inference.disaggregated",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="BUG: inference.disaggregated turns an Auto run inline (decide_payload_mode), "
-            "which rebuilds the orchestrator's and the trainers' templates (no retention "
-            "sidecar, no volume, PAYLOADRUN_PAYLOAD_MODE=Inline, inference URL on vLLM's "
-            "port), but it is in the inference section only: their inputs do not change and "
-            "the live Jobs keep their by-handle templates",
-        ),
-    )
-]
+] + [pytest.param("inference.disaggregated", True, id="inference.disaggregated")]
 
 
 @pytest.mark.parametrize(("path", "value"), TEMPLATE_CHANGES)
@@ -647,16 +627,18 @@ def test_needs_scaling_as_finishing_stops_a_run(spec_dict):
 def test_the_activity_manifest_holds_only_the_activity(spec_dict, component, active):
     want = desired(spec_dict, component, active=active)
     manifest = activity_manifest(want)
-    key, value = ("replicas", 2 if active else 0)
+    # whether it has pods, and a Job's failure limit (mutable on a live Job)
+    expected = {"replicas": 2 if active else 0}
     if KIND_OF[component] == "Job":
-        key, value = ("suspend", not active)
+        expected = {"suspend": not active, "backoffLimit": 3}
     assert manifest == {
         "apiVersion": want["apiVersion"],
         "kind": KIND_OF[component],
         "metadata": {"name": f"run1-{component}", "namespace": "ml"},
-        "spec": {key: value},
+        "spec": expected,
     }
-    assert type(manifest["spec"][key]) is type(value)
+    for key, value in expected.items():
+        assert type(manifest["spec"][key]) is type(value)
     # a copy: applying it changes nothing else
     manifest["metadata"]["name"] = "x"
     assert want["metadata"]["name"] == f"run1-{component}"
@@ -807,7 +789,7 @@ def test_the_failure_names_the_component_reason_pod_exit_code_and_logs():
         "Job has reached the specified backoff limit",
         "run1-trainer-2-ccccc",
         "code 137",
-        "kubectl logs run1-trainer-2-ccccc -c trainer",
+        "kubectl logs -n ml run1-trainer-2-ccccc -c trainer",
     ):
         assert part in message, part
     # what the CRD's status.failure accepts
@@ -1026,3 +1008,11 @@ def test_a_failed_run_is_failed_with_its_failure_in_the_status():
     parsed = PayloadRunStatus.model_validate({**status, **update.fields})
     assert parsed.failure is not None and parsed.failure.exit_code == 3
     assert parsed.phase == "Failed"
+
+
+def test_a_new_failure_limit_reaches_a_live_job_without_recreating_it(spec_dict):
+    live = desired(spec_dict, "trainer", active=True)
+    spec_dict["failurePolicy"] = {"backoffLimit": 9}
+    want = desired(spec_dict, "trainer", active=True)
+    assert workload_plan(want, live) == SCALE
+    assert activity_manifest(want)["spec"] == {"suspend": False, "backoffLimit": 9}

@@ -1,0 +1,460 @@
+"""A run's lifecycle with real pods on the local node: upgrades, rollout, suspend, the end.
+
+The operator runs as a host process (:class:`LocalOperator`), so each test can restart it, or
+start it again with other settings (an upgrade), against a control plane whose node runs the
+runs' pods from the images ``hack/images.sh`` builds (the fake vLLM behind the writer sidecar;
+orchestrator and trainer containers that sleep, exit 0 or fail as each test needs).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from payloadrun.testing.images import build_images
+from payloadrun_operator.crd import CRD_FILE
+from payloadrun_operator.models import GROUP, PLURAL
+from payloadrun_operator.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
+from payloadrun_operator.testing import LocalOperator
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "payloadrun:e2e"
+NEXT_IMAGE = "payloadrun:e2e-next"  # the same image under a new tag: an upgrade's new sidecars
+SLEEP = ["python", "-c", "import time; time.sleep(10**9)"]
+# The orchestrator of the end-to-end runs: one request by handle through the writer (a payload
+# file on the volume), policy step 7 to its retention sidecar, then it waits to be stopped.
+ORCHESTRATE = [
+    "python",
+    "-c",
+    "import json, os, time, urllib.request\n"
+    "from payloadrun.retention.client import RetentionClient\n"
+    "root = os.environ['PAYLOAD_ROOT']\n"
+    "body = {'model': 'fake', 'token_ids': [1, 2, 3],\n"
+    "        'sampling_params': {'max_tokens': 4, 'extra_args': {'payload_dir': root + '/v0'}}}\n"
+    "request = urllib.request.Request(os.environ['PAYLOADRUN_INFERENCE_URL']\n"
+    "    + '/inference/v1/generate', json.dumps(body).encode(),\n"
+    "    {'Content-Type': 'application/json'})\n"
+    "for attempt in range(60):\n"
+    "    try:\n"
+    "        urllib.request.urlopen(request, timeout=10).read(); break\n"
+    "    except OSError:\n"
+    "        time.sleep(1)\n"
+    "RetentionClient().policy_updated(7)\n"
+    "time.sleep(10**9)\n",
+]
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node_cluster(kube_cluster):
+    """The session's cluster, with its node and the project's images in it; the CRD installed."""
+    if not kube_cluster.with_node:
+        pytest.skip("the lifecycle tests need pods: the session's cluster runs no node")
+    for path in build_images(REPO).values():
+        kube_cluster.load_image(path)
+    tagged = kube_cluster.node.ctr(
+        "images", "tag", "--force", f"docker.io/library/{IMAGE}", f"docker.io/library/{NEXT_IMAGE}"
+    )
+    assert tagged.returncode == 0, tagged.stderr
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
+    )
+    return kube_cluster
+
+
+class Operator:
+    """The operator as a host process that a test can restart, or upgrade to other settings."""
+
+    def __init__(self, cluster, namespace: str, tmp_path: Path) -> None:
+        self.cluster, self.namespace, self.tmp_path = cluster, namespace, tmp_path
+        self.process: LocalOperator | None = None
+        self.starts = 0
+
+    def start(self, sidecar_image: str = IMAGE) -> LocalOperator:
+        self.stop()
+        self.starts += 1
+        self.process = LocalOperator(
+            self.cluster.kubeconfig,
+            namespaces=(self.namespace,),
+            env={
+                "PAYLOADRUN_SIDECAR_IMAGE": sidecar_image,
+                "PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY": "Never",
+                "PAYLOADRUN_READINESS_CHECK_SECONDS": "1",
+            },
+            log_path=self.tmp_path / f"operator-{self.starts}.log",
+        ).start()
+        return self.process
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def reconciled(self) -> float:
+        """How many reconciles this operator process has applied (from its /metrics)."""
+        assert self.process is not None
+        import urllib.request
+
+        with urllib.request.urlopen(self.process.metrics_url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith('payloadrun_operator_reconciles_total{result="applied"}'):
+                    return float(line.split()[-1])
+        return 0.0
+
+
+@pytest.fixture
+def operator(node_cluster, namespace, tmp_path) -> Iterator[Operator]:
+    op = Operator(node_cluster, namespace, tmp_path)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def run_manifest(
+    name: str,
+    *,
+    orchestrator: list[str] = SLEEP,
+    trainer: list[str] = SLEEP,
+    trainers: int = 1,
+    **spec: Any,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "PayloadRun",
+        "metadata": {"name": name},
+        "spec": {
+            "routerReplay": True,
+            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
+            "inference": {
+                "image": IMAGE,
+                "command": ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"],
+            },
+            "orchestrator": {"image": IMAGE, "command": orchestrator},
+            "trainer": {"image": IMAGE, "command": trainer, "replicas": trainers},
+            **spec,
+        },
+    }
+
+
+def kubectl(cluster, namespace: str, *args: str, input: str | None = None) -> str:
+    result = cluster.kubectl("-n", namespace, *args, input=input)
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def get(cluster, namespace: str, *what: str) -> dict[str, Any]:
+    return json.loads(kubectl(cluster, namespace, "get", *what, "-o", "json"))
+
+
+def apply(cluster, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl(cluster, namespace, "apply", "-f", "-", input=json.dumps(manifest))
+
+
+def patch_run(cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    kubectl(
+        cluster, namespace, "patch", "payloadrun", name, "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], Any],
+    timeout: float = 180.0,
+    seen: Callable[[], Any] | None = None,
+) -> Any:
+    """``probe()`` once it is truthy; else fail with ``seen()`` (what there was instead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := probe():
+            return result
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; saw {seen() if seen else None}")
+
+
+def wait_for_phase(cluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    def run() -> dict[str, Any]:
+        return get(cluster, namespace, "payloadrun", name)
+
+    return wait_for(
+        f"{name} {phase}",
+        lambda: (r := run()).get("status", {}).get("phase") == phase and r,
+        seen=lambda: run().get("status"),
+    )
+
+
+def templates(cluster, namespace: str, name: str) -> dict[str, Any]:
+    """Each workload's pod template, generation and uid, as the API server has them."""
+    out = {}
+    for kind, component in (
+        ("statefulset", "inference"),
+        ("job", "orchestrator"),
+        ("job", "trainer"),
+    ):
+        obj = get(cluster, namespace, kind, f"{name}-{component}")
+        out[component] = {
+            "template": json.dumps(obj["spec"]["template"], sort_keys=True),
+            "generation": obj["metadata"]["generation"],
+            "uid": obj["metadata"]["uid"],
+            "inputs": obj["metadata"]["annotations"][INPUTS_ANNOTATION],
+        }
+    return out
+
+
+def pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return get(cluster, namespace, "pods", "-l", f"payloadrun.dev/run={name}")["items"]
+
+
+def live_pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods(cluster, namespace, name)
+        if p["status"].get("phase") in ("Pending", "Running")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def sidecar_images(cluster, namespace: str, name: str) -> set[str]:
+    images = set()
+    for pod in live_pods(cluster, namespace, name):
+        for container in pod["spec"].get("initContainers", []):
+            images.add(container["image"])
+    return images
+
+
+def running(cluster, namespace: str, name: str) -> dict[str, Any]:
+    return wait_for_phase(cluster, namespace, name, "Running")
+
+
+# --- upgrades and rollout ----------------------------------------------------------------------
+
+
+def test_restart_and_upgrade_leave_a_live_run_alone_new_runs_get_the_new_sidecars(
+    operator, namespace
+):
+    cluster = operator.cluster
+    apply(cluster, namespace, run_manifest("live"))
+    run = running(cluster, namespace, "live")
+    assert run["status"]["sidecars"]["image"] == IMAGE
+    before = templates(cluster, namespace, "live")
+    pod_uids = {p["metadata"]["uid"] for p in live_pods(cluster, namespace, "live")}
+
+    # a restart with the same settings: kopf resumes the run and reconciles it
+    operator.start()
+    wait_for("the restarted operator's reconcile", lambda: operator.reconciled() >= 1)
+    assert templates(cluster, namespace, "live") == before
+
+    # an upgrade: new sidecar image defaults
+    operator.start(sidecar_image=NEXT_IMAGE)
+    wait_for("the upgraded operator's reconcile", lambda: operator.reconciled() >= 1)
+    time.sleep(3)  # a few readiness passes too
+    assert templates(cluster, namespace, "live") == before
+    assert {p["metadata"]["uid"] for p in live_pods(cluster, namespace, "live")} == pod_uids
+    assert get(cluster, namespace, "payloadrun", "live")["status"]["sidecars"]["image"] == IMAGE
+
+    # a new run gets the new defaults
+    apply(cluster, namespace, run_manifest("fresh"))
+    fresh = running(cluster, namespace, "fresh")
+    assert fresh["status"]["sidecars"]["image"] == NEXT_IMAGE
+    assert sidecar_images(cluster, namespace, "fresh") == {f"{NEXT_IMAGE}"}
+
+    # the explicit rollout moves the live run onto the new sidecars: inference and the
+    # orchestrator roll, the trainers (no sidecar, same fsGroup) do not
+    kubectl(cluster, namespace, "annotate", "payloadrun", "live", f"{ROLLOUT_ANNOTATION}=now")
+
+    def rolled() -> Any:
+        status = get(cluster, namespace, "payloadrun", "live")["status"]
+        return status["sidecars"].get("rollout") == "now" and status["sidecars"]["image"]
+
+    assert wait_for("the rollout", rolled) == NEXT_IMAGE
+    after = wait_for(
+        "the rolled workloads",
+        lambda: (
+            (t := templates(cluster, namespace, "live"))["orchestrator"]["uid"]
+            != before["orchestrator"]["uid"]
+            and t
+        ),
+    )
+    assert after["inference"]["template"] != before["inference"]["template"]
+    assert NEXT_IMAGE in after["inference"]["template"]
+    assert after["trainer"] == before["trainer"]
+    running(cluster, namespace, "live")
+    wait_for(
+        "the live run's pods on the new sidecars",
+        lambda: sidecar_images(cluster, namespace, "live") == {NEXT_IMAGE},
+    )
+
+
+def test_changing_one_components_spec_rolls_that_component_only(operator, namespace):
+    cluster = operator.cluster
+    apply(cluster, namespace, run_manifest("scale"))
+    running(cluster, namespace, "scale")
+    before = templates(cluster, namespace, "scale")
+    patch_run(cluster, namespace, "scale", {"spec": {"trainer": {"replicas": 2}}})
+
+    def trainer_replaced() -> Any:
+        jobs = get(cluster, namespace, "jobs")["items"]
+        if not any(j["metadata"]["name"] == "scale-trainer" for j in jobs):
+            return None  # deleted, not created again yet
+        after = templates(cluster, namespace, "scale")
+        return after["trainer"]["uid"] != before["trainer"]["uid"] and after
+
+    after = wait_for("the trainer Job replaced", trainer_replaced)
+    assert after["inference"] == before["inference"]
+    assert after["orchestrator"] == before["orchestrator"]
+    assert get(cluster, namespace, "job", "scale-trainer")["spec"]["parallelism"] == 2
+    running(cluster, namespace, "scale")
+
+
+# --- suspend -------------------------------------------------------------------------------------
+
+
+def test_suspend_stops_every_pod_and_keeps_the_claim_and_resume_brings_them_back(
+    operator, namespace
+):
+    cluster = operator.cluster
+    apply(cluster, namespace, run_manifest("pause", orchestrator=ORCHESTRATE))
+    run = running(cluster, namespace, "pause")
+    root = run["status"]["payloadRoot"]
+    claim = run["status"]["claimName"]
+    before = templates(cluster, namespace, "pause")
+
+    patch_run(cluster, namespace, "pause", {"spec": {"suspend": True}})
+    suspended = wait_for_phase(cluster, namespace, "pause", "Suspended")
+    wait_for("no pod of the run", lambda: not pods(cluster, namespace, "pause") or None)
+    conditions = {c["type"]: c for c in suspended["status"]["conditions"]}
+    assert conditions["Suspended"]["status"] == "True"
+    assert get(cluster, namespace, "pvc", claim)["status"]["phase"] == "Bound"
+    # the templates are as they were: only whether they have pods changed
+    paused = templates(cluster, namespace, "pause")
+    assert {c: t["template"] for c, t in paused.items()} == {
+        c: t["template"] for c, t in before.items()
+    }
+
+    patch_run(cluster, namespace, "pause", {"spec": {"suspend": False}})
+    resumed = running(cluster, namespace, "pause")
+    assert resumed["status"]["payloadRoot"] == root
+    conditions = {c["type"]: c for c in resumed["status"]["conditions"]}
+    assert (conditions["Suspended"]["status"], conditions["Suspended"]["reason"]) == (
+        "False",
+        "Resumed",
+    )
+    # the retention sidecar starts again on the same root and replays its journal
+    (orchestrator,) = [
+        p for p in live_pods(cluster, namespace, "pause") if "orchestrator" in p["metadata"]["name"]
+    ]
+    env = {e["name"]: e.get("value") for e in orchestrator["spec"]["initContainers"][0]["env"]}
+    assert env["PAYLOAD_ROOT"] == root
+    log = kubectl(
+        cluster, namespace, "logs", orchestrator["metadata"]["name"], "-c", "payload-retention"
+    )
+    assert "restarted" in log, log
+
+
+# --- the end -------------------------------------------------------------------------------------
+
+
+def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operator, namespace):
+    cluster = operator.cluster
+    apply(
+        cluster,
+        namespace,
+        run_manifest(
+            "done",
+            orchestrator=ORCHESTRATE,
+            trainer=["python", "-c", "import time; time.sleep(20)"],
+            trainers=2,
+        ),
+    )
+    run = running(cluster, namespace, "done")
+    claim = run["status"]["claimName"]
+    volume = get(cluster, namespace, "pvc", claim)["spec"]["volumeName"]
+    host_dir = Path(get(cluster, namespace, "pv", volume)["spec"]["hostPath"]["path"])
+    root_on_host = host_dir / run["status"]["payloadRoot"].removeprefix("/payloads/")
+    wait_for("a payload file", lambda: list(root_on_host.glob("v0/*.bin")))
+
+    done = wait_for_phase(cluster, namespace, "done", "Succeeded")
+    status = done["status"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Complete"]["status"] == "True"
+    assert conditions["Complete"]["reason"] == "TrainersSucceeded"
+    assert status["completionTime"] and status["lastStep"] == 7
+    # nothing of the run runs on: inference and the orchestrator hold no GPU any more
+    assert get(cluster, namespace, "statefulset", "done-inference")["spec"]["replicas"] == 0
+    assert get(cluster, namespace, "job", "done-orchestrator")["spec"]["suspend"] is True
+    wait_for("no live pod", lambda: not live_pods(cluster, namespace, "done") or None)
+
+    # the payload files go (the cleanup Job), then the claim (deletionPolicy Delete)
+    def released() -> Any:
+        conds = {
+            c["type"]: c
+            for c in get(cluster, namespace, "payloadrun", "done")["status"]["conditions"]
+        }
+        released = conds.get("PayloadsReleased", {})
+        return released.get("status") == "True" and released
+
+    assert wait_for("PayloadsReleased", released)["reason"] == "FilesAndClaimDeleted"
+    assert get(cluster, namespace, "job", "done-cleanup")["status"]["succeeded"] == 1
+    wait_for("the claim deleted", lambda: claim not in kubectl(cluster, namespace, "get", "pvc"))
+    # an operator restart changes nothing of a finished run
+    operator.start()
+    wait_for("the restarted operator's reconcile", lambda: operator.reconciled() >= 1)
+    time.sleep(3)
+    assert get(cluster, namespace, "payloadrun", "done")["status"]["phase"] == "Succeeded"
+    assert not live_pods(cluster, namespace, "done")
+    assert claim not in kubectl(cluster, namespace, "get", "pvc")
+
+
+def test_a_run_whose_trainer_keeps_failing_fails_and_keeps_what_debugging_needs(
+    operator, namespace
+):
+    cluster = operator.cluster
+    apply(
+        cluster,
+        namespace,
+        run_manifest(
+            "broken",
+            trainer=["python", "-c", "import sys; print('loss is nan'); sys.exit(3)"],
+            failurePolicy={"backoffLimit": 1},
+        ),
+    )
+    failed = wait_for_phase(cluster, namespace, "broken", "Failed")
+    status = failed["status"]
+    failure = status["failure"]
+    assert (failure["component"], failure["reason"], failure["exitCode"]) == (
+        "trainer",
+        "BackoffLimitExceeded",
+        3,
+    )
+    assert status["completionTime"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["reason"] == "TrainerFailed"
+    events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=broken")
+    assert "TrainerFailed" in {e["reason"] for e in events["items"]}
+    # the failed pods and their logs stay; the rest stops; the volume stays for debugging
+    assert "loss is nan" in kubectl(cluster, namespace, "logs", failure["pod"], "-c", "trainer")
+    wait_for("no live pod", lambda: not live_pods(cluster, namespace, "broken") or None)
+    assert get(cluster, namespace, "pvc", status["claimName"])["status"]["phase"] == "Bound"
+
+    def kept() -> Any:
+        conds = {
+            c["type"]: c
+            for c in get(cluster, namespace, "payloadrun", "broken")["status"]["conditions"]
+        }
+        return conds.get("PayloadsReleased", {}).get("reason")
+
+    assert wait_for("PayloadsReleased", kept) == "KeptAfterFailure"
