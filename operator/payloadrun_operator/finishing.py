@@ -1,4 +1,4 @@
-"""What the operator does when a run ends: stop its pods, read its last step, release its files.
+"""What the operator does when a run ends: stop its pods, read its last step, delete its files.
 
 Every function is idempotent (the readiness pass calls them again until they are done) and takes
 the run's children as the pass listed them, so a finished run costs no extra API call once its
@@ -84,8 +84,8 @@ async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
 
 
 async def release(op: Operator, run: Mapping[str, Any], children: Children) -> Check:
-    """Delete a finished run's payload files (a cleanup Job) and then its claim, as the volume's
-    deletionPolicy says; the PayloadsReleased condition that says how far it got."""
+    """Delete a finished run's payload files (a cleanup Job) unless the volume's deletionPolicy is
+    Retain; the PayloadsReleased condition that says how far it got."""
     status = run.get("status") or {}
     released = condition(status.get("conditions") or [], PAYLOADS_RELEASED)
     if released is not None and released["status"] == "True":
@@ -130,7 +130,9 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             "delete the Job to try again",
             warning=True,
         )
-    if not claim_owned_by_run(spec) or not claim:
-        return Check(True, "FilesDeleted", f"the payload files were deleted; claim {claim} stays")
-    await op.client.delete("v1", "PersistentVolumeClaim", meta["namespace"], claim, "Background")
-    return Check(True, "FilesAndClaimDeleted", f"the payload files and claim {claim} were deleted")
+    # The claim follows its deletionPolicy: deleted with the run (its pods, kept for their logs,
+    # hold it until then), or the run's own claim, which stays.
+    then = (
+        "goes when the run is deleted" if claim_owned_by_run(spec) else "stays (the run brought it)"
+    )
+    return Check(True, "FilesDeleted", f"the payload files were deleted; claim {claim} {then}")

@@ -77,9 +77,9 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     resources = {r for _, r, _ in granted}
     assert "secrets" not in resources and "*" not in resources
     assert not any(verb in ("deletecollection", "*", "update") for _, _, verb in granted)
-    # deletes: a Job whose template changed, a finished run's claim (deletionPolicy Delete)
+    # deletes: only a Job whose template changed (a Job's template is immutable)
     deletes = {(group, resource) for group, resource, verb in granted if verb == "delete"}
-    assert deletes == {("batch", "jobs"), ("", "persistentvolumeclaims")}
+    assert deletes == {("batch", "jobs")}
     # pods: listed only (a failed Job's exit code, the orchestrator's address)
     assert {verb for _, resource, verb in granted if resource == "pods"} == {"list"}
     assert ("payloadrun.dev", "payloadruns/status", "patch") in granted

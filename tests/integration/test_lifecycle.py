@@ -398,7 +398,7 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
     assert get(cluster, namespace, "job", "done-orchestrator")["spec"]["suspend"] is True
     wait_for("no live pod", lambda: not live_pods(cluster, namespace, "done") or None)
 
-    # the payload files go (the cleanup Job), then the claim (deletionPolicy Delete)
+    # the payload files go (the cleanup Job); the claim goes with the run (deletionPolicy Delete)
     def released() -> Any:
         conds = {
             c["type"]: c
@@ -407,16 +407,17 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
         released = conds.get("PayloadsReleased", {})
         return released.get("status") == "True" and released
 
-    assert wait_for("PayloadsReleased", released)["reason"] == "FilesAndClaimDeleted"
+    assert wait_for("PayloadsReleased", released)["reason"] == "FilesDeleted"
     assert get(cluster, namespace, "job", "done-cleanup")["status"]["succeeded"] == 1
-    wait_for("the claim deleted", lambda: claim not in kubectl(cluster, namespace, "get", "pvc"))
+    assert not root_on_host.exists()
+    assert get(cluster, namespace, "pvc", claim)["status"]["phase"] == "Bound"
     # an operator restart changes nothing of a finished run
     operator.start()
     wait_for("the restarted operator's reconcile", lambda: operator.reconciled() >= 1)
     time.sleep(3)
     assert get(cluster, namespace, "payloadrun", "done")["status"]["phase"] == "Succeeded"
     assert not live_pods(cluster, namespace, "done")
-    assert claim not in kubectl(cluster, namespace, "get", "pvc")
+    assert not root_on_host.exists()
 
 
 def test_a_run_whose_trainer_keeps_failing_fails_and_keeps_what_debugging_needs(
