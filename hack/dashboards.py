@@ -372,7 +372,8 @@ def operator_dashboard() -> dict:
             [(f"sum by (phase, mode) ({o}runs{{{ns}}})", "{{phase}} {{mode}}")],
             "short",
             width=24,
-            description="PayloadRuns the operator handles.",
+            description="PayloadRuns the operator handles, by phase: Provisioning, Running, "
+            "Suspended, Succeeded and Failed (final, until the run is deleted), Rejected.",
         ),
     ]
     return dashboard(

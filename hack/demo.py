@@ -64,6 +64,16 @@ def say_mode(status: dict[str, Any]) -> None:
     )
 
 
+def wait_until(what: str, probe: Any, timeout: float, interval: float = 1.0) -> Any:
+    """``probe()``'s first truthy answer within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answer := probe():
+            return answer
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not within {timeout} s")
+
+
 def mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -90,14 +100,16 @@ class Demo:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
     def wait_reconciled(self, name: str, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def reconciled() -> dict[str, Any] | None:
             run = self.get("payloadrun", name, "-n", DEMO_NS)
             status = run.get("status") or {}
-            if status.get("observedGeneration") == run["metadata"]["generation"]:
-                return status
-            time.sleep(0.3)
-        raise TimeoutError(f"PayloadRun {name} was not reconciled within {timeout} s")
+            return (
+                status
+                if status.get("observedGeneration") == run["metadata"]["generation"]
+                else None
+            )
+
+        return wait_until(f"PayloadRun {name} reconciled", reconciled, timeout, interval=0.3)
 
     def apply_example(self, name: str, check: bool = True) -> str:
         """``kubectl apply -f examples/<name>``, shown with its answer (unless it is refused)."""
@@ -108,13 +120,11 @@ class Demo:
         return out
 
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def in_phase() -> dict[str, Any] | None:
             status = self.get("payloadrun", name, "-n", DEMO_NS).get("status") or {}
-            if status.get("phase") == phase:
-                return status
-            time.sleep(1)
-        raise TimeoutError(f"PayloadRun {name} was not {phase} within {timeout} s")
+            return status if status.get("phase") == phase else None
+
+        return wait_until(f"PayloadRun {name} {phase}", in_phase, timeout)
 
     # --- the control plane ---------------------------------------------------------------------
 
@@ -213,14 +223,11 @@ class Demo:
         say("$ kubectl get payloadruns -o wide")
         say(self.kubectl("get", "payloadruns", "-n", DEMO_NS, "-o", "wide").rstrip())
         say()
-        say(
-            "$ kubectl get statefulsets,deployments,pvc,services "
-            "-l payloadrun.dev/run=qwen3-moe-grpo"
-        )
+        say("$ kubectl get statefulsets,jobs,pvc,services -l payloadrun.dev/run=qwen3-moe-grpo")
         say(
             self.kubectl(
                 "get",
-                "statefulsets,deployments,pvc,services",
+                "statefulsets,jobs,pvc,services",
                 "-n",
                 DEMO_NS,
                 "-l",
@@ -262,6 +269,34 @@ class Demo:
         time.sleep(2)
         say("trainer pod: do the files still exist?")
         say("  -> " + in_pod("trainer", EXISTS, files))
+        self.finish(pod("trainer"))
+
+    def finish(self, trainer_pod: str) -> None:
+        section("5. The run finishes: its trainer exits 0")
+        self.kubectl("exec", "-n", DEMO_NS, trainer_pod, "-c", "trainer", "--",
+                     "touch", "/tmp/last-step-done")  # fmt: skip
+        status = self.wait_phase("local-by-handle", "Succeeded", timeout=120)
+        say("$ kubectl get payloadrun local-by-handle -o wide")
+        say(
+            self.kubectl(
+                "get", "payloadrun", "local-by-handle", "-n", DEMO_NS, "-o", "wide"
+            ).rstrip()
+        )
+        say(f"  completed at {status['completionTime']}, last policy step {status.get('lastStep')}")
+
+        def released() -> dict[str, Any] | None:
+            run = self.get("payloadrun", "local-by-handle", "-n", DEMO_NS)
+            conds = {c["type"]: c for c in run["status"]["conditions"]}
+            cond = conds.get("PayloadsReleased") or {}
+            return cond if cond.get("status") == "True" else None
+
+        cond = wait_until("the payload files deleted", released, timeout=120)
+        say(f"  PayloadsReleased: {cond['reason']}: {cond['message']}")
+        say("$ kubectl get pods -l payloadrun.dev/run=local-by-handle")
+        say(self.kubectl("get", "pods", "-n", DEMO_NS, "-l", "payloadrun.dev/run=local-by-handle")
+            .rstrip())  # fmt: skip
+        say("  (inference and the orchestrator stopped; the trainer and cleanup pods are kept,")
+        say("   with their logs, until the run is deleted)")
 
     # --- the data path -------------------------------------------------------------------------
 
@@ -269,7 +304,8 @@ class Demo:
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
         from payloadrun.testing import processes
 
-        section("5. The data path at scale: the sidecars as processes, the simulator as the loop")
+        number = 6 if self.with_node else 4  # after the pods' two sections, when a node runs
+        section(f"{number}. The data path at scale: sidecar processes, the simulator as the loop")
         root = self.tmp / "payloads"
         root.mkdir()
         # Qwen3-30B-A3B's routing shape: 48 MoE layers, top-8 of 128 experts, 384 B per token

@@ -96,6 +96,7 @@ def test_doc_block_runs(where, block, kube_binaries):
         if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):  # CI: a node runs, so real pods
             assert "A run whose pods run" in stdout, stdout[-3000:]
             assert "{'/payloads/" in stdout and ": False}" in stdout  # deleted on consume
+            assert "The run finishes" in stdout and "PayloadsReleased: FilesDeleted" in stdout
 
 
 @pytest.mark.parametrize("generator", ["hack/crd_reference.py", "hack/dashboards.py"])

@@ -214,8 +214,8 @@ def test_run_reconciles_with_its_sidecars(e2e):
     sts = e2e.get("statefulset", f"{RUN}-inference", "-n", NAMESPACE)
     (writer,) = sts["spec"]["template"]["spec"]["initContainers"]
     assert writer["name"] == "payload-writer" and writer["restartPolicy"] == "Always"
-    deploy = e2e.get("deployment", f"{RUN}-orchestrator", "-n", NAMESPACE)
-    (retention,) = deploy["spec"]["template"]["spec"]["initContainers"]
+    job = e2e.get("job", f"{RUN}-orchestrator", "-n", NAMESPACE)
+    (retention,) = job["spec"]["template"]["spec"]["initContainers"]
     assert retention["name"] == "payload-retention"
 
 
@@ -532,7 +532,7 @@ def test_the_operator_pod_replaced_mid_reconcile_makes_no_duplicates(e2e):
 
     wait_for("the run reconciled by the new operator pod", reconciled, 120)
     children = e2e.get(
-        "statefulsets,deployments,services,configmaps,persistentvolumeclaims",
+        "statefulsets,jobs,services,configmaps,persistentvolumeclaims",
         "-n",
         NAMESPACE,
         "-l",
@@ -540,8 +540,8 @@ def test_the_operator_pod_replaced_mid_reconcile_makes_no_duplicates(e2e):
     )["items"]
     kinds = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children)
     assert len(kinds) == len(set(kinds))
-    assert [k.split("/")[0] for k in kinds].count("Deployment") == 1
-    assert [k.split("/")[0] for k in kinds].count("StatefulSet") == 2
+    assert [k.split("/")[0] for k in kinds].count("Job") == 2
+    assert [k.split("/")[0] for k in kinds].count("StatefulSet") == 1
     assert [k.split("/")[0] for k in kinds].count("PersistentVolumeClaim") == 1
     e2e.kubectl("delete", "payloadrun", "e2e-second", "-n", NAMESPACE, "--wait=true")
 
@@ -551,7 +551,7 @@ def test_deleting_the_run_collects_its_children(e2e):
 
     def gone():
         left = e2e.get(
-            "statefulsets,deployments,services,configmaps,persistentvolumeclaims",
+            "statefulsets,jobs,services,configmaps,persistentvolumeclaims",
             "-n",
             NAMESPACE,
             "-l",

@@ -82,6 +82,7 @@ def api(kube_api_client):
         "custom": client.CustomObjectsApi(kube_api_client),
         "core": client.CoreV1Api(kube_api_client),
         "apps": client.AppsV1Api(kube_api_client),
+        "batch": client.BatchV1Api(kube_api_client),
     }
 
 
@@ -119,7 +120,7 @@ def children(api, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         ("Service", api["core"].list_namespaced_service),
         ("PersistentVolumeClaim", api["core"].list_namespaced_persistent_volume_claim),
         ("StatefulSet", api["apps"].list_namespaced_stateful_set),
-        ("Deployment", api["apps"].list_namespaced_deployment),
+        ("Job", api["batch"].list_namespaced_job),
     ):
         for item in lister(namespace, label_selector=selector).items:
             found[(kind, item.metadata.name)] = item
@@ -220,7 +221,7 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
         "Service",
         "PersistentVolumeClaim",
         "StatefulSet",
-        "Deployment",
+        "Job",
     }
     for (kind, child_name), obj in kids.items():
         refs = obj.metadata.owner_references
@@ -240,12 +241,12 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
     )
     assert inference.containers[0].volume_mounts is None
 
-    orchestrator = kids[("Deployment", f"{name}-orchestrator")].spec.template.spec
+    orchestrator = kids[("Job", f"{name}-orchestrator")].spec.template.spec
     (retention,) = orchestrator.init_containers
     assert env_of(retention)["PAYLOADRUN_RUN_ID"] == uid
     assert env_of(orchestrator.containers[0])["PAYLOADRUN_RETENTION_URL"] == "http://127.0.0.1:8002"
 
-    trainer = kids[("StatefulSet", f"{name}-trainer")].spec.template.spec
+    trainer = kids[("Job", f"{name}-trainer")].spec.template.spec
     assert trainer.containers[0].volume_mounts[0].read_only is True
 
     settings = kids[("ConfigMap", f"{name}-settings")].data
@@ -303,7 +304,7 @@ def test_inline_run_has_no_volume_and_no_sidecars(operator, api, namespace):
     kids = children(api, namespace, name)
     assert not any(kind == "PersistentVolumeClaim" for kind, _ in kids)
     for (kind, _), obj in kids.items():
-        if kind in ("StatefulSet", "Deployment"):
+        if kind in ("StatefulSet", "Job"):
             assert obj.spec.template.spec.init_containers is None
             assert obj.spec.template.spec.volumes is None
 
@@ -332,11 +333,12 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     assert operator.log_tail(10_000).count(marker) == 1
     operator.stop()
     operator.start()
-    # the resume handler re-applies every child: wait until it has handled this run again
+    # the resume handler reconciles every run: wait until it has handled this run again
     eventually("the resume handler", lambda: operator.log_tail(10_000).count(marker) == 2 or None)
     after = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
     # the same objects (no duplicate, none re-created), and the operator wrote none of them again:
-    # server-side apply of an unchanged manifest is a no-op
+    # server-side apply of an unchanged manifest is a no-op, and workloads whose inputs did not
+    # change are not applied at all
     assert after == before
     assert "Traceback" not in operator.log_tail(200)
 
@@ -432,7 +434,9 @@ def test_fifty_runs_at_once_all_reconcile(operator, api, namespace):
     done = eventually("50 runs reconciled", all_reconciled, timeout=120)
     assert {r["status"]["payloadMode"] for r in done} == {"ByHandle"}
     statefulsets = api["apps"].list_namespaced_stateful_set(namespace).items
-    assert len(statefulsets) == 100  # inference and trainer per run, no duplicates
+    jobs = api["batch"].list_namespaced_job(namespace).items
+    # inference, orchestrator and trainer per run, no duplicates
+    assert (len(statefulsets), len(jobs)) == (50, 100)
 
 
 def test_operator_metrics(operator, api, namespace):
