@@ -115,15 +115,16 @@ async def refresh_run(
                 fields["lastStep"] = step
     update = status_update(status, meta.get("generation"), checks, fields, now)
     op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
+    if update.fields is not None:
+        if await client.patch_status(run, update.fields) is None:
+            return False  # the run changed since the list: the next pass sees the new one
+        for event_type, reason, message in update.events:
+            await client.post_event(run, event_type, reason, message, now)
+    # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
+    # checked at every pass, it costs no write when everything is stopped already.
     if lifecycle.is_final(update.phase):
         await finishing.stop(op, run, children)
-    if update.fields is None:
-        return False
-    if await client.patch_status(run, update.fields) is None:
-        return False  # the run changed since the list: the next pass sees the new one
-    for event_type, reason, message in update.events:
-        await client.post_event(run, event_type, reason, message, now)
-    return True
+    return update.fields is not None
 
 
 async def failure_of(

@@ -165,6 +165,11 @@ def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
     spec = obj.get("spec", {})
     status = obj.get("status", {})
     if obj.get("kind") == "Job":  # its template never changes: no generation to wait for
+        if any(
+            c.get("type") == "Complete" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ):  # an orchestrator may exit 0 before the trainers are done
+            return True, f"{name} complete"
         want, ready, current = spec.get("parallelism", 1), status.get("ready", 0), True
     else:
         want, ready = spec.get("replicas", 1), status.get("readyReplicas", 0)

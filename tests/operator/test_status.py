@@ -183,3 +183,22 @@ def test_every_status_the_operator_writes_passes_the_crd_rules(steps):
         for cond in status.get("conditions", []):
             assert RFC3339.match(cond["lastTransitionTime"]), cond
         assert len({c.type for c in parsed.conditions}) == len(parsed.conditions)
+
+
+def test_a_complete_job_counts_as_ready_while_the_others_run():
+    orchestrator = {
+        "kind": "Job",
+        "metadata": {"name": "r-orchestrator"},
+        "spec": {"parallelism": 1},
+        "status": {"ready": 0, "conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    trainer = {
+        "kind": "Job",
+        "metadata": {"name": "r-trainer"},
+        "spec": {"parallelism": 2},
+        "status": {"ready": 2},
+    }
+    assert workload_ready(orchestrator) == (True, "r-orchestrator complete")
+    assert workloads_check([orchestrator, trainer]).ok
+    trainer["status"]["ready"] = 1
+    assert workloads_check([orchestrator, trainer]).message == "waiting for r-trainer 1/2 ready"
