@@ -1,4 +1,3 @@
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -6,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from payloadrun.testing import required
 from payloadrun_devcluster import BinariesMissing, find_binaries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,9 +21,7 @@ def helm() -> str:
         found = shutil.which("helm")
         if found:
             return found
-        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
-            pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {exc}", pytrace=False)
-        pytest.skip(str(exc))
+        required.skip_or_fail(str(exc))
 
 
 def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

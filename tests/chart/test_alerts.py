@@ -9,14 +9,14 @@ stays silent below its threshold or for less than its ``for``.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+from payloadrun.testing import required
 
 from .conftest import CHART, REPO, render, run_helm
 
@@ -30,13 +30,7 @@ THRESHOLD = re.compile(r">\s*([0-9]+)\s*$")
 @pytest.fixture(scope="session")
 def promtool() -> str:
     """Debian's prometheus package ships promtool (hack/prometheus.sh installs it)."""
-    found = shutil.which("promtool")
-    if found:
-        return found
-    message = "promtool is not installed (bash hack/prometheus.sh installs Debian's prometheus)"
-    if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+    return required.tool("promtool", "bash hack/prometheus.sh installs Debian's prometheus")
 
 
 def run_promtool(promtool: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from .conftest import CHART, REPO
 sys.path.insert(0, str(REPO / "hack" / "dashboard-schema"))
 import check_dashboards  # hack/dashboard-schema/check_dashboards.py
 
+from payloadrun.testing import required
+
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 
 
@@ -30,9 +31,7 @@ def schema_env() -> Path:
     try:
         return check_dashboards.installed()
     except check_dashboards.NotInstalled as exc:
-        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
-            pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {exc}", pytrace=False)
-        pytest.skip(str(exc))
+        required.skip_or_fail(str(exc))
 
 
 def test_chart_dashboards_match_grafanas_schema(schema_env):

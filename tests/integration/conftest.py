@@ -26,6 +26,7 @@ try:
     import payloadrun_devcluster  # noqa: F401
 except ImportError:  # the project is not installed (pip install -e .): use the checkout's cluster/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster"))
+from payloadrun.testing.required import required, skip_or_fail
 from payloadrun_devcluster import (
     CONTROL_PLANE_NAMES,
     Binaries,
@@ -49,22 +50,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # One node per machine: the tests that start their own go before the session's cluster
     # (and its node) starts. The sort is stable: every other test keeps its place.
     items.sort(key=lambda item: item.get_closest_marker("node_lifecycle") is None)
-
-
-def cluster_required() -> bool:
-    return os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER", "").strip().lower() not in (
-        "",
-        "0",
-        "false",
-        "no",
-    )
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip, or fail when PAYLOADRUN_REQUIRE_CLUSTER says everything must run (CI)."""
-    if cluster_required():
-        pytest.fail(f"PAYLOADRUN_REQUIRE_CLUSTER is set and {reason}", pytrace=False)
-    pytest.skip(f"{reason} (set PAYLOADRUN_REQUIRE_CLUSTER=1 to make this a failure)")
 
 
 def no_node_reason(binaries: Binaries) -> str | None:
@@ -100,7 +85,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
     """
     binaries = built_binaries()
     no_node = no_node_reason(binaries)
-    if no_node and cluster_required():
+    if no_node and required():
         pytest.fail(
             f"PAYLOADRUN_REQUIRE_CLUSTER is set and no node can run here: {no_node}", pytrace=False
         )

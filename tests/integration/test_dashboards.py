@@ -12,7 +12,6 @@ on these real series, and none is pending or firing on this healthy system.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun.testing import processes
+from payloadrun.testing import processes, required
 from payloadrun.testing.processes import SidecarProcess, free_port, wait_http
 from payloadrun_operator.testing import LocalOperator
 
@@ -63,15 +62,7 @@ def spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen:
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found:
-        return found
-    import os
-
-    message = "prometheus is not installed (bash hack/prometheus.sh installs Debian's)"
-    if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+    return required.tool("prometheus", "bash hack/prometheus.sh installs Debian's")
 
 
 def fill_variables(expr: str) -> str:

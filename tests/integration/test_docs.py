@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from payloadrun.testing import required
+
 # The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: these
 # tests run before the session's cluster starts its node (one node per machine).
 pytestmark = [pytest.mark.integration, pytest.mark.node_lifecycle]
@@ -54,9 +56,7 @@ def kube_binaries() -> Path:
     try:
         return find_binaries().path("kubectl").parent
     except BinariesMissing as exc:
-        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(str(exc))
+        required.skip_or_fail(str(exc))
 
 
 def test_the_docs_have_commands():
@@ -93,7 +93,7 @@ def test_doc_block_runs(where, block, kube_binaries):
     if "make demo" in script:
         assert "nothing left running" in stdout
         assert "Inline (Disaggregated)" in stdout and "ByHandle" in stdout
-        if os.environ.get("PAYLOADRUN_REQUIRE_CLUSTER"):  # CI: a node runs, so real pods
+        if required.required():  # CI: a node runs, so real pods
             assert "A run whose pods run" in stdout, stdout[-3000:]
             assert "{'/payloads/" in stdout and ": False}" in stdout  # deleted on consume
             assert "The run finishes" in stdout and "PayloadsReleased: FilesDeleted" in stdout

@@ -12,6 +12,8 @@ retention sidecar).
   (the fake vLLM, the writer, the retention sidecar), ``free_port`` and ``wait_http``.
 - :mod:`~payloadrun.testing.images`: the project's container images (``hack/images.sh``) for the
   end-to-end tests and the demo.
+- :mod:`~payloadrun.testing.required`: what the tests need from the machine, skipped when it is
+  missing unless CI (``PAYLOADRUN_REQUIRE_CLUSTER``) requires it.
 
 The operator's counterpart, ``payloadrun_operator.testing.LocalOperator``, runs the operator as a
 local process against a cluster.
