@@ -22,6 +22,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 
@@ -274,6 +275,19 @@ def log_format(default: str = "plain", **how: Any) -> Any:
         env=Env.LOG_FORMAT,
         choices=LOG_FORMATS,
         **how,
+    )
+
+
+def payload_root(help: str) -> Any:
+    """The payload-root setting: ``--root`` or ``PAYLOAD_ROOT``, required (the retention sidecar,
+    ``payloadrun wipe``)."""
+    return setting(
+        help=help,
+        flag="--root",
+        env=Env.PAYLOAD_ROOT,
+        parse=Path,
+        metavar="PATH",
+        missing=f"no payload root: pass --root or set {Env.PAYLOAD_ROOT}",
     )
 
 

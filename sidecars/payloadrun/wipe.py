@@ -51,7 +51,7 @@ from payloadrun import settings
 from payloadrun.paths import parse_version_dir_name
 from payloadrun.retention import deleter
 from payloadrun.retention.config import STATE_DIR, TRASH_DIR
-from payloadrun.settings import Env, setting
+from payloadrun.settings import Env
 
 EPILOG = """\
 exit status:
@@ -100,14 +100,7 @@ def root_problem(root: Path) -> str | None:
 class WipeConfig:
     """What ``payloadrun wipe`` is asked to do."""
 
-    root: Path = setting(
-        help="the run's payload root (required, by flag or variable)",
-        flag="--root",
-        env=Env.PAYLOAD_ROOT,
-        parse=Path,
-        metavar="PATH",
-        missing=f"no payload root: pass --root or set {Env.PAYLOAD_ROOT}",
-    )
+    root: Path = settings.payload_root("the run's payload root (required, by flag or variable)")
     dry_run: bool = False
     json: bool = False
 

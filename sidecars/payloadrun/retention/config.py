@@ -33,13 +33,7 @@ TRASH_DIR = ".retention-trash"  # version directories a fresh run moved aside, b
 class RetentionConfig:
     """What one retention service is configured with."""
 
-    root: Path = setting(
-        help="payload root, the shared volume's run directory",
-        flag="--root",
-        env=Env.PAYLOAD_ROOT,
-        parse=Path,
-        missing=f"no payload root: pass --root or set {Env.PAYLOAD_ROOT}",
-    )
+    root: Path = settings.payload_root("payload root, the shared volume's run directory")
     run_id: str = setting(
         help="this run's identity; a journal of another run id is not replayed",
         flag="--run-id",
