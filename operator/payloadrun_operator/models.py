@@ -460,8 +460,8 @@ class PayloadRunStatus(Model):
         "claim is bound, or none is needed), Ready (the accepted spec's workloads have every "
         "pod ready; the phase is then Running), Suspended, Complete (the trainers finished), "
         "Failed (a component failed beyond spec.failurePolicy) and PayloadsReleased (a finished "
-        "run's payload files and claim went as the volume's deletionPolicy says), each with a "
-        "reason and a message.",
+        "run's payload files were deleted, unless its volume's deletionPolicy is Retain), each "
+        "with a reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -23,7 +23,7 @@ READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase
 SUSPENDED = "Suspended"  # spec.suspend: no pod runs (the phase is Suspended)
 COMPLETE = "Complete"  # every trainer exited 0 (the phase is Succeeded, for good)
 FAILED = "Failed"  # a component failed beyond spec.failurePolicy (the phase is Failed, for good)
-PAYLOADS_RELEASED = "PayloadsReleased"  # a finished run's files and claim went, per its policy
+PAYLOADS_RELEASED = "PayloadsReleased"  # a finished run's files were deleted (unless Retain)
 
 PHASE_REJECTED = "Rejected"
 PHASE_PROVISIONING = "Provisioning"
