@@ -52,6 +52,11 @@ SERVICE_SUBNET = "198.19.0.0/24"
 KUBERNETES_SERVICE_IP = "198.19.0.1"
 CLUSTER_DOMAIN = "cluster.local"
 RUN_DIR = Path("/run/payloadrun-node")
+# The kubelet's state, where it makes unix sockets (pod-resources/<10 digits>, device plugins):
+# a socket path has at most 107 bytes, which a state directory under pytest's basetemp
+# (/tmp/pytest-of-root/pytest-104/<test name>/cluster/node) exceeds. One node per machine, so
+# one fixed short path, cleaned up (mounts too) with the rest of RUN_DIR.
+KUBELET_ROOT = RUN_DIR / "kubelet"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"
@@ -615,7 +620,7 @@ class LocalNode:
                 str(self.binaries.path("kubelet")),
                 f"--config={kubelet_config_file}",
                 f"--kubeconfig={kubelet_kubeconfig}",
-                f"--root-dir={node / 'kubelet'}",
+                f"--root-dir={KUBELET_ROOT}",
                 f"--cert-dir={node / 'kubelet-certs'}",
                 f"--hostname-override={NODE_NAME}",
                 f"--node-ip={NODE_IP}",

@@ -113,7 +113,10 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
         ("get", "secrets", "-n", "team-a"),
         ("get", "configmaps", "-n", "team-b"),
         ("get", "payloadruns", "-n", "team-b"),
-        ("get", "pods", "-n", "team-a"),
+        ("get", "pods", "-n", "team-b"),
+        ("get", "pod", "anything", "-n", "team-a"),  # pods: list only (exit codes, addresses)
+        ("delete", "job", "anything", "-n", "team-b"),
+        ("delete", "pvc", "anything", "-n", "team-a"),
         ("get", "namespaces"),
         ("delete", "configmap", "anything", "-n", "team-a"),
     ):

@@ -246,5 +246,8 @@ def test_kubectl_get_shows_ready(kube_cluster, crd, custom, namespace):
         "CLAIM",
         "REASON",
         "ROOT",
+        "LAST",  # LAST STEP
+        "STEP",
+        "FINISHED",
         "AGE",
     ]

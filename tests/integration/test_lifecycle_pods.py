@@ -197,15 +197,23 @@ def wait_for_phase(cluster, namespace: str, name: str, phase: str) -> dict[str, 
     )
 
 
-def templates(cluster, namespace: str, name: str) -> dict[str, Any]:
-    """Each workload's pod template, generation and uid, as the API server has them."""
+def find(cluster, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    out = kubectl(cluster, namespace, "get", kind, name, "--ignore-not-found", "-o", "json")
+    return json.loads(out) if out.strip() else None
+
+
+def templates(cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """Each workload's pod template, generation and uid, as the API server has them (None while
+    one of them does not exist)."""
     out = {}
     for kind, component in (
         ("statefulset", "inference"),
         ("job", "orchestrator"),
         ("job", "trainer"),
     ):
-        obj = get(cluster, namespace, kind, f"{name}-{component}")
+        obj = find(cluster, namespace, kind, f"{name}-{component}")
+        if obj is None:
+            return None
         out[component] = {
             "template": json.dumps(obj["spec"]["template"], sort_keys=True),
             "generation": obj["metadata"]["generation"],
@@ -284,8 +292,8 @@ def test_restart_and_upgrade_leave_a_live_run_alone_new_runs_get_the_new_sidecar
     after = wait_for(
         "the rolled workloads",
         lambda: (
-            (t := templates(cluster, namespace, "live"))["orchestrator"]["uid"]
-            != before["orchestrator"]["uid"]
+            (t := templates(cluster, namespace, "live"))
+            and t["orchestrator"]["uid"] != before["orchestrator"]["uid"]
             and t
         ),
     )
@@ -307,11 +315,8 @@ def test_changing_one_components_spec_rolls_that_component_only(operator, namesp
     patch_run(cluster, namespace, "scale", {"spec": {"trainer": {"replicas": 2}}})
 
     def trainer_replaced() -> Any:
-        jobs = get(cluster, namespace, "jobs")["items"]
-        if not any(j["metadata"]["name"] == "scale-trainer" for j in jobs):
-            return None  # deleted, not created again yet
-        after = templates(cluster, namespace, "scale")
-        return after["trainer"]["uid"] != before["trainer"]["uid"] and after
+        after = templates(cluster, namespace, "scale")  # None: deleted, not created again yet
+        return after and after["trainer"]["uid"] != before["trainer"]["uid"] and after
 
     after = wait_for("the trainer Job replaced", trainer_replaced)
     assert after["inference"] == before["inference"]

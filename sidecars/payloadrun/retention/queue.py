@@ -39,6 +39,9 @@ class Job:
     timed: bool
     started: float = field(default_factory=time.monotonic)
     tasks: int = 0
+    # The backstop's step, swept once the event's own deletions have run: a file both would
+    # delete is then counted once, under the event's reason, and the emptied v<k> goes.
+    sweep: int | None = None
 
 
 def _by_dir(keys: Iterable[str]) -> dict[str, list[str]]:
@@ -159,7 +162,10 @@ class DeletionQueue:
                 for chunk in _chunks(names, self._chunk_files):
                     self._task(job, len(chunk), self._delete_chunk, reason, dir_name, chunk)
         if sweep is not None:
-            self._task(job, 0, self._sweep, job, sweep)
+            if job.tasks:
+                job.sweep = sweep  # after the event's deletions (_run)
+            else:
+                self._task(job, 0, self._sweep, job, sweep)
         if trash:
             self._task(job, 0, self._empty_trash)
         if job.tasks == 0:
@@ -181,6 +187,9 @@ class DeletionQueue:
             with self._lock:
                 self.queue_files -= files
                 job.tasks -= 1
+                if job.tasks == 0 and job.sweep is not None:
+                    sweep, job.sweep = job.sweep, None
+                    self._task(job, 0, self._sweep, job, sweep)
                 finished = job.tasks == 0
                 if finished:
                     self._finish(job)
