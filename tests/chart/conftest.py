@@ -47,6 +47,13 @@ def render(
     return [d for d in docs if d]
 
 
+def refused(helm: str, value: str) -> str:
+    """helm template with ``--set value``, which the chart must refuse; its error output."""
+    result = run_helm(helm, "template", "rel", str(CHART), "--set", value, check=False)
+    assert result.returncode != 0, f"--set {value} was accepted"
+    return result.stderr
+
+
 def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for doc in docs:
