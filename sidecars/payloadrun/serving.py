@@ -54,9 +54,19 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+# Options an app needs from the server that runs it (``auto_decompress``,
+# ``handler_cancellation``): set by the app's builder, honoured by every runner made here.
+RUNNER_OPTIONS = web.AppKey("runner_options", dict)
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner for ``app``, with the server options the app asks for."""
+    return web.AppRunner(app, access_log=None, **app.get(RUNNER_OPTIONS, {}))
+
+
 async def start_site(listener: Listener) -> tuple[web.AppRunner, str]:
     """Set up and bind ``listener``; its runner and the URL it is reachable at."""
-    runner = web.AppRunner(listener.app, access_log=None)
+    runner = app_runner(listener.app)
     await runner.setup()
     try:
         await web.TCPSite(runner, listener.host, listener.port).start()

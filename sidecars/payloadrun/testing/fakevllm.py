@@ -34,7 +34,10 @@ wait before answering), ``x-fake-stream-interval`` (seconds between SSE events),
 ``x-fake-disconnect`` (``headers``: close without answering; ``body``:
 send the headers and half the body, then close), ``x-fake-experts``, ``x-fake-layers``,
 ``x-fake-top-k``, ``x-fake-mask-width``, ``x-fake-routed-experts`` and ``x-fake-sampling-mask``
-(``0``/``1``). ``GET /fake/stats`` counts the requests received per path.
+(``0``/``1``), ``x-fake-content-encoding`` (``gzip`` or ``deflate``: compress a non-streaming
+answer whatever the client accepts, as a compressing middleware in front of vLLM may; any other
+value only labels the body with it). ``GET /fake/stats`` counts the requests received per path
+(and ``aborted``: streams whose client went away).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gzip
 import hashlib
 import json
 import time
+import zlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +87,7 @@ class FakeConfig:
     delay: float = 0.0
     stream_interval: float = 0.0  # seconds between SSE events
     disconnect: str = ""
+    content_encoding: str = ""  # compress answers with this, asked for or not
     health_status: int = 200
     created: int | None = None  # a fixed timestamp makes responses byte-comparable
     stats: Counter = field(default_factory=Counter)
@@ -99,6 +105,7 @@ def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
         ("delay", float),
         ("stream_interval", float),
         ("disconnect", str),
+        ("content_encoding", str),
         ("experts", int),
         ("layers", int),
         ("top_k", int),
@@ -113,6 +120,15 @@ def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
             except ValueError as exc:
                 raise FakeRequestError(f"header x-fake-{name}: {exc}") from exc
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def _encode(body: bytes, coding: str) -> bytes:
+    """``body`` compressed with ``coding`` (gzip, deflate); unchanged for any other coding."""
+    if coding == "gzip":
+        return gzip.compress(body, mtime=0)
+    if coding == "deflate":
+        return zlib.compress(body)
+    return body
 
 
 def _seed(body: bytes) -> int:
@@ -447,13 +463,35 @@ class FakeVLLM:
             await resp.write(payload[: len(payload) // 2])
             request.transport.close()
             return resp
+        if cfg.content_encoding:
+            return web.Response(
+                body=_encode(payload, cfg.content_encoding),
+                content_type="application/json",
+                headers={"Content-Encoding": cfg.content_encoding},
+            )
         return web.Response(body=payload, content_type="application/json")
 
     async def _stream(
         self, request: web.Request, response: dict[str, Any], interval: float
     ) -> web.StreamResponse:
-        """SSE: one chunk per choice per token, arrays on each choice's final chunk."""
+        """SSE: one chunk per choice per token, arrays on each choice's final chunk.
+
+        A client that goes away ends the stream quietly, as vLLM aborts a request.
+        """
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        try:
+            await self._events(request, resp, response, interval)
+        except ConnectionError:
+            self.config.stats["aborted"] += 1
+        return resp
+
+    async def _events(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        response: dict[str, Any],
+        interval: float,
+    ) -> None:
         await resp.prepare(request)
         head = {k: v for k, v in response.items() if k not in ("choices", "usage")}
         for choice in response["choices"]:
@@ -474,7 +512,6 @@ class FakeVLLM:
                     await asyncio.sleep(interval)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
     async def health(self, _request: web.Request) -> web.Response:
         self.config.stats[HEALTH_PATH] += 1

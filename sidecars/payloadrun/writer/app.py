@@ -11,6 +11,12 @@ Three paths through it:
 - **rejected**: a ``payload_dir`` outside the root, not ``v<digits>``, through ``..``, a
   percent-encoded character or a symlink: 400, nothing forwarded, nothing written.
 
+Request bodies go upstream as received, content coding included (the server does not decode
+them: see :mod:`payloadrun.writer.coding`). A client that hangs up cancels its request: the
+upstream connection is closed (vLLM aborts the generation, as it does for a client of its own),
+the request is counted as ``disconnected`` with code 499, logged in one line, and a payload file
+written for it is deleted.
+
 Parsing, writing and serializing run on a thread pool (:mod:`payloadrun.writer.rewrite`); the
 event loop only moves bytes. Liveness is ``/healthz``, readiness ``/readyz``; metrics are served
 on their own port so that vLLM's own ``/metrics`` still passes through.
@@ -42,8 +48,9 @@ from payloadrun.serving import Listener
 from payloadrun.settings import VLLM_PORT, Env, parse_float, parse_int, setting
 from payloadrun.store import PayloadStore
 from payloadrun.vllm import HEALTH_PATH, error_response
+from payloadrun.writer import coding
 from payloadrun.writer.metrics import WriterMetrics
-from payloadrun.writer.rewrite import admit_request, rewrite_response
+from payloadrun.writer.rewrite import RewriteResult, admit_request, rewrite_response
 from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
 
 log = logging.getLogger("payloadrun.writer")
@@ -70,6 +77,13 @@ _REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length"}
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-length"}
 MODE_HEADER = "X-Payloadrun-Mode"
 FALLBACK_HEADER = "X-Payloadrun-Fallback"
+# The status a request is counted with when its client went away (nginx's "client closed
+# request"); never sent.
+CLIENT_CLOSED = 499
+# The server options the proxy needs: request bodies as received (a transparent proxy forwards
+# a compressed body untouched), and a handler cancelled when its client hangs up (so that the
+# upstream request is cancelled too and nothing is written for nobody).
+RUNNER_OPTIONS = {"auto_decompress": False, "handler_cancellation": True}
 
 
 @dataclass(frozen=True)
@@ -298,8 +312,26 @@ class Writer:
         self.metrics.in_flight.inc()
         try:
             return await self._proxy(request)
+        except asyncio.CancelledError:
+            self._gone(request, "cancelled")
+            raise
+        except ConnectionError as exc:  # writing to a client whose connection has closed
+            self._gone(request, str(exc) or type(exc).__name__)
+            raise asyncio.CancelledError from None  # aiohttp ends it quietly, no traceback
         finally:
             self.metrics.in_flight.dec()
+
+    def _gone(self, request: web.Request, why: str) -> None:
+        """Count and log (one line) a request whose client will not read the answer."""
+        self.metrics.request(Mode.DISCONNECTED, CLIENT_CLOSED)
+        closed = request.transport is None or request.transport.is_closing()
+        log.info(
+            "%s %s from %s ended before its answer was sent: %s",
+            request.method,
+            request.path,
+            request.remote,
+            "the client closed the connection" if closed else why,
+        )
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -307,14 +339,24 @@ class Writer:
         plan: RequestPlan | None = None
         if endpoint is not None and body:
             store = await self.run(self.holder.get)
+            encoding = request.headers.get("Content-Encoding")
+            limit = self.config.max_request_bytes
             try:
-                plan = await self.run(admit_request, store, endpoint, body)
+                plan = await self.run(admit_request, store, endpoint, body, encoding, limit)
             except RequestError as exc:
                 self.metrics.request(Mode.REJECTED, 400)
                 log.warning("refused a request: %s", exc)
                 return error_response(
                     400, str(exc), param="payload_dir", value=_jsonable(exc.value)
                 )
+            except coding.TooLarge:
+                self.metrics.request(Mode.REJECTED, 413)
+                message = (
+                    f"the request body (Content-Encoding: {encoding}) decodes to more than "
+                    f"{limit} bytes, the most the writer reads"
+                )
+                log.warning("refused a request: %s", message)
+                return error_response(413, message)
         if plan is None or plan.stream:
             return await self._passthrough(request, body)
         return await self._by_handle(request, body, plan)
@@ -374,32 +416,47 @@ class Writer:
             return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
 
     async def _stream_back(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, mode: Mode
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        mode: Mode,
+        extra_headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
-        """Relay vLLM's response as it arrives; a break mid-body cuts the client connection."""
+        """Relay vLLM's response as it arrives; a break mid-body cuts the client connection.
+
+        A client that goes away raises out of here (counted by :meth:`proxy`); vLLM breaking
+        off is counted here, logged in one line, and the client's connection is closed so that
+        the client sees a cut body, not a complete one.
+        """
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
             headers=_forward_headers(upstream.headers, drop=_RESPONSE_DROP),
         )
+        resp.headers.update(extra_headers or {})
         chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
         if upstream.content_length is not None and not chunked:
             resp.content_length = upstream.content_length
         await resp.prepare(request)
         sent = 0
-        try:
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-                sent += len(chunk)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            kind = "timeout" if isinstance(exc, TimeoutError) else "broken"
-            self.metrics.upstream_failures.labels(kind=kind).inc()
-            self.metrics.request(mode, upstream.status)
-            self.metrics.sent(mode, sent)
-            log.warning(
-                "vLLM at %s broke off a response after %d bytes: %r", self.upstream, sent, exc
-            )
-            raise ConnectionResetError(f"upstream broke off: {exc}") from exc
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                kind = "timeout" if isinstance(exc, TimeoutError) else "broken"
+                self.metrics.upstream_failures.labels(kind=kind).inc()
+                self.metrics.request(mode, upstream.status)
+                self.metrics.sent(mode, sent)
+                log.warning(
+                    "vLLM at %s broke off a response after %d bytes: %r", self.upstream, sent, exc
+                )
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            if not chunk:
+                break
+            await resp.write(chunk)
+            sent += len(chunk)
         await resp.write_eof()
         self.metrics.request(mode, upstream.status)
         self.metrics.sent(mode, sent)
@@ -408,20 +465,23 @@ class Writer:
     async def _by_handle(
         self, request: web.Request, body: bytes, plan: RequestPlan
     ) -> web.StreamResponse:
-        # Ask vLLM for an uncompressed answer: the writer has to read it.
+        # The writer has to read the answer: ask for it uncompressed. Leaving Accept-Encoding
+        # out would not do: no Accept-Encoding means any coding is acceptable (RFC 9110 12.5.3).
         headers = _forward_headers(request.headers, drop=_REQUEST_DROP | {"accept-encoding"})
+        headers["Accept-Encoding"] = coding.IDENTITY
         upstream = await self._send_upstream(request, body, headers)
         if isinstance(upstream, web.Response):
             return upstream
         async with upstream:
-            encoding = upstream.headers.get("Content-Encoding", "identity").lower()
-            if (
-                upstream.status != 200
-                or upstream.content_type != "application/json"
-                or encoding != "identity"
-            ):
-                # vLLM's errors and anything that is not a JSON completion go back untouched.
+            if upstream.status != 200:
+                # vLLM's errors carry no arrays: relayed unchanged.
                 return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
+            if upstream.content_type != "application/json":
+                self._count_fallback(
+                    "bad_response", f"the answer is {upstream.content_type}, not JSON"
+                )
+                fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: "bad_response"}
+                return await self._stream_back(request, upstream, Mode.INLINE, fallback)
             try:
                 raw = await read_body(upstream)
             except Exception as exc:
@@ -429,26 +489,96 @@ class Writer:
             response_headers = _forward_headers(
                 upstream.headers, drop=_RESPONSE_DROP | {"content-type"}
             )
+        encoding = upstream.headers.get("Content-Encoding")
+        if coding.codings(encoding):
+            try:
+                raw = await self.run(coding.decode, raw, encoding, 1 << 40)
+            except (coding.CodingError, coding.TooLarge) as exc:
+                # Sent back as received, coding and all: the client may read what we cannot.
+                result = RewriteResult(
+                    Mode.INLINE,
+                    bytes(raw),
+                    "content_encoding",
+                    f"Content-Encoding {encoding}: {exc}",
+                )
+                return await self._send_result(request, raw, result, response_headers)
+            del response_headers["Content-Encoding"]  # the body sent is a new one, identity
         store = await self.run(self.holder.get)
-        result = await self.run(rewrite_response, store, plan, raw)
+        result = await self._rewrite(store, plan, raw)
+        return await self._send_result(request, raw, result, response_headers)
+
+    def _count_fallback(self, reason: str, detail: str) -> None:
+        self.metrics.fallbacks.labels(reason=reason).inc()
+        log.warning("payload sent back inline (%s): %s", reason, detail)
+
+    async def _rewrite(
+        self, store: PayloadStore | None, plan: RequestPlan, raw: bytes | mmap.mmap
+    ) -> RewriteResult:
+        """``rewrite_response`` on the pool; a file it writes for a cancelled request is deleted."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(rewrite_response, store, plan, raw)
+        job = loop.run_in_executor(self.executor, call)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(self._discard_when_written)
+            raise
+
+    def _discard_when_written(self, job: asyncio.Future[RewriteResult]) -> None:
+        if not job.cancelled() and job.exception() is None:
+            self._discard(job.result())
+
+    def _discard(self, result: RewriteResult) -> None:
+        """Delete the payload file of an answer no client will read (on the pool, not waited for).
+
+        Only this writer knows the file's name, so nothing else can read it or delete it: the
+        retention sidecar would never hear of it.
+        """
+        if result.file is not None and self.executor is not None:
+            self.executor.submit(_unlink, result.file)
+
+    async def _send_result(
+        self,
+        request: web.Request,
+        raw: bytes | mmap.mmap,
+        result: RewriteResult,
+        headers: CIMultiDict[str],
+    ) -> web.StreamResponse:
         m = self.metrics
         if result.fallback is not None:
-            m.fallbacks.labels(reason=result.fallback).inc()
-            log.warning("payload sent back inline (%s): %s", result.fallback, result.detail)
-            response_headers[FALLBACK_HEADER] = result.fallback
+            self._count_fallback(result.fallback, result.detail)
+            headers[FALLBACK_HEADER] = result.fallback
         if result.write_seconds is not None:
             m.write_seconds.observe(result.write_seconds)
         for name, nbytes in result.written.items():
             if nbytes:
                 m.payload_bytes.labels(field=name).inc(nbytes)
+        headers[MODE_HEADER] = result.mode.value
+        resp = web.Response(
+            status=200, body=result.body, headers=headers, content_type="application/json"
+        )
+        try:  # sent here, not by aiohttp after we return, to know whether the client took it
+            await resp.prepare(request)
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionError):
+            self._discard(result)
+            raise
         if result.mode is Mode.HANDLE:
             m.response_reduction_bytes.inc(max(0, len(raw) - len(result.body)))
-        response_headers[MODE_HEADER] = result.mode.value
         m.request(result.mode, 200)
         m.sent(result.mode, len(result.body))
-        return web.Response(
-            status=200, body=result.body, headers=response_headers, content_type="application/json"
-        )
+        return resp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("could not delete %s, written for a client that went away: %s", path, exc)
+        return
+    log.debug("deleted %s: its client went away before the answer was sent", path)
 
 
 def _jsonable(value: object) -> Any:
@@ -463,6 +593,7 @@ def build_app(config: WriterConfig, metrics: WriterMetrics | None = None) -> web
     writer = Writer(config, metrics)
     app = web.Application(client_max_size=config.max_request_bytes)
     app[WRITER_KEY] = writer
+    app[serving.RUNNER_OPTIONS] = RUNNER_OPTIONS
     app.on_startup.append(writer.start)
     app.on_cleanup.append(writer.stop)
     app.router.add_get("/healthz", writer.healthz)

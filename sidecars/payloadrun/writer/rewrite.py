@@ -17,6 +17,7 @@ from payloadrun.codec import CodecError
 from payloadrun.paths import PayloadPathError
 from payloadrun.store import PayloadStore, PayloadWriteError
 from payloadrun.vllm import dumps
+from payloadrun.writer import coding
 from payloadrun.writer.inline import Body, cut_routed_experts, restore_into_choices
 from payloadrun.writer.transform import (
     Endpoint,
@@ -37,19 +38,31 @@ FALLBACK_REASONS = (
     "io_error",  # any other write error
     "bad_payload",  # an inline array could not be decoded or placed
     "bad_response",  # the upstream body is not a JSON completion
+    "content_encoding",  # the upstream body is in a content coding the writer cannot read
 )
 
 
 def admit_request(
-    store: PayloadStore | None, endpoint: Endpoint, body: bytes
+    store: PayloadStore | None,
+    endpoint: Endpoint,
+    body: bytes,
+    content_encoding: str | None = None,
+    limit: int = 256 * 1024 * 1024,
 ) -> RequestPlan | None:
     """The by-handle plan of a request body, None to pass it through.
 
     Raises :class:`RequestError` when the request names a ``payload_dir`` the writer refuses:
     not a string, outside the payload root, not ``v<digits>``, through ``..``, a percent-encoded
     character or a symlink (all checked by ``PayloadRoot.version_dir``). A body that is not JSON
-    passes through: vLLM answers it with its own 400.
+    passes through: vLLM answers it with its own 400. A compressed body is decoded here, a copy
+    to read (at most ``limit`` bytes, else :class:`~payloadrun.writer.coding.TooLarge`); one in
+    a coding the writer cannot read, or not valid in it, passes through as sent.
     """
+    if coding.codings(content_encoding):
+        try:
+            body = coding.decode(body, content_encoding, limit)
+        except coding.CodingError:
+            return None
     if not may_name_payload_dir(body):
         return None
     try:
@@ -75,6 +88,7 @@ class RewriteResult:
     detail: str = ""
     write_seconds: float | None = None
     written: dict[str, int] = field(default_factory=dict)
+    file: str | None = None  # the payload file written, by handle
 
 
 def _sendable(body: Body) -> bytes | bytearray:
@@ -135,4 +149,5 @@ def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: Body) 
         dumps(response),
         write_seconds=elapsed,
         written=payload.bytes_by_field(),
+        file=segments[0].file if segments else None,
     )

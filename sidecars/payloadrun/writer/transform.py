@@ -66,6 +66,9 @@ class Mode(StrEnum):
     INLINE = "inline"  # asked for by handle, sent back inline (fallback or nothing to move)
     PASSTHROUGH = "passthrough"  # not asked for by handle (or streaming): relayed byte for byte
     REJECTED = "rejected"  # refused by the writer (bad payload_dir); nothing forwarded
+    # The client hung up (or the request was cancelled) before its answer was sent; counted
+    # with code 499, and a payload file written for it is deleted.
+    DISCONNECTED = "disconnected"
 
 
 class RequestError(ValueError):
