@@ -226,9 +226,17 @@ async def read_body(upstream: aiohttp.ClientResponse) -> bytes | mmap.mmap:
 
 
 def _forward_headers(headers: Any, *, drop: frozenset[str]) -> CIMultiDict[str]:
+    """The end-to-end headers of a message: ``drop`` and every header ``Connection`` names
+    (a proxy must remove those too, RFC 9110 section 7.6.1) are left out."""
+    named = {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+    }
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():
-        if key.lower() not in drop:
+        lower = key.lower()
+        if lower not in drop and lower not in named:
             out.add(key, value)
     return out
 
