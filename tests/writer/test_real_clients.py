@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import shutil
 import subprocess
 
 import httpx
@@ -17,10 +16,11 @@ import openai
 import pytest
 import requests
 
+from payloadrun.testing import required
+
 from .conftest import files_under, metric
 
 MODEL = "fake-qwen3-moe"
-CURL = shutil.which("curl")
 
 
 def _client(url):
@@ -156,9 +156,14 @@ def test_requests_json_and_chunked_upload(writer, fake):
     _compare(via, direct)
 
 
-def _curl(*args):
+@pytest.fixture(scope="module")
+def curl() -> str:
+    return required.tool("curl", "apt-get install curl")
+
+
+def _curl(curl, *args):
     result = subprocess.run(
-        [CURL, "-sS", "--max-time", "30", "-w", "\n%{http_code}", *args],
+        [curl, "-sS", "--max-time", "30", "-w", "\n%{http_code}", *args],
         capture_output=True,
         check=True,
         timeout=60,
@@ -167,7 +172,6 @@ def _curl(*args):
     return int(status), body
 
 
-@pytest.mark.skipif(CURL is None, reason="no curl")
 @pytest.mark.parametrize(
     "options",
     [
@@ -177,20 +181,20 @@ def _curl(*args):
         pytest.param(["-H", "Transfer-Encoding: chunked"], id="chunked"),
     ],
 )
-def test_curl_as_users_run_it(writer, fake, tmp_path, options):
+def test_curl_as_users_run_it(curl, writer, fake, tmp_path, options):
     data = json.dumps(REQUEST).encode()
     path = tmp_path / "request.json"
     path.write_bytes(gzip.compress(data) if "Content-Encoding: gzip" in options else data)
     common = ["-H", "Content-Type: application/json", "--data-binary", f"@{path}", *options]
-    via = _curl(*common, writer.url + "/v1/completions")
-    direct = _curl(*common, fake.url + "/v1/completions")
+    via = _curl(curl, *common, writer.url + "/v1/completions")
+    direct = _curl(curl, *common, fake.url + "/v1/completions")
     assert via == direct and via[0] == 200
 
 
-@pytest.mark.skipif(CURL is None, reason="no curl")
-def test_curl_by_handle_with_a_compressing_upstream(writer, fake, root):
+def test_curl_by_handle_with_a_compressing_upstream(curl, writer, fake, root):
     body = json.dumps({**REQUEST, **_xargs(root)})
     status, out = _curl(
+        curl,
         "--compressed",
         "-H",
         "x-fake-content-encoding: gzip",
