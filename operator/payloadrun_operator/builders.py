@@ -24,6 +24,7 @@ same name returns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from payloadrun_operator.decisions import (
     ModeDecision,
     claim_name,
     claim_owned_by_run,
+    decide_payload_mode,
     manages_claim,
     payload_root,
 )
@@ -60,6 +62,19 @@ class RunContext:
     decision: ModeDecision
     settings: OperatorSettings  # with the run's pinned sidecar settings (lifecycle.pinned_settings)
     active: bool = True  # whether the workloads have pods (not suspended, not finished)
+
+    @classmethod
+    def of(
+        cls,
+        meta: Mapping[str, Any],
+        spec: PayloadRunSpec,
+        settings: OperatorSettings,
+        *,
+        active: bool = True,
+    ) -> RunContext:
+        """The context of the run whose ``metadata`` is ``meta`` (its mode decided here)."""
+        decision = decide_payload_mode(spec)
+        return cls(meta["name"], meta["namespace"], meta["uid"], spec, decision, settings, active)
 
     @property
     def by_handle(self) -> bool:

@@ -16,7 +16,7 @@ import aiohttp
 
 from payloadrun_operator import lifecycle
 from payloadrun_operator.builders import RunContext, build_cleanup
-from payloadrun_operator.decisions import claim_owned_by_run, decide_payload_mode
+from payloadrun_operator.decisions import claim_owned_by_run
 from payloadrun_operator.models import DeletionPolicy, PayloadRunSpec
 from payloadrun_operator.names import (
     ACTIVITY_MANAGER,
@@ -108,15 +108,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     job = children.get((meta["namespace"], "Job", job_name))
     if job is None:
         pin = status.get("sidecars") or {}
-        ctx = RunContext(
-            meta["name"],
-            meta["namespace"],
-            meta["uid"],
-            spec,
-            decide_payload_mode(spec),
-            lifecycle.pinned_settings(op.settings, pin),
-            active=False,
-        )
+        ctx = RunContext.of(meta, spec, lifecycle.pinned_settings(op.settings, pin), active=False)
         await op.client.apply(build_cleanup(ctx))
         return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
     outcome = lifecycle.job_outcome(job)

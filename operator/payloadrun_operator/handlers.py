@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from payloadrun_operator import credentials, lifecycle, readiness
 from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.decisions import decide_payload_mode, validation_errors
+from payloadrun_operator.decisions import validation_errors
 from payloadrun_operator.kube import KubeApiError
 from payloadrun_operator.models import (
     GROUP,
@@ -140,18 +140,15 @@ async def reconcile(
     assert spec is not None
     status = body.get("status") or {}
     final = lifecycle.is_final(status.get("phase"))
-    decision = decide_payload_mode(spec)
     # The sidecars the run was started with, unless its rollout annotation asks for new ones.
     pin = lifecycle.current_pin(op.settings, status, meta.get("annotations") or {})
-    ctx = RunContext(
-        meta["name"],
-        meta["namespace"],
-        meta["uid"],
+    ctx = RunContext.of(
+        meta,
         spec,
-        decision,
         lifecycle.pinned_settings(op.settings, pin),
         active=lifecycle.runs_pods(spec.suspend, status.get("phase")),
     )
+    decision = ctx.decision
     try:
         applied, waiting = await apply_children(op, ctx, final=final)
     except KubeApiError as exc:

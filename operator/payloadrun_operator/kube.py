@@ -6,9 +6,9 @@ and a field the operator stops setting is removed. Credentials are the ones kopf
 (:class:`kopf.ConnectionInfo`), so the operator needs no Kubernetes client library, and its image
 has none. That saves memory, though not the two thirds once claimed here: measured by
 ``bench/operator.py`` (client library not importable, as in the image), the operator holds
-81-83 MiB after 100 runs, 1.3 times the 62 MiB that kopf and the official client take merely
-imported, and 56 MiB at start against 67 MiB for the same operator with the client importable
-(kopf then imports it).
+79-83 MiB after 100 runs, 1.28-1.34 times the 61-62 MiB that kopf and the official client take
+merely imported, and 56 MiB at start against 67 MiB for the same operator with the client
+importable (kopf then imports it).
 """
 
 from __future__ import annotations

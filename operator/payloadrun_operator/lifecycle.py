@@ -195,10 +195,10 @@ def failure_of(
 def end_checks(
     status: Mapping[str, Any],
     trainer: Mapping[str, Any] | None,
-    orchestrator: Mapping[str, Any] | None,
     failure: Mapping[str, Any] | None,
 ) -> dict[str, Check]:
-    """Complete or Failed once the Jobs say so; nothing before, and nothing new after (final)."""
+    """Failed once a component's Job has (``failure``), Complete once the trainers' Job is (the
+    orchestrator exiting 0 is not the run's end); nothing before, and nothing new after."""
     conds = status.get("conditions") or []
     if any((condition(conds, c) or {}).get("status") == "True" for c in (COMPLETE, FAILED)):
         return {}

@@ -103,7 +103,7 @@ async def refresh_run(
         checks |= lifecycle.suspend_check(suspend, status)
         jobs = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
         failure = await failure_of(op, ns, jobs)
-        end = lifecycle.end_checks(status, jobs[TRAINER], jobs[ORCHESTRATOR], failure)
+        end = lifecycle.end_checks(status, jobs[TRAINER], failure)
         if end:
             checks |= end
             checks[READY] = FINISHED

@@ -856,25 +856,21 @@ ORCHESTRATOR_FAILURE = failure_of(
 )
 def test_a_failure_fails_the_run(failure, reason):
     trainer = job_with(RUNNING_STATUS)
-    checks = end_checks(running_status(), trainer, job_with(FAILED_STATUS), failure)
+    checks = end_checks(running_status(), trainer, failure)
     assert checks == {FAILED: Check(True, reason, failure["message"], warning=True)}
 
 
 def test_trainers_that_complete_complete_the_run():
-    orchestrator = job_with(RUNNING_STATUS, name="run1-orchestrator")
-    checks = end_checks(running_status(), job_with(COMPLETE_STATUS), orchestrator, None)
+    checks = end_checks(running_status(), job_with(COMPLETE_STATUS), None)
     assert checks == {COMPLETE: Check(True, "TrainersSucceeded", "every trainer exited 0 (4)")}
 
 
 def test_nothing_ends_a_running_run():
     status = running_status()
-    orchestrator = job_with(RUNNING_STATUS, name="run1-orchestrator")
-    assert end_checks(status, job_with(RUNNING_STATUS), orchestrator, None) == {}
-    assert end_checks(status, None, None, None) == {}  # not created yet
-    assert end_checks(status, job_with(SUSPENDED_STATUS), orchestrator, None) == {}
-    # the orchestrator finishing is not the run's end, the trainers' is
-    done = job_with(COMPLETE_STATUS, name="run1-orchestrator")
-    assert end_checks(status, job_with(RUNNING_STATUS), done, None) == {}
+    # the orchestrator finishing is not the run's end (not even an input), the trainers' is
+    assert end_checks(status, job_with(RUNNING_STATUS), None) == {}
+    assert end_checks(status, None, None) == {}  # not created yet
+    assert end_checks(status, job_with(SUSPENDED_STATUS), None) == {}
 
 
 @pytest.mark.parametrize("final", [COMPLETE, FAILED])
@@ -884,13 +880,13 @@ def test_a_finished_run_gets_no_new_end(final):
         status["conditions"], final, Check(True, "Because", "m"), generation=1, now=T1
     )
     trainer = job_with(COMPLETE_STATUS)
-    assert end_checks(status, trainer, None, None) == {}
-    assert end_checks(status, trainer, job_with(FAILED_STATUS), ORCHESTRATOR_FAILURE) == {}
+    assert end_checks(status, trainer, None) == {}
+    assert end_checks(status, trainer, ORCHESTRATOR_FAILURE) == {}
     # a False one is no end
     status["conditions"] = set_condition(
         status["conditions"], final, Check(False, "Because", "m"), generation=1, now=T1
     )
-    assert end_checks(status, trainer, None, None) != {}
+    assert end_checks(status, trainer, None) != {}
 
 
 def test_suspend_check():
@@ -983,7 +979,7 @@ def test_phase_ordering(values, expected):
 def test_a_completed_run_stays_succeeded_when_ready_flips():
     status = running_status()
     trainer = job_with(COMPLETE_STATUS)
-    end = end_checks(status, trainer, None, None)
+    end = end_checks(status, trainer, None)
     done = status_update(status, 1, {**end, READY: Check(False, "Finished", "m")}, {}, T1)
     assert done.phase == "Succeeded" and done.fields["phase"] == "Succeeded"
     assert ("Normal", "TrainersSucceeded") in [(t, r) for t, r, _ in done.events]
@@ -995,12 +991,12 @@ def test_a_completed_run_stays_succeeded_when_ready_flips():
         assert (flipped.fields or status)["phase"] == "Succeeded"
         status = {**status, **(flipped.fields or {})}
     # and the end is not announced again
-    assert end_checks(status, trainer, None, None) == {}
+    assert end_checks(status, trainer, None) == {}
 
 
 def test_a_failed_run_is_failed_with_its_failure_in_the_status():
     status = running_status()
-    end = end_checks(status, job_with(RUNNING_STATUS), None, ORCHESTRATOR_FAILURE)
+    end = end_checks(status, job_with(RUNNING_STATUS), ORCHESTRATOR_FAILURE)
     fields = {"failure": ORCHESTRATOR_FAILURE, "completionTime": T1}
     update = status_update(status, 1, {**end, READY: Check(False, "Finished", "m")}, fields, T1)
     assert update.phase == "Failed"

@@ -66,6 +66,15 @@ def open_dir(root_fd: int, name: str) -> int | None:
         return None
 
 
+def _open_or_report(root_fd: int, dir_name: str, shown: str, on_error: ErrorHook) -> int | None:
+    """``open_dir``, with a failure (not a missing directory) reported to ``on_error``."""
+    try:
+        return open_dir(root_fd, dir_name)
+    except OSError as exc:
+        on_error(error_reason(exc), shown, exc, 1, True)
+        return None
+
+
 def unlink_names(
     root_fd: int,
     dir_name: str,
@@ -84,11 +93,7 @@ def unlink_names(
     """
     removed = Removed()
     where = shown_as or dir_name
-    try:
-        dfd = open_dir(root_fd, dir_name)
-    except OSError as exc:
-        on_error(error_reason(exc), where, exc, 1, True)
-        return removed
+    dfd = _open_or_report(root_fd, dir_name, where, on_error)
     if dfd is None:
         return removed
     try:
@@ -176,11 +181,7 @@ def remove_tree(
     """
     removed = Removed()
     shown = shown_as or dir_name
-    try:
-        dfd = open_dir(root_fd, dir_name)
-    except OSError as exc:
-        on_error(error_reason(exc), shown, exc, 1, True)
-        return removed
+    dfd = _open_or_report(root_fd, dir_name, shown, on_error)
     if dfd is None:
         return removed
     files: list[str] = []
