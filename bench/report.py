@@ -1,0 +1,54 @@
+"""What every benchmark prints the same way: the machine's load, and its goals with "met"/"NO".
+
+The benchmarks are scripts (``python bench/<name>.py``), so this module is imported as ``report``
+from the script's own directory. A goal is judged on a ratio or a figure measured in the same
+run; the load at the start and at the end says how much to trust it on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+
+def machine_load() -> str:
+    """The 1/5/15-minute load averages and the CPU count, e.g. ``load 0.68 0.80 0.76 (2 CPUs)``."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} CPUs)"
+
+
+def print_load(when: str) -> str:
+    """Print and return the machine's load, labelled ``when`` ("start", "end")."""
+    line = machine_load()
+    print(f"machine at {when}: {line}", flush=True)
+    return line
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One measured figure against its goal: ``met`` is decided by the caller's comparison."""
+
+    measure: str
+    value: float
+    goal: str
+    met: bool
+
+    @classmethod
+    def at_least(cls, measure: str, value: float, floor: float) -> Goal:
+        return cls(measure, value, f">= {floor:g}", value >= floor)
+
+    @classmethod
+    def at_most(cls, measure: str, value: float, ceiling: float) -> Goal:
+        return cls(measure, value, f"<= {ceiling:g}", value <= ceiling)
+
+
+def print_goals(goals: Sequence[Goal], fmt: Callable[[float], str] = "{:.2f}".format) -> dict:
+    """A table of the goals (measure, value, goal, met/NO); returns them as JSON-ready dicts."""
+    width = max([len(g.measure) for g in goals] + [len("measure")]) + 2
+    head = f"{'measure':<{width}}{'value':>10}  {'goal':<10}{'met':>4}"
+    print(head)
+    print("-" * len(head))
+    for g in goals:
+        print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{'met' if g.met else 'NO':>4}")
+    return {g.measure: asdict(g) for g in goals}
