@@ -9,7 +9,6 @@ that fails leaves no file behind.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import uuid
 from collections.abc import Iterable
@@ -18,14 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from payloadrun.codec import PositionedRows
+from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadRoot
 from payloadrun.segments import Segment
 
 FILE_SUFFIX = ".bin"
-
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-_DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-_GONE = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.ENODEV, errno.EIO})
 
 
 class PayloadWriteError(OSError):
@@ -37,17 +33,6 @@ class PayloadWriteError(OSError):
         )
         self.reason = reason
         self.path = path
-
-
-def failure_reason(exc: OSError) -> str:
-    """A bounded label for why a write failed: no_space, permission, volume_gone or io_error."""
-    if exc.errno in _NO_SPACE:
-        return "no_space"
-    if exc.errno in _DENIED:
-        return "permission"
-    if exc.errno in _GONE:
-        return "volume_gone"
-    return "io_error"
 
 
 def write_all(fd: int, data: memoryview | bytes) -> None:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from payloadrun.codec import PositionedRows, mask_rows, routing_rows
+from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError, PayloadRoot
-from payloadrun.store import PayloadStore, PayloadWriteError, failure_reason, layout_segments
+from payloadrun.store import PayloadStore, PayloadWriteError, layout_segments
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unlinking payload files, safely and idempotently, from worker threads.
+"""Unlinking payload files, safely and idempotently, and measuring them.
 
 Every path is opened relative to a descriptor of the payload root, one level at a time, with
 ``O_NOFOLLOW``: a ``v<k>`` that is (or became) a symlink is refused at the moment of deletion, so
@@ -10,14 +10,18 @@ reason, and given up after the last attempt (the version-sweep backstop gets ano
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
-from payloadrun.store import failure_reason
+from payloadrun.failures import failure_reason
+from payloadrun.paths import PayloadRoot
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR})
@@ -78,54 +82,83 @@ def _open_or_report(root_fd: int, dir_name: str, shown: str, on_error: ErrorHook
 def unlink_names(
     root_fd: int,
     dir_name: str,
-    names: Iterable[str],
+    names: Sequence[str],
     *,
     retry: Retry,
     on_error: ErrorHook,
+    sizes: Sequence[int] | None = None,
     unlink: Callable[..., None] = os.unlink,
     stop: threading.Event | None = None,
     shown_as: str | None = None,
 ) -> Removed:
     """Unlink ``root/dir_name/<name>`` for each name; counts what was really removed.
 
-    ``stop`` cuts retries short at shutdown (the journal replays what is left). Errors name the
-    directory ``shown_as`` (default ``dir_name``), so a caller deep in a tree can name the path.
+    ``sizes`` gives each file's size when it is known (measured when its batch was recorded, see
+    :meth:`LocalDeleter.measure`), -1 when not: a known size spares the ``stat`` that would
+    otherwise read it just before the unlink, which is most of the cost of a deletion after the
+    unlink itself. ``stop`` cuts retries short at shutdown (the journal replays what is left).
+    Errors name the directory ``shown_as`` (default ``dir_name``), so a caller deep in a tree can
+    name the path.
     """
-    removed = Removed()
     where = shown_as or dir_name
     dfd = _open_or_report(root_fd, dir_name, where, on_error)
     if dfd is None:
-        return removed
+        return Removed()
+    files = total = 0
     try:
-        for name in names:
-            size = _unlink_one(dfd, f"{where}/{name}", name, retry, on_error, unlink, stop)
+        for name, known in zip(names, sizes or itertools.repeat(-1), strict=False):
+            failed = None
+            if known >= 0:  # the common case, kept to one call: as cheap as a bare unlink loop
+                try:
+                    unlink(name, dir_fd=dfd)
+                    files += 1
+                    total += known
+                    continue
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    failed = exc  # the first attempt: reported and retried below
+            where_file = f"{where}/{name}"
+            size = _unlink_one(dfd, where_file, name, known, retry, on_error, unlink, stop, failed)
             if size is not None:
-                removed.files += 1
-                removed.bytes += size
+                files += 1
+                total += size
     finally:
         os.close(dfd)
-    return removed
+    return Removed(files, total)
 
 
 def _unlink_one(
     dfd: int,
     where: str,
     name: str,
+    size: int,
     retry: Retry,
     on_error: ErrorHook,
     unlink: Callable[..., None],
     stop: threading.Event | None,
+    failed: OSError | None = None,
 ) -> int | None:
+    """The size of the file removed, or None (already gone, a directory, or given up).
+
+    ``failed`` is the error of a first attempt made by the caller: it counts as attempt 1.
+    """
     for attempt in range(1, retry.attempts + 1):
         try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                exc = IsADirectoryError(errno.EISDIR, "a directory inside a version directory")
-                on_error("is_a_directory", where, exc, attempt, True)
-                return None
-            unlink(name, dir_fd=dfd)
-            return st.st_size
+            if failed is not None:
+                error, failed = failed, None
+                raise error
+            if size < 0:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "a directory inside a version directory")
+                size = st.st_size
+            unlink(name, dir_fd=dfd)  # never removes a directory: EISDIR
+            return size
         except FileNotFoundError:
+            return None
+        except IsADirectoryError as exc:
+            on_error("is_a_directory", where, exc, attempt, True)
             return None
         except OSError as exc:
             final = attempt == retry.attempts or (stop is not None and stop.is_set())
@@ -206,3 +239,142 @@ def remove_tree(
     except OSError as exc:
         on_error(error_reason(exc), shown, exc, 1, True)
     return removed
+
+
+# ------------------------------------------------------------------ one root's deletions, whole
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt, as an :data:`ErrorHook` receives it, in a form that crosses a pipe."""
+
+    label: str
+    where: str
+    errno: int | None
+    message: str
+    attempt: int
+    final: bool
+
+    def error(self) -> OSError:
+        return OSError(self.errno, self.message)
+
+    def report(self, on_error: ErrorHook) -> None:
+        on_error(self.label, self.where, self.error(), self.attempt, self.final)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one deletion call removed, and every failed attempt on the way."""
+
+    removed: Removed = field(default_factory=Removed)
+    failures: list[Failure] = field(default_factory=list)
+
+    def hook(self, label: str, where: str, exc: OSError, attempt: int, final: bool) -> None:
+        """An :data:`ErrorHook` that keeps the failure."""
+        message = exc.strerror or str(exc)
+        self.failures.append(Failure(label, where, exc.errno, message, attempt, final))
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What the version directories hold: regular files, their bytes, and the directories."""
+
+    files: int
+    bytes: int
+    dirs: int
+
+
+class Deleter(Protocol):
+    """Every deletion of one payload root (:class:`LocalDeleter`, or the worker process's)."""
+
+    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome: ...
+    def measure(self, dir_name: str, names: Sequence[str]) -> list[int]: ...
+    def remove_tree(self, dir_name: str) -> Outcome: ...
+    def scan(self) -> Census: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalDeleter:
+    """Every deletion of one payload root, done in this process, below a descriptor of the root.
+
+    The retention sidecar runs one inside its deletion worker process (:mod:`worker`), so that
+    its per-file work never competes with the API for the sidecar's interpreter; tests run one
+    in-process to inject failures through ``unlink``. ``stop`` cuts retries short.
+    """
+
+    def __init__(self, root: Path, retry: Retry, unlink: Callable[..., None] = os.unlink) -> None:
+        self.root = PayloadRoot(root)
+        self.retry = retry
+        self._unlink = unlink
+        self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.stopping = threading.Event()
+
+    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome:
+        """:func:`unlink_names`; ``sizes[i]`` is -1 where the size is not known."""
+        out = Outcome()
+        out.removed = unlink_names(
+            self._root_fd,
+            dir_name,
+            names,
+            sizes=sizes,
+            retry=self.retry,
+            on_error=out.hook,
+            unlink=self._unlink,
+            stop=self.stopping,
+        )
+        return out
+
+    def measure(self, dir_name: str, names: Sequence[str]) -> list[int]:
+        """Each regular file's size, -1 for anything else (gone, a directory, a symlink...)."""
+        try:
+            dfd = open_dir(self._root_fd, dir_name)
+        except OSError:
+            dfd = None
+        if dfd is None:
+            return [-1] * len(names)
+        sizes = []
+        try:
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    sizes.append(-1)
+                    continue
+                sizes.append(st.st_size if stat.S_ISREG(st.st_mode) else -1)
+        finally:
+            os.close(dfd)
+        return sizes
+
+    def remove_tree(self, dir_name: str) -> Outcome:
+        """:func:`remove_tree` of ``root/dir_name``."""
+        out = Outcome()
+        out.removed = remove_tree(self._root_fd, dir_name, retry=self.retry, on_error=out.hook)
+        return out
+
+    def scan(self) -> Census:
+        """Count the regular files in every ``v<k>`` and their bytes."""
+        files = size = 0
+        dirs = self.root.version_dirs()
+        for path in dirs.values():
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        if entry.is_file(follow_symlinks=False):
+                            try:
+                                size += entry.stat(follow_symlinks=False).st_size
+                            except FileNotFoundError:
+                                continue
+                            files += 1
+            except FileNotFoundError:
+                continue
+        return Census(files, size, len(dirs))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self._root_fd >= 0:
+            os.close(self._root_fd)
+            self._root_fd = -1

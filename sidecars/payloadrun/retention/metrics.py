@@ -20,10 +20,11 @@ from payloadrun import process_metrics
 from payloadrun.retention.policy import Reason
 
 PREFIX = "payloadrun_retention_"
-# payloadrun.store.failure_reason: why a write (a journal append or rewrite) failed
+# payloadrun.failures.failure_reason: why a write (a journal append or rewrite) failed
 WRITE_ERROR_LABELS = ("no_space", "permission", "volume_gone", "io_error")
 # payloadrun.retention.deleter.error_reason: why an unlink failed
-ERROR_LABELS = (*WRITE_ERROR_LABELS, "not_a_directory", "is_a_directory")
+# and "worker_gone": the deletion worker process exited before answering
+ERROR_LABELS = (*WRITE_ERROR_LABELS, "not_a_directory", "is_a_directory", "worker_gone")
 
 
 class RetentionMetrics:
@@ -99,6 +100,11 @@ class RetentionMetrics:
             p + "scan_duration_seconds",
             "Duration of the periodic scan that corrects the directory accounting.",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.worker_restarts = Counter(
+            p + "worker_restarts",
+            "Deletion worker processes started again after one exited unexpectedly.",
             registry=registry,
         )
         self.compactions = Counter(

@@ -1,12 +1,17 @@
 """The retention service's deletion queue and the directory accounting it keeps.
 
 Each event's deletions are one :class:`Job`: its files, grouped by ``v<k>`` directory and cut into
-chunks, run on a bounded thread pool (:mod:`deleter` does the unlinking, below a descriptor of the
-root). Just before a chunk runs its files are checked against the pending batches once more, so
-nothing a recorded, unconsumed batch holds is ever deleted, whatever order the events came in.
-The queue also keeps the directory figures the metrics show: a periodic :meth:`scan` sets them,
-each deletion subtracts what it removed. Methods marked "lock held" run under the service's lock,
-which the queue shares so that the journal's order is the queue's order.
+chunks, run on a bounded thread pool whose threads hand each chunk to the deleter (the deletion
+worker process, :mod:`worker`, in the sidecar; :class:`~deleter.LocalDeleter` in-process when a
+test injects failures) and wait for its answer. Just before a chunk goes its files are checked
+against the pending batches once more, so nothing a recorded, unconsumed batch holds is ever
+deleted, whatever order the events came in.
+
+Files are measured when their batch is recorded (:meth:`DeletionQueue.measure`, in the
+background): a step later, when they are deleted, their sizes are known and the unlink needs no
+``stat`` before it. The queue also keeps the directory figures the metrics show: a periodic
+:meth:`scan` sets them, each deletion subtracts what it removed. Methods marked "lock held" run
+under the service's lock, which the queue shares so that the journal's order is the queue's order.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from payloadrun.retention.config import TRASH_DIR
 from payloadrun.retention.journal import Released
 from payloadrun.retention.metrics import RetentionMetrics
 from payloadrun.retention.policy import Reason, backstop_bound, backstop_versions
+from payloadrun.retention.worker import WorkerGoneError
 from payloadrun.store import fsync_dir
 
 log = logging.getLogger("payloadrun.retention")
@@ -78,11 +84,10 @@ class DeletionQueue:
         *,
         workers: int,
         chunk_files: int,
-        retry: deleter.Retry,
         max_off_policy_steps: int,
         is_protected: Callable[[str], bool],
         settled: Callable[[], None],
-        unlink: Callable[..., None] = os.unlink,
+        make_deleter: Callable[[], deleter.Deleter],
     ) -> None:
         self.root = root
         self.metrics = metrics
@@ -90,14 +95,16 @@ class DeletionQueue:
         self._idle = threading.Condition(lock)
         self._workers = workers
         self._chunk_files = chunk_files
-        self._retry = retry
+        self._make_deleter = make_deleter
+        self._deleter: deleter.Deleter | None = None
         self._m = max_off_policy_steps
         self._is_protected = is_protected  # called with the lock held
         self._settled = settled  # called without the lock when a job settles
-        self._unlink = unlink
         self.jobs: dict[int, Job] = {}
         self._seq = 0
         self.queue_files = 0
+        self.sizing_files = 0
+        self._sizes: dict[str, int] = {}  # pending files' sizes, measured at record time
         self.dir_bytes = 0
         self.dir_files = 0
         self.version_dirs = 0
@@ -113,6 +120,7 @@ class DeletionQueue:
 
     def open(self) -> None:
         self._root_fd = os.open(self.root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._deleter = self._make_deleter()
         self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="retention-delete")
 
     def close(self) -> None:
@@ -120,8 +128,12 @@ class DeletionQueue:
         with self._lock:
             self._closing = True
         self.stopping.set()
+        if self._deleter is not None:
+            self._deleter.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._deleter is not None:
+            self._deleter.close()
         with self._lock:
             if self._root_fd >= 0:
                 os.close(self._root_fd)
@@ -210,15 +222,8 @@ class DeletionQueue:
     ) -> None:
         with self._lock:
             names = [n for n in names if not self._is_protected(f"{dir_name}/{n}")]
-        removed = deleter.unlink_names(
-            self._root_fd,
-            dir_name,
-            names,
-            retry=self._retry,
-            on_error=lambda *error: self._on_error(*error, reason=reason),
-            unlink=self._unlink,
-            stop=self.stopping,
-        )
+            sizes = [self._sizes.pop(f"{dir_name}/{n}", -1) for n in names]
+        removed = self._unlink(reason, dir_name, names, sizes) if names else deleter.Removed()
         gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
         with self._lock:
             self._count(reason, removed)
@@ -226,6 +231,35 @@ class DeletionQueue:
             self.dir_files = max(0, self.dir_files - removed.files)
             if gone:
                 self.version_dirs = max(0, self.version_dirs - 1)
+
+    def _unlink(
+        self, reason: Reason, dir_name: str, names: list[str], sizes: list[int]
+    ) -> deleter.Removed:
+        """The deleter's unlink of one chunk; a worker gone keeps the chunk for the next start."""
+        assert self._deleter is not None
+        try:
+            out = self._deleter.unlink(dir_name, names, sizes)
+        except WorkerGoneError as exc:
+            self._chunk_given_up(reason, dir_name, names, exc)
+            return deleter.Removed()
+        for failure in out.failures:
+            failure.report(lambda *error: self._on_error(*error, reason=reason))
+        return out.removed
+
+    def _chunk_given_up(
+        self, reason: Reason, dir_name: str, names: list[str], exc: Exception
+    ) -> None:
+        self.metrics.delete_errors.labels("worker_gone").inc()
+        self.metrics.delete_given_up.inc(len(names))
+        if reason is not Reason.WIPE:
+            with self._lock:
+                self._given_up[reason].update(f"{dir_name}/{n}" for n in names)
+        log.warning(
+            "could not delete %d file(s) in %s: %s; they stay journaled for the next start",
+            len(names),
+            self.root.path / dir_name,
+            exc,
+        )
 
     def _sweep(self, job: Job, policy_step: int) -> None:
         """The backstop: empty and remove ``v<k>`` below the bound, sparing pending files."""
@@ -261,11 +295,43 @@ class DeletionQueue:
         log.info("fresh run: moved %d version directories to %s for deletion", len(dirs), trash)
 
     def _empty_trash(self) -> None:
-        removed = deleter.remove_tree(
-            self._root_fd, TRASH_DIR, retry=self._retry, on_error=self._on_error
-        )
+        assert self._deleter is not None
+        try:
+            out = self._deleter.remove_tree(TRASH_DIR)
+        except WorkerGoneError as exc:
+            log.warning("emptying %s stopped: %s; the next start goes on", TRASH_DIR, exc)
+            return
+        for failure in out.failures:
+            failure.report(self._on_error)
         with self._lock:
-            self._count(Reason.WIPE, removed)
+            self._count(Reason.WIPE, out.removed)
+
+    # ------------------------------------------------------------------------------ measuring
+
+    def measure(self, keys: Iterable[str]) -> None:
+        """Learn the sizes of pending files in the background (lock held); see the module."""
+        if self._closing or self._executor is None:
+            return
+        for dir_name, names in _by_dir(keys).items():
+            for chunk in _chunks(names, self._chunk_files):
+                self.sizing_files += len(chunk)
+                self._executor.submit(self._measure, dir_name, chunk)
+
+    def _measure(self, dir_name: str, names: list[str]) -> None:
+        assert self._deleter is not None
+        try:
+            sizes = self._deleter.measure(dir_name, names)
+        except (WorkerGoneError, RuntimeError) as exc:
+            # unmeasured files are measured when they are deleted instead
+            log.debug("measuring files in %s failed: %s", dir_name, exc)
+            sizes = []
+        with self._lock:
+            self.sizing_files -= len(names)
+            for name, size in zip(names, sizes, strict=False):
+                key = f"{dir_name}/{name}"
+                # a file no batch holds any more is being deleted: its size is no use
+                if size >= 0 and self._is_protected(key):
+                    self._sizes[key] = size
 
     def _count(self, reason: Reason, removed: deleter.Removed) -> None:
         if removed.files:
@@ -304,23 +370,12 @@ class DeletionQueue:
 
     def scan(self) -> None:
         """Measure the version directories and reset the accounting to what is on disk."""
+        assert self._deleter is not None
         t0 = time.perf_counter()
-        files = size = 0
-        dirs = self.root.version_dirs()
-        for path in dirs.values():
-            try:
-                with os.scandir(path) as it:
-                    for entry in it:
-                        if entry.is_file(follow_symlinks=False):
-                            try:
-                                size += entry.stat(follow_symlinks=False).st_size
-                            except FileNotFoundError:
-                                continue
-                            files += 1
-            except FileNotFoundError:
-                continue
+        census = self._deleter.scan()
         with self._lock:
-            self.dir_bytes, self.dir_files, self.version_dirs = size, files, len(dirs)
+            self.dir_bytes, self.dir_files = census.bytes, census.files
+            self.version_dirs = census.dirs
             self.scans += 1
         self.metrics.scan_seconds.observe(time.perf_counter() - t0)
 
@@ -329,7 +384,7 @@ class DeletionQueue:
         while True:
             try:
                 self.scan()
-            except OSError:
+            except (OSError, RuntimeError):
                 log.exception("scanning the payload root failed; retrying at the next interval")
             if self.stopping.wait(interval):
                 return

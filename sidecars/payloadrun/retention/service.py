@@ -13,7 +13,6 @@ rescheduled to another node, not just a container restart.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from enum import StrEnum
@@ -21,15 +20,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError, PayloadRoot
 from payloadrun.retention import journal
 from payloadrun.retention.config import STATE_DIR, RetentionConfig
+from payloadrun.retention.deleter import Deleter, LocalDeleter
 from payloadrun.retention.journal import JOURNAL_NAME, Journal
 from payloadrun.retention.metrics import RetentionMetrics
-from payloadrun.retention.policy import Reason, backstop_bound
+from payloadrun.retention.policy import Disposition, Reason, backstop_bound
 from payloadrun.retention.queue import DeletionQueue
 from payloadrun.retention.state import RetentionState
-from payloadrun.store import failure_reason
+from payloadrun.retention.worker import ProcessDeleter
 
 log = logging.getLogger("payloadrun.retention")
 
@@ -91,8 +92,10 @@ class RetentionService:
         config: RetentionConfig,
         *,
         registry: CollectorRegistry | None = None,
-        unlink: Callable[..., None] = os.unlink,
+        unlink: Callable[..., None] | None = None,
     ) -> None:
+        """``unlink`` replaces ``os.unlink`` to inject failures; the deletions then run in this
+        process instead of the deletion worker process (:mod:`~payloadrun.retention.worker`)."""
         self.config = config
         self.root = PayloadRoot(config.root)
         self.state_dir = Path(config.state_dir or self.root.path / STATE_DIR)
@@ -111,11 +114,10 @@ class RetentionService:
             self.metrics,
             workers=config.workers,
             chunk_files=config.chunk_files,
-            retry=config.retry,
             max_off_policy_steps=config.max_off_policy_steps,
             is_protected=self._state.is_protected,
             settled=self._maybe_compact,
-            unlink=unlink,
+            make_deleter=lambda: self._make_deleter(unlink),
         )
         q = self.queue
         self.metrics.bind(
@@ -133,6 +135,16 @@ class RetentionService:
         self.metrics.max_off_policy_steps.set(config.max_off_policy_steps)
 
     # ----------------------------------------------------------------------------- lifecycle
+
+    def _make_deleter(self, unlink: Callable[..., None] | None) -> Deleter:
+        if unlink is not None:
+            return LocalDeleter(self.root.path, self.config.retry, unlink)
+        return ProcessDeleter(
+            self.root.path,
+            threads=self.config.workers,
+            retry=self.config.retry,
+            on_restart=self.metrics.worker_restarts.inc,
+        )
 
     def start(self, *, scan: bool = True) -> StartMode:
         """Decide the start mode, wipe or replay, and start the workers and the scanner."""
@@ -162,6 +174,7 @@ class RetentionService:
                     self.queue.submit([(reason, keys)], timed=False)
                 if self._state.policy_step is not None:
                     self.queue.submit([], timed=False, sweep=self._state.policy_step)
+                self.queue.measure(self._state.owner)
                 self._compact()
         log.info(
             "retention started: run %s, %s, root %s, policy step %s, %d pending batches",
@@ -224,6 +237,8 @@ class RetentionService:
             released = self._state.record(step, keys, disposition)
             if released:
                 self.queue.submit([(journal.reason_of(disposition), released)], timed=False)
+            if disposition is Disposition.PENDING:
+                self.queue.measure(keys)
         return {
             "step": step,
             "files": len(keys),
@@ -280,6 +295,7 @@ class RetentionService:
                 "pending_steps": sorted(self._state.pending),
                 "pending_files": self._state.pending_files,
                 "queue_files": q.queue_files,
+                "sizing_files": q.sizing_files,
                 "outstanding_jobs": len(q.jobs),
                 "directory": {
                     "bytes": q.dir_bytes,

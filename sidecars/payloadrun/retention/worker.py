@@ -1,0 +1,289 @@
+"""The retention sidecar's deletion worker: a process of its own, at a lower CPU priority.
+
+Deleting a step's files costs Python work per file (a loop iteration, a system call's wrapper, a
+count). In the API's interpreter that work holds the interpreter lock the event loop needs, so
+every API call made while a step's 15,000 files go waits for it: measured, a ``status`` p99 of
+25 ms. Here the API's process only journals the event and sends the worker one message per chunk
+of 256 files; the worker unlinks them on threads of its own and answers with what it removed
+and every failed attempt. The journal's guarantees do not change: an event is durable before
+its answer, whatever the worker does, and a deletion the worker never finished is replayed.
+
+The two sides speak JSON lines over the worker's stdin and stdout (stderr is the sidecar's)::
+
+    -> {"id": 7, "op": "unlink", "dir": "v12", "names": ["a.bin", ...], "sizes": [4096, -1, ...]}
+    <- {"id": 7, "ok": {"files": 2, "bytes": 8192, "failures": [[label, where, errno, ...]]}}
+    -> {"id": 8, "op": "measure", "dir": "v13", "names": [...]}   <- {"id": 8, "ok": [4096, ...]}
+    -> {"id": 9, "op": "tree", "dir": ".retention-trash"}         (the same answer as unlink)
+    -> {"id": 10, "op": "scan"}                   <- {"id": 10, "ok": [files, bytes, dirs]}
+    -> {"op": "stop"}                             (cut retries short; no answer)
+
+An operation that raised answers ``{"id": n, "error": "..."}``. End of input stops the worker
+after the operations running then. :class:`ProcessDeleter` is the sidecar's side: the same
+methods as :class:`~payloadrun.retention.deleter.LocalDeleter`, each a round trip; a worker
+that died is started again at the next call, and the calls it left unanswered fail with
+:class:`WorkerGoneError` (their files stay in the journal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from payloadrun.retention.deleter import Census, Failure, LocalDeleter, Outcome, Removed, Retry
+
+log = logging.getLogger("payloadrun.retention")
+
+# Below the API's process (nice 0): when both want the CPU, the API's calls go first.
+WORKER_NICE = 10
+# How long a worker may take to finish its running operations once asked to stop.
+STOP_TIMEOUT_S = 10.0
+
+
+class WorkerGoneError(RuntimeError):
+    """The deletion worker exited before answering (its files stay in the journal)."""
+
+
+# ----------------------------------------------------------------------- the worker's side
+
+
+def _answer(deleter: LocalDeleter, request: dict[str, Any]) -> Any:
+    op = request["op"]
+    if op == "unlink":
+        return _outcome(deleter.unlink(request["dir"], request["names"], request["sizes"]))
+    if op == "measure":
+        return deleter.measure(request["dir"], request["names"])
+    if op == "tree":
+        return _outcome(deleter.remove_tree(request["dir"]))
+    if op == "scan":
+        return astuple(deleter.scan())
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def _outcome(out: Outcome) -> dict[str, Any]:
+    return {
+        "files": out.removed.files,
+        "bytes": out.removed.bytes,
+        "failures": [astuple(f) for f in out.failures],
+    }
+
+
+def serve(deleter: LocalDeleter, requests: IO[bytes], replies: IO[bytes], threads: int) -> None:
+    """Answer ``requests`` (JSON lines) on ``threads`` threads until end of input."""
+    lock = threading.Lock()
+
+    def run(request: dict[str, Any]) -> None:
+        try:
+            reply = {"id": request["id"], "ok": _answer(deleter, request)}
+        except Exception as exc:  # answered, so the sidecar's call fails instead of waiting
+            reply = {"id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"}
+        line = json.dumps(reply, separators=(",", ":")).encode() + b"\n"
+        with lock:
+            replies.write(line)
+            replies.flush()
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="retention-unlink") as pool:
+        for line in requests:
+            request = json.loads(line)
+            if request["op"] == "stop":
+                deleter.stop()
+            else:
+                pool.submit(run, request)
+        deleter.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m payloadrun.retention.worker",
+        description="The retention sidecar's deletion worker (started by the sidecar itself).",
+    )
+    parser.add_argument("root", type=Path, help="the payload root")
+    parser.add_argument("--threads", type=int, default=8, help="unlink threads")
+    parser.add_argument("--attempts", type=int, default=Retry.attempts, help="tries per file")
+    parser.add_argument("--backoff", type=float, default=Retry.backoff_s, help="first retry delay")
+    parser.add_argument("--nice", type=int, default=WORKER_NICE, help="CPU priority increment")
+    args = parser.parse_args(argv)
+    # The sidecar stops the worker by closing its input, once the deletions it waits for are
+    # answered; a signal meant for the sidecar's process group must not cut them off first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(args.nice)
+    except OSError as exc:  # a priority is a preference; the deletions matter more
+        print(f"payloadrun retention worker: cannot lower its priority: {exc}", file=sys.stderr)
+    deleter = LocalDeleter(args.root, Retry(args.attempts, args.backoff))
+    try:
+        serve(deleter, sys.stdin.buffer, sys.stdout.buffer, args.threads)
+    finally:
+        deleter.close()
+    return 0
+
+
+# ------------------------------------------------------------------------ the sidecar's side
+
+
+@dataclass
+class _Worker:
+    """One worker process and the calls it has not answered yet."""
+
+    proc: subprocess.Popen[bytes]
+    waiting: dict[int, Future[Any]] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class ProcessDeleter:
+    """:class:`LocalDeleter`'s methods, run by a worker process; thread-safe."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        threads: int,
+        retry: Retry,
+        nice: int = WORKER_NICE,
+        on_restart: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.root = root
+        self._command = [
+            sys.executable,
+            "-m",
+            __name__,
+            str(root),
+            f"--threads={threads}",
+            f"--attempts={retry.attempts}",
+            f"--backoff={retry.backoff_s}",
+            f"--nice={nice}",
+        ]
+        self._on_restart = on_restart
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._next_id = 0
+        self._closed = False
+        with self._lock:
+            self._running()  # fail at start, not at the first deletion
+
+    # ------------------------------------------------------------------------ the operations
+
+    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome:
+        got = self._call("unlink", dir=dir_name, names=list(names), sizes=list(sizes))
+        return _parse_outcome(got)
+
+    def measure(self, dir_name: str, names: Sequence[str]) -> list[int]:
+        return self._call("measure", dir=dir_name, names=list(names))
+
+    def remove_tree(self, dir_name: str) -> Outcome:
+        return _parse_outcome(self._call("tree", dir=dir_name))
+
+    def scan(self) -> Census:
+        return Census(*self._call("scan"))
+
+    def stop(self) -> None:
+        """Cut the worker's retries short (it still answers every call)."""
+        with self._lock:
+            if self._worker is not None and self._worker.alive():
+                with contextlib.suppress(OSError):  # gone already: nothing to cut short
+                    _send(self._worker.proc, {"op": "stop"})
+
+    def close(self) -> None:
+        """Stop the worker once the operations running now are answered."""
+        with self._lock:
+            self._closed = True
+            worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        proc = worker.proc
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the deletion worker did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
+            proc.kill()
+            proc.wait()
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._worker.proc.pid if self._worker is not None else None
+
+    # --------------------------------------------------------------------------- the protocol
+
+    def _call(self, op: str, **fields: Any) -> Any:
+        answer: Future[Any] = Future()
+        with self._lock:
+            worker = self._running()
+            self._next_id += 1
+            call_id = self._next_id
+            worker.waiting[call_id] = answer
+            try:
+                _send(worker.proc, {"id": call_id, "op": op, **fields})
+            except OSError as exc:
+                del worker.waiting[call_id]
+                raise WorkerGoneError(f"the deletion worker is gone ({exc})") from exc
+        reply = answer.result()
+        if "error" in reply:
+            raise RuntimeError(f"the deletion worker failed {op}: {reply['error']}")
+        return reply["ok"]
+
+    def _running(self) -> _Worker:
+        """The live worker, started (again) if needed (lock held)."""
+        if self._closed:
+            raise WorkerGoneError("the deletion worker is closed")
+        if self._worker is not None and self._worker.alive():
+            return self._worker
+        if self._worker is not None:
+            code = self._worker.proc.returncode
+            log.warning("the deletion worker exited (code %s); starting a new one", code)
+            self._on_restart()
+        proc = subprocess.Popen(
+            self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+        )
+        self._worker = worker = _Worker(proc)
+        threading.Thread(
+            target=self._read_replies, args=(worker,), name="retention-worker-replies", daemon=True
+        ).start()
+        return worker
+
+    def _read_replies(self, worker: _Worker) -> None:
+        """Hand each answer to its caller; when the worker's output ends, fail what is left."""
+        assert worker.proc.stdout is not None
+        for line in worker.proc.stdout:
+            reply = json.loads(line)
+            with self._lock:
+                answer = worker.waiting.pop(reply["id"], None)
+            if answer is not None:
+                answer.set_result(reply)
+        code = worker.proc.wait()
+        with self._lock:
+            left, worker.waiting = worker.waiting, {}
+        for answer in left.values():
+            answer.set_exception(WorkerGoneError(f"the deletion worker exited (code {code})"))
+
+
+def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+    proc.stdin.flush()
+
+
+def _parse_outcome(got: dict[str, Any]) -> Outcome:
+    failures = [Failure(*f) for f in got["failures"]]
+    return Outcome(Removed(got["files"], got["bytes"]), failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

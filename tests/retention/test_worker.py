@@ -1,0 +1,211 @@
+"""The deletion worker process: real processes over real pipes, on a real file system."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from retention_helpers import existing, make_files
+
+from payloadrun.retention.deleter import LocalDeleter, Retry
+from payloadrun.retention.worker import WORKER_NICE, ProcessDeleter, WorkerGoneError
+
+FAST = Retry(attempts=3, backoff_s=0.001)
+
+
+@pytest.fixture
+def worker(root: Path):
+    restarts: list[int] = []
+    made = ProcessDeleter(root, threads=2, retry=FAST, on_restart=lambda: restarts.append(1))
+    made.restarts = restarts  # type: ignore[attr-defined]
+    yield made
+    made.close()
+
+
+def names_of(files: list[str]) -> list[str]:
+    return [Path(f).name for f in files]
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_unlink_counts_known_sizes_and_measures_the_rest(worker, root):
+    files = make_files(root, 3, 6, size=700)
+    names = names_of(files)
+    sizes = [700, 700, 700, -1, -1, -1]  # the last three were never measured
+    out = worker.unlink("v3", names, sizes)
+    assert (out.removed.files, out.removed.bytes, out.failures) == (6, 6 * 700, [])
+    assert existing(files) == []
+    again = worker.unlink("v3", names, sizes)  # gone already: done, not counted
+    assert (again.removed.files, again.failures) == (0, [])
+
+
+def test_measure_gives_regular_files_their_size_and_everything_else_minus_one(
+    worker, root, tmp_path
+):
+    [kept] = make_files(root, 1, 1, size=321)
+    (root / "v1" / "sub").mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"x" * 99)
+    (root / "v1" / "link.bin").symlink_to(tmp_path / "outside.bin")
+    names = [Path(kept).name, "sub", "link.bin", "missing.bin"]
+    assert worker.measure("v1", names) == [321, -1, -1, -1]
+    assert worker.measure("v9", ["a.bin"]) == [-1]  # no such directory
+
+
+def test_a_directory_named_as_a_file_is_reported_at_once_and_left(worker, root):
+    [f] = make_files(root, 2, 1)
+    (root / "v2" / "dir.bin").mkdir()
+    out = worker.unlink("v2", [Path(f).name, "dir.bin"], [100, 5])  # a stale size, even
+    assert out.removed.files == 1 and (root / "v2" / "dir.bin").is_dir()
+    [failure] = out.failures
+    assert (failure.label, failure.where, failure.attempt, failure.final) == (
+        "is_a_directory",
+        "v2/dir.bin",
+        1,
+        True,
+    )
+
+
+def test_a_symlinked_version_directory_is_refused_in_the_worker(worker, root, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.bin").write_bytes(b"keep")
+    (root / "v5").symlink_to(victim)
+    out = worker.unlink("v5", ["precious.bin"], [4])
+    assert out.removed.files == 0 and (victim / "precious.bin").exists()
+    assert [f.label for f in out.failures] == ["not_a_directory"]
+    assert worker.measure("v5", ["precious.bin"]) == [-1]
+
+
+def test_remove_tree_and_scan(worker, root):
+    make_files(root, 0, 4, size=10)
+    make_files(root, 7, 3, size=1000)
+    census = worker.scan()
+    assert (census.files, census.bytes, census.dirs) == (7, 3 * 1000 + 4 * 10, 2)
+    trash = root / ".retention-trash" / "1"
+    trash.mkdir(parents=True)
+    os.rename(root / "v0", trash / "v0")
+    out = worker.remove_tree(".retention-trash")
+    assert (out.removed.files, out.removed.bytes) == (4, 40)
+    assert not (root / ".retention-trash").exists()
+    assert worker.scan().dirs == 1
+
+
+def test_the_worker_runs_below_the_sidecars_priority_and_ignores_its_signals(worker, root):
+    pid = worker.pid
+    worker.scan()  # answered: the worker has set itself up
+    assert pid != os.getpid()
+    assert nice_of(pid) == min(19, nice_of(os.getpid()) + WORKER_NICE)
+    os.kill(pid, signal.SIGTERM)  # meant for the sidecar's process group: the worker carries on
+    files = make_files(root, 1, 3)
+    assert worker.unlink("v1", names_of(files), [100] * 3).removed.files == 3
+    assert worker.pid == pid and worker.restarts == []
+
+
+def test_a_worker_that_dies_fails_its_calls_and_the_next_call_starts_another(worker, root):
+    files = make_files(root, 1, 2)
+    first = worker.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{first}").exists() and time.monotonic() < deadline:
+        try:  # a zombie until the reply reader reaps it
+            if Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.01)
+    out = worker.unlink("v1", names_of(files), [100, 100])
+    assert out.removed.files == 2 and worker.pid != first and worker.restarts == [1]
+
+
+def test_calls_waiting_on_a_killed_worker_fail_with_worker_gone(root):
+    # a worker that never answers: its input is never read (stopped), then it is killed
+    slow = ProcessDeleter(root, threads=1, retry=FAST)
+    try:
+        pid = slow.pid
+        os.kill(pid, signal.SIGSTOP)
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                slow.scan()
+            except BaseException as exc:
+                errors.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.2)
+        assert caller.is_alive()  # waiting for an answer
+        os.kill(pid, signal.SIGKILL)
+        caller.join(10)
+        assert not caller.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], WorkerGoneError)
+        assert "exited" in str(errors[0])
+    finally:
+        slow.close()
+
+
+def test_after_close_calls_are_refused(root):
+    closed = ProcessDeleter(root, threads=1, retry=FAST)
+    pid = closed.pid
+    closed.close()
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    with pytest.raises(WorkerGoneError, match="closed"):
+        closed.scan()
+    closed.close()  # twice is harmless
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["size-known", "size-unknown"])
+def test_retries_count_the_same_whether_the_size_was_known(root, known):
+    attempts: dict[str, int] = {}
+
+    def flaky(name, *, dir_fd):
+        attempts[name] = attempts.get(name, 0) + 1
+        if name == "stuck.bin" or attempts[name] <= 1:
+            raise OSError(errno.EBUSY, "injected busy error")
+        os.unlink(name, dir_fd=dir_fd)
+
+    (root / "v0").mkdir()
+    for name in ("ok.bin", "stuck.bin"):
+        (root / "v0" / name).write_bytes(b"12")
+    local = LocalDeleter(root, FAST, unlink=flaky)
+    try:
+        sizes = [2, 2] if known else [-1, -1]
+        out = local.unlink("v0", ["ok.bin", "stuck.bin"], sizes)
+    finally:
+        local.close()
+    assert attempts == {"ok.bin": 2, "stuck.bin": 3}
+    assert (out.removed.files, out.removed.bytes) == (1, 2)
+    stuck = [(f.where, f.attempt, f.final) for f in out.failures if "stuck" in f.where]
+    assert stuck == [("v0/stuck.bin", n, n == 3) for n in (1, 2, 3)]
+    assert all(f.label == "io_error" for f in out.failures)
+
+
+def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
+    service_factory, root
+):
+    svc = service_factory(chunk_files=50)
+    files = make_files(root, 0, 400)
+    svc.record_batch(1, files)
+    while svc.status()["sizing_files"]:  # measured: the chunks below are the worker's only calls
+        time.sleep(0.01)
+    pid = svc.queue._deleter.pid  # the sidecar's own worker
+    os.kill(pid, signal.SIGSTOP)  # every chunk waits on it
+    svc.policy_updated(1)
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    assert svc.wait_idle(20)
+    gone = svc.metrics.delete_errors.labels("worker_gone")._value.get()
+    assert gone >= 1 and svc.metrics.delete_given_up._value.get() >= 50
+    assert svc.metrics.worker_restarts._value.get() == 1  # the chunks not sent yet went on
+    assert len(existing(files)) >= 50  # what the dead worker never answered is still there
+    svc.close()
+    again = service_factory()  # same run id: the journal keeps the given-up files
+    assert again.wait_idle(20)
+    assert existing(files) == []
