@@ -50,6 +50,7 @@ class Env:
     WRITER_READ_TIMEOUT = "PAYLOADRUN_WRITER_READ_TIMEOUT"
     WRITER_CONNECT_TIMEOUT = "PAYLOADRUN_WRITER_CONNECT_TIMEOUT"
     WRITER_WORKERS = "PAYLOADRUN_WRITER_WORKERS"
+    WRITER_IN_FLIGHT_BUDGET = "PAYLOADRUN_WRITER_IN_FLIGHT_BUDGET"
     WRITER_LOG_LEVEL_DEPRECATED = "PAYLOADRUN_WRITER_LOG_LEVEL"  # read when LOG_LEVEL is unset
     # the retention sidecar
     RESUME = "PAYLOADRUN_RESUME"
@@ -97,6 +98,19 @@ def parse_float(raw: str) -> float:
         return float(raw)
     except ValueError:
         raise ValueError("not a number") from None
+
+
+_BYTE_UNITS = {"": 1, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+
+def parse_bytes(raw: str) -> int:
+    """A byte count: an integer, or one with a Kubernetes binary suffix (``512Mi``, ``1Gi``)."""
+    text = raw.strip()
+    digits = text.rstrip("KMGTikmgt")
+    unit = text[len(digits) :].lower()
+    if unit not in _BYTE_UNITS or not digits.isdigit():
+        raise ValueError("not a byte count: use an integer or one with Ki, Mi, Gi or Ti (1Gi)")
+    return int(digits) * _BYTE_UNITS[unit]
 
 
 def parse_bool(raw: str) -> bool:

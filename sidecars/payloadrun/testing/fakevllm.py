@@ -36,8 +36,13 @@ send the headers and half the body, then close), ``x-fake-experts``, ``x-fake-la
 ``x-fake-top-k``, ``x-fake-mask-width``, ``x-fake-routed-experts`` and ``x-fake-sampling-mask``
 (``0``/``1``), ``x-fake-content-encoding`` (``gzip`` or ``deflate``: compress a non-streaming
 answer whatever the client accepts, as a compressing middleware in front of vLLM may; any other
-value only labels the body with it). ``GET /fake/stats`` counts the requests received per path
-(and ``aborted``: streams whose client went away).
+value only labels the body with it). For benchmarks of what sits in front of it:
+``x-fake-cache`` (``1``: answer a request identical to an earlier one, same path, body and
+knobs, with the bytes prepared for that one, without generating again; the last
+:data:`CACHED_ANSWERS` are kept) and ``x-fake-hold`` (``N``: hold each prepared non-streaming
+answer until ``N`` are held, then send them all at the same instant, as when a batch of
+generations finishes together). ``GET /fake/stats`` counts the requests received per path (and
+``aborted``: streams whose client went away).
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ class FakeConfig:
     stream_interval: float = 0.0  # seconds between SSE events
     disconnect: str = ""
     content_encoding: str = ""  # compress answers with this, asked for or not
+    cache: bool = False  # answer identical requests with the bytes prepared for the first
+    hold: int = 0  # hold answers until this many are ready, then send them together
     health_status: int = 200
     created: int | None = None  # a fixed timestamp makes responses byte-comparable
     stats: Counter = field(default_factory=Counter)
@@ -112,6 +119,8 @@ def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
         ("mask_width", int),
         ("routed_experts", lambda v: v not in ("0", "false")),
         ("sampling_mask", lambda v: v not in ("0", "false")),
+        ("cache", lambda v: v not in ("0", "false")),
+        ("hold", int),
     ):
         value = headers.get("x-fake-" + name.replace("_", "-"))
         if value is not None:
@@ -129,6 +138,9 @@ def _encode(body: bytes, coding: str) -> bytes:
     if coding == "deflate":
         return zlib.compress(body)
     return body
+
+
+CACHED_ANSWERS = 8
 
 
 def _seed(body: bytes) -> int:
@@ -244,6 +256,40 @@ class FakeVLLM:
 
     def __init__(self, config: FakeConfig | None = None) -> None:
         self.config = config or FakeConfig()
+        # x-fake-cache: request key -> its answer's bytes (a future: identical requests that
+        # arrive together wait for the first one's answer rather than each generating it)
+        self._cache: dict[bytes, asyncio.Future[bytes]] = {}
+        # x-fake-hold: N -> the answers held until N are
+        self._held: dict[int, list[asyncio.Future[None]]] = {}
+
+    async def _cached(self, key: bytes, make: Any) -> bytes:
+        """``await make()`` once per key (the last :data:`CACHED_ANSWERS` keys are kept)."""
+        future = self._cache.get(key)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._cache[key] = future
+            while len(self._cache) > CACHED_ANSWERS:
+                del self._cache[next(iter(self._cache))]
+            try:
+                future.set_result(await make())
+            except BaseException as exc:
+                self._cache.pop(key, None)
+                future.set_exception(exc)
+                future.exception()  # retrieved: no "never retrieved" warning when none waits
+                raise
+        return await asyncio.shield(future)
+
+    async def _hold(self, count: int) -> None:
+        """Wait until ``count`` answers are held (this one included), then let them all go."""
+        held = self._held.setdefault(count, [])
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held.append(gate)
+        if len(held) >= count:
+            del self._held[count]
+            for g in held:
+                if not g.done():
+                    g.set_result(None)
+        await gate
 
     def created(self) -> int:
         return self.config.created if self.config.created is not None else int(time.time())
@@ -448,13 +494,32 @@ class FakeVLLM:
             CHAT_PATH: self.chat,
         }.get(request.path, self.generate)
         seed = _seed(body)
-        try:
+        if req.get("stream") is True:
+            try:
+                response = await asyncio.to_thread(handler, cfg, req, seed)
+            except FakeRequestError as exc:
+                return error_response(400, str(exc))
+            return await self._stream(request, response, cfg.stream_interval)
+
+        async def answer() -> bytes:
             response = await asyncio.to_thread(handler, cfg, req, seed)
+            return await asyncio.to_thread(dumps, response)
+
+        try:
+            if cfg.cache:
+                knobs = sorted(
+                    (k.lower(), v)
+                    for k, v in request.headers.items()
+                    if k.lower().startswith("x-fake")
+                )
+                key = hashlib.sha256(repr((request.path, knobs)).encode() + body).digest()
+                payload = await self._cached(key, answer)
+            else:
+                payload = await answer()
         except FakeRequestError as exc:
             return error_response(400, str(exc))
-        if req.get("stream") is True:
-            return await self._stream(request, response, cfg.stream_interval)
-        payload = await asyncio.to_thread(dumps, response)
+        if cfg.hold > 1:
+            await self._hold(cfg.hold)
         if cfg.disconnect == "body":
             resp = web.StreamResponse(status=200)
             resp.content_type = "application/json"

@@ -31,8 +31,9 @@ import logging
 import mmap
 import os
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,10 +46,16 @@ from yarl import URL
 from payloadrun import serving, settings
 from payloadrun.paths import PayloadPathError
 from payloadrun.serving import Listener
-from payloadrun.settings import VLLM_PORT, Env, parse_float, parse_int, setting
+from payloadrun.settings import VLLM_PORT, Env, parse_bytes, parse_float, parse_int, setting
 from payloadrun.store import PayloadStore
 from payloadrun.vllm import HEALTH_PATH, error_response
 from payloadrun.writer import coding
+from payloadrun.writer.budget import (
+    InFlightBudget,
+    container_memory_limit,
+    default_budget,
+    response_cost,
+)
 from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.rewrite import RewriteResult, admit_request, rewrite_response
 from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
@@ -126,6 +133,18 @@ class WriterConfig:
         env=Env.WRITER_WORKERS,
         parse=parse_int,
         minimum=1,
+    )
+    in_flight_budget: int | None = setting(
+        None,
+        help="bytes of vLLM answers the writer holds at once (each by-handle answer counts "
+        "twice its body); when used up, the writer stops reading vLLM's answers until some are "
+        "sent. An answer larger than the budget is read alone. Default: 1Gi, or half the "
+        "container's memory limit when that is less",
+        flag="--in-flight-budget",
+        env=Env.WRITER_IN_FLIGHT_BUDGET,
+        parse=parse_bytes,
+        minimum=1,
+        metavar="BYTES",
     )
     health_timeout: float = 2.0
     max_request_bytes: int = 256 * 1024 * 1024
@@ -251,6 +270,14 @@ class Writer:
         self.upstream = URL(config.upstream.rstrip("/"))
         self.session: aiohttp.ClientSession | None = None
         self.executor: ThreadPoolExecutor | None = None
+        budget = config.in_flight_budget or default_budget(container_memory_limit())
+        self.budget = InFlightBudget(budget, self._budget_changed)
+        self.metrics.in_flight_budget.set(budget)
+
+    def _budget_changed(self, in_flight: int, waiting: int) -> None:
+        self.metrics.in_flight_bytes.set(in_flight)
+        self.metrics.in_flight_peak_bytes.set(self.budget.peak)
+        self.metrics.budget_waiting.set(waiting)
 
     # --- lifecycle ---
 
@@ -490,14 +517,49 @@ class Writer:
                 )
                 fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: "bad_response"}
                 return await self._stream_back(request, upstream, Mode.INLINE, fallback)
-            try:
-                raw = await read_body(upstream)
-            except Exception as exc:
-                return self._upstream_error(exc, "reading the response")
-            response_headers = _forward_headers(
-                upstream.headers, drop=_RESPONSE_DROP | {"content-type"}
+            encoding = upstream.headers.get("Content-Encoding")
+            chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
+            cost = response_cost(
+                None if chunked else upstream.content_length,
+                bool(coding.codings(encoding)),
+                self.budget.budget,
             )
-        encoding = upstream.headers.get("Content-Encoding")
+            async with self._reserved(cost):
+                try:
+                    raw = await read_body(upstream)
+                except Exception as exc:
+                    return self._upstream_error(exc, "reading the response")
+                received = time.perf_counter()
+                upstream.release()  # read to the end: the connection may serve another request
+                response_headers = _forward_headers(
+                    upstream.headers, drop=_RESPONSE_DROP | {"content-type"}
+                )
+                return await self._answer(request, plan, raw, encoding, response_headers, received)
+
+    @contextlib.asynccontextmanager
+    async def _reserved(self, cost: int) -> AsyncIterator[None]:
+        """Hold ``cost`` bytes of the in-flight budget; until they are free, vLLM's answer is
+        not read (see :mod:`payloadrun.writer.budget`)."""
+        started = time.perf_counter()
+        if await self.budget.acquire(cost):
+            self.metrics.budget_waits.inc()
+            self.metrics.budget_wait_seconds.inc(time.perf_counter() - started)
+        try:
+            yield
+        finally:
+            self.budget.release(cost)
+
+    async def _answer(
+        self,
+        request: web.Request,
+        plan: RequestPlan,
+        raw: bytes | mmap.mmap,
+        encoding: str | None,
+        response_headers: CIMultiDict[str],
+        received: float,
+    ) -> web.StreamResponse:
+        """Take the arrays off vLLM's answer ``raw`` (its last byte came at ``received``) and
+        send the client what is left."""
         if coding.codings(encoding):
             try:
                 raw = await self.run(coding.decode, raw, encoding, 1 << 40)
@@ -509,11 +571,11 @@ class Writer:
                     "content_encoding",
                     f"Content-Encoding {encoding}: {exc}",
                 )
-                return await self._send_result(request, raw, result, response_headers)
+                return await self._send_result(request, raw, result, response_headers, received)
             del response_headers["Content-Encoding"]  # the body sent is a new one, identity
         store = await self.run(self.holder.get)
         result = await self._rewrite(store, plan, raw)
-        return await self._send_result(request, raw, result, response_headers)
+        return await self._send_result(request, raw, result, response_headers, received)
 
     def _count_fallback(self, reason: str, detail: str) -> None:
         self.metrics.fallbacks.labels(reason=reason).inc()
@@ -551,7 +613,9 @@ class Writer:
         raw: bytes | mmap.mmap,
         result: RewriteResult,
         headers: CIMultiDict[str],
+        received: float,
     ) -> web.StreamResponse:
+        """Send a by-handle answer; ``received`` is when its last byte came from vLLM."""
         m = self.metrics
         if result.fallback is not None:
             self._count_fallback(result.fallback, result.detail)
@@ -567,6 +631,9 @@ class Writer:
         )
         try:  # sent here, not by aiohttp after we return, to know whether the client took it
             await resp.prepare(request)
+            m.response_work_seconds.labels(mode=result.mode.value).observe(
+                time.perf_counter() - received
+            )
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
             self._discard(result)

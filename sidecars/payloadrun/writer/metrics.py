@@ -20,6 +20,14 @@ PREFIX = "payloadrun_writer_"
 UPSTREAM_FAILURES = ("unreachable", "timeout", "broken")
 # Write-and-fsync of one file: from a small response on local disk to tens of MB on NFS.
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# The writer's work on one answer: 1 ms (a small one) to seconds (tens of MB on a slow volume).
+# About 1.25x apart below a second, so that a quantile read from them (bench/writer.py, or
+# histogram_quantile) is within a few percent, not a bucket's width.
+WORK_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.0125, 0.015, 0.0175, 0.020,
+    0.025, 0.030, 0.035, 0.040, 0.045, 0.050, 0.060, 0.070, 0.080, 0.090, 0.100, 0.125, 0.150,
+    0.175, 0.200, 0.250, 0.300, 0.400, 0.500, 0.750, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+)  # fmt: skip
 
 
 class WriterMetrics:
@@ -71,6 +79,45 @@ class WriterMetrics:
             registry=r,
         )
         self.in_flight = Gauge(PREFIX + "requests_in_flight", "Requests being served.", registry=r)
+        self.response_work_seconds = Histogram(
+            PREFIX + "response_work_seconds",
+            "The writer's own work on one by-handle answer: from the last byte of vLLM's answer "
+            "to the first byte sent to the client (parse, decode, write, fsync, serialize), by "
+            "mode (handle, or inline when the arrays went back inline).",
+            ["mode"],
+            buckets=WORK_BUCKETS,
+            registry=r,
+        )
+        self.in_flight_budget = Gauge(
+            PREFIX + "in_flight_budget_bytes",
+            "The in-flight budget: bytes of vLLM answers the writer holds at once.",
+            registry=r,
+        )
+        self.in_flight_bytes = Gauge(
+            PREFIX + "in_flight_bytes",
+            "Bytes of the in-flight budget reserved by the answers being read, parsed and sent.",
+            registry=r,
+        )
+        self.in_flight_peak_bytes = Gauge(
+            PREFIX + "in_flight_peak_bytes",
+            "The most bytes of the budget reserved at once since the writer started.",
+            registry=r,
+        )
+        self.budget_waiting = Gauge(
+            PREFIX + "budget_waiting_responses",
+            "Answers waiting for the in-flight budget (not read from vLLM until it is free).",
+            registry=r,
+        )
+        self.budget_waits = Counter(
+            PREFIX + "budget_waits",
+            "Answers that waited for the in-flight budget before being read.",
+            registry=r,
+        )
+        self.budget_wait_seconds = Counter(
+            PREFIX + "budget_wait_seconds",
+            "Seconds answers spent waiting for the in-flight budget, summed.",
+            registry=r,
+        )
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
             self.payload_bytes.labels(field=name)
         for reason in FALLBACK_REASONS:
@@ -79,6 +126,8 @@ class WriterMetrics:
             self.upstream_failures.labels(kind=kind)
         for mode in Mode:
             self.response_bytes.labels(mode=mode.value)
+        for mode in (Mode.HANDLE, Mode.INLINE):
+            self.response_work_seconds.labels(mode=mode.value)
 
     def request(self, mode: Mode, status: int) -> None:
         self.requests.labels(mode=mode.value, code=str(status)).inc()
