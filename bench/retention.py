@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -166,6 +167,44 @@ def unlink_rate_case(sidecar: SidecarProcess, client: RetentionClient, n: int, r
 # ------------------------------------------------------------------------- 3. call latency
 
 
+def journal_floor_case(tmp: Path, n: int, rounds: int, threads: int) -> dict:
+    """The floor under ``policy_updated``: a journal-sized append + ``fdatasync`` while ``n``
+    files are unlinked raw on ``threads`` threads, no sidecar involved, timed like the calls.
+
+    On ext4 an ``fdatasync`` commits the file system's journal, unlinks included: this is what
+    the file system alone charges an acknowledged event while a step's files go.
+    """
+    latencies: list[float] = []
+    journal = tmp / "floor-journal.jsonl"
+    record = b'{"op":"policy","step":1}\n'
+    for r in range(rounds):
+        files = make_files(tmp / "floor" / f"v{r}", n)
+        done = threading.Event()
+        worker = threading.Thread(
+            target=lambda f=files, d=done: (raw_unlink_rate(f, threads), d.set())
+        )
+        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            worker.start()
+            while not done.is_set():
+                t0 = time.perf_counter()
+                os.write(fd, record)
+                os.fdatasync(fd)
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.001)
+        finally:
+            worker.join()
+            os.close(fd)
+    return {
+        "files": n,
+        "threads": threads,
+        "appends": len(latencies),
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+        "max_ms": max(latencies) * 1e3,
+    }
+
+
 def policy_latency_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
     """``policy_updated`` round trips while a step of ``n`` files is being unlinked.
 
@@ -237,7 +276,9 @@ def metrics_latency_case(tmp: Path, n: int, scrapes: int) -> dict:
 # ----------------------------------------------------------------------------------- report
 
 
-def print_report(doc: Summary, sweep: Summary, unlink: dict, call: dict, metrics: dict) -> dict:
+def print_report(
+    doc: Summary, sweep: Summary, unlink: dict, call: dict, floor: dict, metrics: dict
+) -> dict:
     w = doc.workload
     ratio = sweep.peak_bytes / doc.peak_bytes
     print()
@@ -278,6 +319,12 @@ def print_report(doc: Summary, sweep: Summary, unlink: dict, call: dict, metrics
         f"p50 {call['p50_ms']:.2f} ms, p99 {call['p99_ms']:.2f} ms, max {call['max_ms']:.2f} ms; "
         f"status (no journal write) p50 {call['status_p50_ms']:.2f} ms, "
         f"p99 {call['status_p99_ms']:.2f} ms"
+    )
+    print(
+        f"floor: {floor['appends']} journal appends + fdatasync while {floor['files']} files are "
+        f"unlinked raw on {floor['threads']} threads, no sidecar: p50 {floor['p50_ms']:.2f} ms, "
+        f"p99 {floor['p99_ms']:.2f} ms, max {floor['max_ms']:.2f} ms "
+        f"(policy_updated p99 / floor p99: {call['p99_ms'] / floor['p99_ms']:.2f})"
     )
     print(
         f"/metrics with {metrics['files']} files under the root ({metrics['files_reported']} "
@@ -323,9 +370,11 @@ def main() -> None:
             unlink = unlink_rate_case(sidecar, client, unlink_files, rounds)
             print("3. policy_updated latency while deleting 15,000 files ...", flush=True)
             call = policy_latency_case(root, client, 15_000, 2 if args.quick else 5)
+        print("   the file system's floor: appends + fdatasync while a raw unlink runs ...")
+        floor = journal_floor_case(tmp, 15_000, 2 if args.quick else 5, threads=8)
         print(f"4. /metrics latency with {metrics_files} files ...", flush=True)
         metrics = metrics_latency_case(tmp, metrics_files, 200)
-    goals = print_report(doc, sweep, unlink, call, metrics)
+    goals = print_report(doc, sweep, unlink, call, floor, metrics)
     load_end = print_load("end")
     print(f"\nplot: {png}")
     results = {
@@ -339,6 +388,7 @@ def main() -> None:
         },
         "unlink": unlink,
         "policy_updated": call,
+        "journal_floor": floor,
         "metrics": metrics,
         "goals": goals,
         "machine": {"start": load_start, "end": load_end},

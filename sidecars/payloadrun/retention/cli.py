@@ -85,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         log.critical("%s", exc)
         return 1
-    # Deletion threads hold the GIL between their system calls; with the default 5 ms switch
-    # interval the event loop can wait that long several times per request. A shorter interval
-    # keeps API calls in the millisecond range while a step's files are being unlinked.
+    # The unlinks run in the deletion worker process, but this process's threads still hand it
+    # the chunks and read its answers; with the default 5 ms switch interval the event loop can
+    # wait that long behind one of them. A shorter interval keeps API calls in the millisecond
+    # range while a step's files are being deleted.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     service.start()
     return serving.run_sidecar(

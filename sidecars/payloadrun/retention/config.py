@@ -96,7 +96,9 @@ class RetentionConfig:
         parse=parse_int,
         minimum=0,
     )
-    chunk_files: int = 256
+    # files per message to the deletion worker: large enough that a message's round trip is
+    # small beside its unlinks (bench/retention.py), small enough to spread a step over threads
+    chunk_files: int = 1024
     retry: Retry = field(default_factory=Retry)
 
     def __post_init__(self) -> None:

@@ -220,9 +220,15 @@ class DeletionQueue:
     def _delete_chunk(
         self, reason: Reason, dir_name: str, names: list[str], rmdir_after: bool = False
     ) -> None:
+        kept: list[str] = []
+        sizes: list[int] = []
         with self._lock:
-            names = [n for n in names if not self._is_protected(f"{dir_name}/{n}")]
-            sizes = [self._sizes.pop(f"{dir_name}/{n}", -1) for n in names]
+            for name in names:
+                key = f"{dir_name}/{name}"
+                if not self._is_protected(key):
+                    kept.append(name)
+                    sizes.append(self._sizes.pop(key, -1))
+        names = kept
         removed = self._unlink(reason, dir_name, names, sizes) if names else deleter.Removed()
         gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
         with self._lock:

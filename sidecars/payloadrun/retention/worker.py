@@ -4,9 +4,10 @@ Deleting a step's files costs Python work per file (a loop iteration, a system c
 count). In the API's interpreter that work holds the interpreter lock the event loop needs, so
 every API call made while a step's 15,000 files go waits for it: measured, a ``status`` p99 of
 25 ms. Here the API's process only journals the event and sends the worker one message per chunk
-of 256 files; the worker unlinks them on threads of its own and answers with what it removed
-and every failed attempt. The journal's guarantees do not change: an event is durable before
-its answer, whatever the worker does, and a deletion the worker never finished is replayed.
+of files (1,024 of one directory); the worker unlinks them on threads of its own and answers
+with what it removed and every failed attempt. The journal's guarantees do not change: an event
+is durable before its answer, whatever the worker does, and a deletion the worker never finished
+is replayed.
 
 The two sides speak JSON lines over the worker's stdin and stdout (stderr is the sidecar's)::
 
