@@ -18,16 +18,20 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from itertools import pairwise
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from payloadrun.paths import PayloadRoot
-from payloadrun.segments import FIELD_FILL, Segment
+from payloadrun.segments import ALLOWED_DTYPES, FIELD_FILL, Segment
 
 DEFAULT_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8)
 DEFAULT_WORKERS = 16
+DEFAULT_INLINE_BYTES = 1 << 20
+_FILL_CACHE_SIZE = 256
+_BY_POS = attrgetter("pos")
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # np.dtype(str) costs a microsecond
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -85,20 +89,38 @@ def _out_row_shape(chosen: Sequence[Segment], row_shape: Sequence[int] | None) -
     return row_shape
 
 
+def _uniform(kinds: set[tuple[str, tuple[int, ...]]], out_dtype: np.dtype, shape: tuple) -> bool:
+    """Whether the one kind of row in ``kinds`` is the output's dtype and row shape."""
+    ((seg_dtype, seg_shape),) = kinds
+    return seg_shape == shape and _DTYPES[seg_dtype] == out_dtype
+
+
 def _check_no_overlap(chosen: Sequence[Segment]) -> bool:
     """Raise if two segments cover one position; True when they tile their span with no gap."""
-    ordered = sorted(chosen, key=lambda s: s.pos)
-    for a, b in pairwise(ordered):
-        if b.pos < a.end:
+    ordered = sorted(chosen, key=_BY_POS)
+    tiled = True
+    prev = ordered[0]
+    prev_end = prev.pos + prev.rows
+    for seg in ordered[1:]:
+        if seg.pos < prev_end:
             raise SegmentOverlapError(
-                f"segments of {a.field!r} overlap: {a.file!r} covers [{a.pos}, {a.end}) and "
-                f"{b.file!r} covers [{b.pos}, {b.end}); clip them to disjoint ranges first"
+                f"segments of {prev.field!r} overlap: {prev.file!r} covers [{prev.pos}, "
+                f"{prev_end}) and {seg.file!r} covers [{seg.pos}, {seg.end}); clip them to "
+                "disjoint ranges first"
             )
-    return all(a.end == b.pos for a, b in pairwise(ordered))
+        tiled = tiled and seg.pos == prev_end
+        prev, prev_end = seg, seg.pos + seg.rows
+    return tiled
 
 
 class PayloadReader:
-    """Reads payload fields from files under one root, with a pool of reader threads."""
+    """Reads payload fields from files under one root, with a pool of reader threads.
+
+    A call whose bytes are few is read on the caller's thread: handing it to the pool costs more
+    than the reads (a 1 MiB segment takes about 50 us from the page cache, a thread hand-off
+    tens of us). ``inline_bytes`` sets that bound; the pool takes a call of several files and
+    more bytes than that.
+    """
 
     def __init__(
         self,
@@ -107,12 +129,17 @@ class PayloadReader:
         max_workers: int = DEFAULT_WORKERS,
         retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
         sleep: Callable[[float], None] = time.sleep,
+        inline_bytes: int = DEFAULT_INLINE_BYTES,
     ) -> None:
         self.root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
         self.max_workers = max_workers
         self.retry_delays = tuple(retry_delays)
+        self.inline_bytes = inline_bytes
         self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="payload-read")
+        # (type(fill), fill, dtype) -> fill fits dtype: numpy's cast check costs a microsecond,
+        # and a trainer asks the same few questions on every call.
+        self._fill_fits: dict[tuple[type, int | float, np.dtype], bool] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -147,20 +174,25 @@ class PayloadReader:
         if hi < lo:
             raise ValueError(f"read range [{lo}, {hi}) is reversed")
         chosen = [c for s in segments if s.field == field and (c := s.clip(lo, hi)) is not None]
-        if not chosen and (row_shape is None or dtype is None):
+        kinds = {(s.dtype, s.shape) for s in chosen}
+        if len(kinds) == 1 and dtype is None and row_shape is None:
+            # the common case, one dtype and one row shape: no promotion, no widening
+            ((seg_dtype, shape),) = kinds
+            out_dtype = _DTYPES[seg_dtype]
+        elif not chosen and (row_shape is None or dtype is None):
             raise ValueError(
                 f"no segment of field {field!r} covers [{lo}, {hi}); pass row_shape and dtype "
                 "to get an all-fill array"
             )
-        out_dtype = _out_dtype(chosen, dtype)
-        shape = _out_row_shape(chosen, row_shape) if chosen else tuple(row_shape or ())
+        else:
+            out_dtype = _out_dtype(chosen, dtype)
+            shape = _out_row_shape(chosen, row_shape) if chosen else tuple(row_shape or ())
         fill = FIELD_FILL.get(field, 0) if fill is None else fill
-        if not np.can_cast(np.min_scalar_type(fill), out_dtype, casting="safe"):
-            raise ValueError(f"fill {fill!r} does not fit the output dtype {out_dtype}")
+        self._check_fill(fill, out_dtype)
 
-        tiled = _check_no_overlap(chosen)
-        covered = sum(s.rows for s in chosen) == hi - lo and tiled
-        uniform = all(s.shape == shape for s in chosen)
+        tiled = len(chosen) <= 1 or _check_no_overlap(chosen)
+        covered = tiled and sum(s.rows for s in chosen) == hi - lo
+        uniform = len(kinds) == 1 and _uniform(kinds, out_dtype, shape)
         if out is None:
             out = np.empty((hi - lo, *shape), dtype=out_dtype)
         elif out.shape != (hi - lo, *shape) or out.dtype != out_dtype or not out.flags.c_contiguous:
@@ -170,24 +202,37 @@ class PayloadReader:
             )
         if not (covered and uniform):
             out.fill(fill)
-        self._read_into(out, chosen, lo)
+        if chosen:
+            self._read_into(out, chosen, lo, uniform)
         if as_torch:
             import torch
 
             return torch.from_numpy(out)
         return out
 
-    def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int) -> None:
+    def _check_fill(self, fill: int | float, out_dtype: np.dtype) -> None:
+        key = (type(fill), fill, out_dtype)
+        fits = self._fill_fits.get(key)
+        if fits is None:
+            fits = bool(np.can_cast(np.min_scalar_type(fill), out_dtype, casting="safe"))
+            if len(self._fill_fits) < _FILL_CACHE_SIZE:
+                self._fill_fits[key] = fits
+        if not fits:
+            raise ValueError(f"fill {fill!r} does not fit the output dtype {out_dtype}")
+
+    def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int, uniform: bool) -> None:
+        """Read every segment into ``out``; ``uniform``: every segment's rows are ``out``'s."""
         by_file: dict[str, list[Segment]] = {}
         for seg in chosen:
             by_file.setdefault(seg.file, []).append(seg)
         jobs = self._resolve(by_file)
-        if len(jobs) <= 1 or self.max_workers <= 1:
-            self._read_files(out, jobs, lo)
+        plan = _Plan(out, lo, uniform)
+        if len(jobs) <= 1 or self.max_workers <= 1 or out.nbytes <= self.inline_bytes:
+            self._read_files(plan, jobs)
             return
         chunk = math.ceil(len(jobs) / self.max_workers)
         futures = [
-            self._pool.submit(self._read_files, out, jobs[i : i + chunk], lo)
+            self._pool.submit(self._read_files, plan, jobs[i : i + chunk])
             for i in range(0, len(jobs), chunk)
         ]
         wait(futures)  # every thread has stopped writing into `out` before anything is raised
@@ -198,65 +243,89 @@ class PayloadReader:
         """Check every file name once and every version directory once."""
         jobs = []
         dirs_checked: set[str] = set()
+        resolve = self.root.payload_file_strs
         for file, segs in by_file.items():
-            checked = self.root.payload_file(file, follow_check=False)
-            parent = checked.dir_str
+            parent, path = resolve(file)
             if parent not in dirs_checked:
                 self.root.check_version_dir(parent, file)
                 dirs_checked.add(parent)
-            jobs.append((file, checked.path_str, segs))
+            jobs.append((file, path, segs))
         return jobs
 
-    def _read_files(
-        self, out: np.ndarray, jobs: list[tuple[str, str, list[Segment]]], lo: int
-    ) -> None:
+    def _read_files(self, plan: _Plan, jobs: list[tuple[str, str, list[Segment]]]) -> None:
+        """One open-read-close pass per file; the retries only for a file that came up short."""
+        target = plan.target
         for file, path, segs in jobs:
-            self._read_file(out, file, path, segs, lo)
+            pending, short = _read_once(path, [target(seg) for seg in segs])
+            if pending:
+                self._retry(file, path, pending, short)
 
-    def _read_file(
-        self, out: np.ndarray, file: str, path: str, segs: list[Segment], lo: int
+    def _retry(
+        self, file: str, path: str, pending: list[_Target], short: tuple[Segment, int]
     ) -> None:
-        targets = []
-        for seg in segs:
-            dest = out[seg.pos - lo : seg.end - lo]
-            if seg.shape == out.shape[1:] and np.dtype(seg.dtype) == out.dtype:
-                targets.append((seg, dest, None))
-            else:
-                targets.append((seg, dest, np.empty((seg.rows, *seg.shape), dtype=seg.dtype)))
-        pending = targets
-        attempts = 0
-        while True:
-            attempts += 1
-            pending, short = self._read_once(path, pending)
+        for delay in self.retry_delays:
+            self._sleep(delay)
+            pending, short = _read_once(path, pending)
             if not pending:
                 return
-            if attempts > len(self.retry_delays):
-                seg, received = short
-                raise ShortReadError(file, seg.offset, seg.nbytes, received, attempts)
-            self._sleep(self.retry_delays[attempts - 1])
+        seg, received = short
+        raise ShortReadError(file, seg.offset, seg.nbytes, received, len(self.retry_delays) + 1)
 
-    @staticmethod
-    def _read_once(path: str, targets: list) -> tuple[list, tuple[Segment, int] | None]:
-        """One open-read-close pass; the targets still short, and the first short one."""
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            return targets, (targets[0][0], -1)
-        short: tuple[Segment, int] | None = None
-        left = []
-        try:
-            for seg, dest, buf in targets:
-                view = memoryview(dest if buf is None else buf).cast("B")
-                got = _pread_into(fd, view, seg.offset)
-                if got < seg.nbytes:
-                    left.append((seg, dest, buf))
-                    short = short or (seg, got)
-                    continue
-                if buf is not None:
-                    dest[(slice(None), *(slice(0, d) for d in seg.shape))] = buf
-        finally:
-            os.close(fd)
-        return left, short
+
+class _Plan:
+    """Where each segment's bytes go in one call's output array."""
+
+    __slots__ = ("flat", "lo", "out", "row_bytes", "uniform")
+
+    def __init__(self, out: np.ndarray, lo: int, uniform: bool) -> None:
+        self.out = out
+        self.lo = lo
+        self.uniform = uniform
+        # A uniform call reads each segment into a byte range of `out`: slicing one flat view is
+        # cheaper than an array slice and a memoryview per segment.
+        self.flat = memoryview(out).cast("B") if uniform else None
+        self.row_bytes = out.itemsize * math.prod(out.shape[1:])
+
+    def target(self, seg: Segment) -> _Target:
+        """Where to read ``seg``: straight into ``out``, or into a staging array whose rows are
+        then copied into their cells of ``out`` when their shape or dtype differ from it."""
+        if self.uniform:
+            start = (seg.pos - self.lo) * self.row_bytes
+            return seg, self.flat[start : start + seg.rows * self.row_bytes], None
+        dest = self.out[seg.pos - self.lo : seg.end - self.lo]
+        if seg.shape == dest.shape[1:] and np.dtype(seg.dtype) == dest.dtype:
+            return seg, memoryview(dest).cast("B"), None
+        buf = np.empty((seg.rows, *seg.shape), dtype=seg.dtype)
+        return seg, memoryview(buf).cast("B"), (dest[(slice(None), *map(slice, seg.shape))], buf)
+
+
+# (segment, the bytes to read it into, and for staged rows (cells of the output, staging array))
+_Target = tuple[Segment, memoryview, tuple[np.ndarray, np.ndarray] | None]
+
+
+def _read_once(
+    path: str, targets: list[_Target]
+) -> tuple[list[_Target], tuple[Segment, int] | None]:
+    """One open-read-close pass; the targets still short, and the first short one."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return targets, (targets[0][0], -1)
+    short: tuple[Segment, int] | None = None
+    left = []
+    try:
+        for target in targets:
+            seg, view, staged = target
+            got = _pread_into(fd, view, seg.offset)
+            if got < len(view):
+                left.append(target)
+                short = short or (seg, got)
+            elif staged is not None:
+                cells, buf = staged
+                cells[...] = buf
+    finally:
+        os.close(fd)
+    return left, short
 
 
 def read_field(
