@@ -29,7 +29,6 @@ from payloadrun.segments import ALLOWED_DTYPES, FIELD_FILL, Segment
 
 DEFAULT_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8)
 DEFAULT_WORKERS = 16
-DEFAULT_INLINE_BYTES = 1 << 20
 _FILL_CACHE_SIZE = 256
 _BY_POS = attrgetter("pos")
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # np.dtype(str) costs a microsecond
@@ -117,10 +116,9 @@ def _check_no_overlap(chosen: Sequence[Segment]) -> bool:
 class PayloadReader:
     """Reads payload fields from files under one root, with a pool of reader threads.
 
-    A call whose bytes are few is read on the caller's thread: handing it to the pool costs more
-    than the reads (a 1 MiB segment takes about 50 us from the page cache, a thread hand-off
-    tens of us). ``inline_bytes`` sets that bound; the pool takes a call of several files and
-    more bytes than that.
+    The pool takes a call that spans several files: on the shared filesystem every open is a
+    round trip to the server, and only concurrency hides those. A call within one file is read
+    on the caller's thread, where a hand-off would cost more than it could save.
     """
 
     def __init__(
@@ -130,12 +128,10 @@ class PayloadReader:
         max_workers: int = DEFAULT_WORKERS,
         retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
         sleep: Callable[[float], None] = time.sleep,
-        inline_bytes: int = DEFAULT_INLINE_BYTES,
     ) -> None:
         self.root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
         self.max_workers = max_workers
         self.retry_delays = tuple(retry_delays)
-        self.inline_bytes = inline_bytes
         self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="payload-read")
         # (type(fill), fill, dtype) -> fill fits dtype: numpy's cast check costs a microsecond,
@@ -269,7 +265,7 @@ class PayloadReader:
             by_file.setdefault(seg.file, []).append(seg)
         jobs = self._resolve(by_file)
         plan = _Plan(out, lo, uniform)
-        if len(jobs) <= 1 or self.max_workers <= 1 or out.nbytes <= self.inline_bytes:
+        if len(jobs) <= 1 or self.max_workers <= 1:
             self._read_files(plan, jobs)
             return
         chunk = math.ceil(len(jobs) / self.max_workers)
@@ -300,32 +296,30 @@ class PayloadReader:
         for file, path, segs in jobs:
             if flat is not None and len(segs) == 1:
                 # The common shape of a call (a file per sample, rows that are the output's)
-                # read with nothing between the system calls; anything but a full first read
-                # falls through to the general pass below, which reopens the file.
+                # read with nothing between the system calls: the first of the attempts.
                 seg = segs[0]
                 start = (seg.pos - lo) * row_bytes
                 view = flat[start : start + seg.rows * row_bytes]
                 try:
                     fd = os.open(path, _OPEN_FLAGS)
                 except FileNotFoundError:
-                    fd = -1
-                if fd >= 0:
-                    try:
-                        got = os.preadv(fd, [view], seg.offset)
-                    finally:
-                        os.close(fd)
-                    if got == len(view):
-                        continue
-                targets = [(seg, view, None)]
-            else:
-                targets = [target(seg) for seg in segs]
-            pending, short = _read_once(path, targets)
+                    self._retry(file, path, [(seg, view, None)], (seg, -1))
+                    continue
+                try:
+                    got = _pread_into(fd, view, seg.offset)
+                finally:
+                    os.close(fd)
+                if got < len(view):
+                    self._retry(file, path, [(seg, view, None)], (seg, got))
+                continue
+            pending, short = _read_once(path, [target(seg) for seg in segs])
             if pending:
                 self._retry(file, path, pending, short)
 
     def _retry(
         self, file: str, path: str, pending: list[_Target], short: tuple[Segment, int]
     ) -> None:
+        """After a first pass left ``pending`` short: back off, reopen, read again; then raise."""
         for delay in self.retry_delays:
             self._sleep(delay)
             pending, short = _read_once(path, pending)
@@ -356,7 +350,7 @@ class _Plan:
             start = (seg.pos - self.lo) * self.row_bytes
             return seg, self.flat[start : start + seg.rows * self.row_bytes], None
         dest = self.out[seg.pos - self.lo : seg.end - self.lo]
-        if seg.shape == dest.shape[1:] and np.dtype(seg.dtype) == dest.dtype:
+        if seg.shape == dest.shape[1:] and _DTYPES[seg.dtype] == dest.dtype:
             return seg, memoryview(dest).cast("B"), None
         buf = np.empty((seg.rows, *seg.shape), dtype=seg.dtype)
         return seg, memoryview(buf).cast("B"), (dest[(slice(None), *map(slice, seg.shape))], buf)

@@ -23,10 +23,30 @@ def root(tmp_path):
     return PayloadRoot(path)
 
 
-@pytest.fixture
-def reader(root):
-    with PayloadReader(root, max_workers=4, sleep=lambda _: None) as r:
+# A call of several files is read on the pool, or on the caller's thread with one worker; a call
+# of one segment always on the caller's thread (PayloadReader._read_one). The tests that take
+# `reader` run with both; the path-safety and short-read tests also with the bad segment alone
+# and beside a good one in another file, so that every way a file is opened is covered.
+@pytest.fixture(params=[4, 1], ids=["pool", "inline"])
+def reader(request, root):
+    with PayloadReader(root, max_workers=request.param, sleep=lambda _: None) as r:
         yield r
+
+
+@pytest.fixture(params=["alone", "beside another file"])
+def read_with(request, root):
+    """Read ``routed_experts`` from ``seg`` (4 uint8 per row, at 0) alone, or followed by a good
+    row of another file (a file of one segment that matches the output: the pass without a plan
+    target); the rows ``[0, seg.end)`` of the result are ``seg``'s."""
+    beside = request.param != "alone"
+    other = write(root, 7, "routed_experts", np.ones((1, 4), np.uint8), pos=0) if beside else None
+
+    def read(reader, seg):
+        if other is None:
+            return reader.read([seg], "routed_experts", 0, seg.end)
+        return reader.read([seg, other.shift(seg.end)], "routed_experts", 0, seg.end + 1)
+
+    return read
 
 
 def write(root, version, field, rows, pos):
@@ -101,56 +121,74 @@ def test_bad_ranges_and_fills(root, reader):
         reader.read([seg], "routed_experts", 0, 4, row_shape=(1,))
 
 
-def test_segment_outside_the_root_is_refused(tmp_path, root, reader):
+def test_segment_outside_the_root_is_refused(tmp_path, root, reader, read_with):
     outside = tmp_path / "v1"
     outside.mkdir()
     (outside / "x.bin").write_bytes(b"\0" * 16)
     seg = Segment("routed_experts", str(outside / "x.bin"), 0, 0, 1, "uint8", (4,))
     with pytest.raises(PayloadPathError, match="not inside the payload root"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_symlinked_file_is_not_followed(tmp_path, root, reader):
+def test_symlinked_file_is_not_followed(tmp_path, root, reader, read_with):
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * 16)
     (root.path / "v1").mkdir()
     (root.path / "v1" / "x.bin").symlink_to(secret)
     seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
     with pytest.raises(OSError, match="Too many levels of symbolic links"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_symlinked_version_dir_is_refused(tmp_path, root, reader):
+def test_symlinked_version_dir_is_refused(tmp_path, root, reader, read_with):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "x.bin").write_bytes(b"s" * 16)
     (root.path / "v1").symlink_to(tmp_path / "elsewhere")
     seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
     with pytest.raises(PayloadPathError, match="symlink"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_file_that_stays_short_raises_with_the_numbers(root):
+def test_symlinked_version_dir_is_refused_on_every_call(tmp_path, root, reader, read_with):
+    """A version directory that was real at one call and a symlink at the next is refused:
+    nothing of the first call's checks is kept."""
+    rows = np.full((1, 4), 3, np.uint8)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    assert read_with(reader, seg)[0].tolist() == [3] * 4
+    (root.path / "v1").rename(tmp_path / "moved")
+    (root.path / "v1").symlink_to(tmp_path / "moved")
+    with pytest.raises(PayloadPathError, match="symlink"):
+        read_with(reader, seg)
+
+
+@pytest.mark.parametrize("workers", [4, 1], ids=["pool", "inline"])
+def test_file_that_stays_short_raises_with_the_numbers(root, read_with, workers):
     (root.path / "v1").mkdir()
     path = root.path / "v1" / "short.bin"
     path.write_bytes(b"\1" * 10)
     seg = Segment("routed_experts", str(path), 4, 0, 2, "uint8", (4,))
     sleeps = []
-    with PayloadReader(root, sleep=sleeps.append) as reader, pytest.raises(ShortReadError) as info:
-        reader.read([seg], "routed_experts", 0, 2)
+    with (
+        PayloadReader(root, max_workers=workers, sleep=sleeps.append) as reader,
+        pytest.raises(ShortReadError) as info,
+    ):
+        read_with(reader, seg)
     err = info.value
     assert (err.file, err.offset, err.expected, err.received) == (str(path), 4, 8, 6)
     assert "offset 4 expected 8 bytes" in str(err) and "gave 6 bytes" in str(err)
     assert sleeps == [0.1, 0.2, 0.4, 0.8]
 
 
-def test_missing_file_raises_after_retries(root):
+def test_missing_file_raises_after_retries(root, reader, read_with):
     seg = Segment("routed_experts", "v1/gone.bin", 0, 0, 2, "uint8", (4,))
-    with PayloadReader(root, sleep=lambda _: None) as reader, pytest.raises(ShortReadError) as info:
-        reader.read([seg], "routed_experts", 0, 2)
+    with pytest.raises(ShortReadError) as info:
+        read_with(reader, seg)
     assert "was missing" in str(info.value) and info.value.received == 0
+    assert "after 5 attempts" in str(info.value)
 
 
-def test_short_read_completed_by_another_thread_while_retrying(root):
+@pytest.mark.parametrize("workers", [4, 1], ids=["pool", "inline"])
+def test_short_read_completed_by_another_thread_while_retrying(root, read_with, workers):
     """A writer on another node finishes the file while the reader backs off."""
     rows = np.arange(64 * 4, dtype=np.uint8).reshape(64, 4)
     data = rows.tobytes()
@@ -172,10 +210,10 @@ def test_short_read_completed_by_another_thread_while_retrying(root):
             t.start()
             t.join()
 
-    with PayloadReader(root, sleep=sleep) as reader:
-        out = reader.read([seg], "routed_experts", 0, 64)
+    with PayloadReader(root, max_workers=workers, sleep=sleep) as reader:
+        out = read_with(reader, seg)
     assert finished.is_set()
-    np.testing.assert_array_equal(out, rows)
+    np.testing.assert_array_equal(out[:64], rows)
 
 
 def test_short_read_real_backoff_with_concurrent_writer(root):
