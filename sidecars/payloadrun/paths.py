@@ -22,7 +22,7 @@ _VERSION_DIR = re.compile(r"v(0|[1-9][0-9]{0,17})")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 # ``v<k>/<name>`` in one match: the two patterns above joined by the only "/" allowed. No part can
 # be "." or ".." (a name starts with a letter or digit), nor hold a NUL, backslash or percent sign.
-_VERSION_AND_FILE = re.compile(r"v(?:0|[1-9][0-9]{0,17})/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_VERSION_AND_FILE = re.compile(r"(v(?:0|[1-9][0-9]{0,17}))/([A-Za-z0-9][A-Za-z0-9._-]{0,254})")
 
 
 class PayloadPathError(ValueError):
@@ -88,9 +88,12 @@ class PayloadRoot:
         self.path = Path(real)
         self._real = real
         self._given = os.path.normpath(os.path.abspath(given))
-        # Absolute prefixes that are the root by their spelling alone (the fast path of
-        # payload_file_strs); "/" + "/" would be "//", so a root of "/" has none.
-        self._prefixes = tuple({f"{p}/" for p in (real, self._given) if p != "/"})
+        # The fast path of payload_file_strs: v<k>/<name>, bare or under a spelling of the root
+        # that is the root by its letters alone ("/" has none: "/" + "/" would be "//").
+        prefixes = "|".join(re.escape(f"{p}/") for p in {real, self._given} if p != "/")
+        self._fast_file = re.compile(
+            (f"(?:{prefixes})?" if prefixes else "") + _VERSION_AND_FILE.pattern
+        )
 
     def __repr__(self) -> str:
         return f"PayloadRoot({str(self.path)!r})"
@@ -175,16 +178,9 @@ class PayloadRoot:
         pattern match, without building a :class:`PayloadFile`; any other form takes the full
         check, so both accept and refuse exactly the same names.
         """
-        if type(file) is str:
-            rest = file
-            if file[:1] == "/":
-                for prefix in self._prefixes:
-                    if file.startswith(prefix):
-                        rest = file[len(prefix) :]
-                        break
-            if _VERSION_AND_FILE.fullmatch(rest):
-                path = f"{self._real}/{rest}"
-                return path[: path.rindex("/")], path
+        if type(file) is str and (m := self._fast_file.fullmatch(file)):
+            parent = f"{self._real}/{m[1]}"
+            return parent, f"{parent}/{m[2]}"
         checked = self.payload_file(file, follow_check=False)
         return checked.dir_str, checked.path_str
 

@@ -23,13 +23,22 @@ def root(tmp_path):
     return PayloadRoot(path)
 
 
-# A call of several files is read on the pool, or on the caller's thread with one worker; a call
-# of one segment always on the caller's thread (PayloadReader._read_one). The tests that take
-# `reader` run with both; the path-safety and short-read tests also with the bad segment alone
-# and beside a good one in another file, so that every way a file is opened is covered.
-@pytest.fixture(params=[4, 1], ids=["pool", "inline"])
+# How a call of several files is read: handed to the pool after its first file ("pool"), on the
+# caller's thread while files come fast ("fast files": the page cache never takes an hour), or by
+# a reader of one thread. A call of one segment is always read on the caller's thread
+# (PayloadReader._read_one). Tests that take `reader` run all three; the path-safety and
+# short-read tests also with the bad segment alone and beside a good one in another file, so that
+# every way a file is opened is covered.
+READERS = {
+    "pool": {"max_workers": 4, "slow_file_ns": 0},
+    "fast files": {"max_workers": 4, "slow_file_ns": 3600 * 10**9},
+    "one thread": {"max_workers": 1},
+}
+
+
+@pytest.fixture(params=list(READERS))
 def reader(request, root):
-    with PayloadReader(root, max_workers=request.param, sleep=lambda _: None) as r:
+    with PayloadReader(root, sleep=lambda _: None, **READERS[request.param]) as r:
         yield r
 
 
@@ -161,15 +170,15 @@ def test_symlinked_version_dir_is_refused_on_every_call(tmp_path, root, reader, 
         read_with(reader, seg)
 
 
-@pytest.mark.parametrize("workers", [4, 1], ids=["pool", "inline"])
-def test_file_that_stays_short_raises_with_the_numbers(root, read_with, workers):
+@pytest.mark.parametrize("how", list(READERS))
+def test_file_that_stays_short_raises_with_the_numbers(root, read_with, how):
     (root.path / "v1").mkdir()
     path = root.path / "v1" / "short.bin"
     path.write_bytes(b"\1" * 10)
     seg = Segment("routed_experts", str(path), 4, 0, 2, "uint8", (4,))
     sleeps = []
     with (
-        PayloadReader(root, max_workers=workers, sleep=sleeps.append) as reader,
+        PayloadReader(root, sleep=sleeps.append, **READERS[how]) as reader,
         pytest.raises(ShortReadError) as info,
     ):
         read_with(reader, seg)
@@ -187,8 +196,8 @@ def test_missing_file_raises_after_retries(root, reader, read_with):
     assert "after 5 attempts" in str(info.value)
 
 
-@pytest.mark.parametrize("workers", [4, 1], ids=["pool", "inline"])
-def test_short_read_completed_by_another_thread_while_retrying(root, read_with, workers):
+@pytest.mark.parametrize("how", list(READERS))
+def test_short_read_completed_by_another_thread_while_retrying(root, read_with, how):
     """A writer on another node finishes the file while the reader backs off."""
     rows = np.arange(64 * 4, dtype=np.uint8).reshape(64, 4)
     data = rows.tobytes()
@@ -210,7 +219,7 @@ def test_short_read_completed_by_another_thread_while_retrying(root, read_with, 
             t.start()
             t.join()
 
-    with PayloadReader(root, max_workers=workers, sleep=sleep) as reader:
+    with PayloadReader(root, sleep=sleep, **READERS[how]) as reader:
         out = read_with(reader, seg)
     assert finished.is_set()
     np.testing.assert_array_equal(out[:64], rows)
@@ -238,13 +247,26 @@ def test_read_field_one_off(root):
     assert read_field([seg], "routed_experts", 0, 2, root=root.path).sum() == 2
 
 
-def test_many_files_read_concurrently(root):
+@pytest.mark.parametrize(("slow_file_ns", "on_pool"), [(0, 299), (3600 * 10**9, 0)])
+def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns, on_pool):
+    """Files go to the pool after the first run of files slower than slow_file_ns a file (any
+    file is slower than 0 ns, none takes an hour); before, on the caller's thread."""
     rng = np.random.default_rng(5)
     expected = rng.integers(0, 256, (300, 6, 2)).astype(np.uint8)
     segs = [write(root, i % 3, "routed_experts", expected[i : i + 1], pos=i) for i in range(300)]
-    with PayloadReader(root, max_workers=8) as reader:
+    opened_by = []
+    real_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        if str(path).endswith(".bin"):
+            opened_by.append(threading.current_thread() is threading.main_thread())
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    with PayloadReader(root, max_workers=8, slow_file_ns=slow_file_ns) as reader:
         out = reader.read(segs[::-1], "routed_experts", 0, 300)
     np.testing.assert_array_equal(out, expected)
+    assert len(opened_by) == 300 and opened_by.count(False) == on_pool
 
 
 @pytest.mark.torch
