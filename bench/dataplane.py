@@ -236,11 +236,10 @@ def bench_micro_batch(
     buf = np.empty((hi, 64), np.int32)
     view = memoryview(buf).cast("B")
     per = rows.nbytes
-    paths = [(seg.file, view[j * per : (j + 1) * per]) for j, seg in enumerate(segs)]
 
     def raw() -> None:
-        for path, part in paths:
-            raw_read(path, part)
+        for j, seg in enumerate(segs):
+            raw_read(seg.file, view[j * per : (j + 1) * per])
 
     raw()  # page cache warm
     results = []

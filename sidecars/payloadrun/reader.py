@@ -61,8 +61,8 @@ class SegmentOverlapError(ValueError):
 
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     """Read into ``view`` from ``offset`` until it is full or the file ends; bytes read."""
-    got = 0
-    while got < len(view):
+    got = os.preadv(fd, [view], offset)  # all of it, but at the end of a file or on a signal
+    while 0 < got < len(view):
         n = os.preadv(fd, [view[got:]], offset + got)
         if n == 0:
             break
