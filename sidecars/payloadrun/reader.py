@@ -1,9 +1,10 @@
 """Reading one field over a token range from payload segments, on the trainer side.
 
 The reader turns the segments of a sample (or a whole micro-batch) into one array with a row per
-token position in ``[lo, hi)``. Segments can point into any number of files; files are read
-concurrently, and rows whose shape and dtype already match the output are read straight into it
-(``preadv`` into the output's memory, no intermediate buffer).
+token position in ``[lo, hi)``. Segments can point into any number of files; files that come
+slowly (from a server rather than the page cache) are read concurrently, and rows whose shape and
+dtype already match the output are read straight into it (``preadv`` into the output's memory, no
+intermediate buffer).
 
 A shared filesystem may show a file shorter than it is for a moment after another node wrote it
 (attribute caches, close-to-open visibility). A short read therefore closes the file, waits,
@@ -119,9 +120,11 @@ def _check_no_overlap(chosen: Sequence[Segment], lo: int, hi: int) -> bool:
 class PayloadReader:
     """Reads payload fields from files under one root, with a pool of reader threads.
 
-    The pool takes a call that spans several files: on the shared filesystem every open is a
-    round trip to the server, and only concurrency hides those. A call within one file is read
-    on the caller's thread, where a hand-off would cost more than it could save.
+    A call within one file is read on the caller's thread, where a hand-off would cost more
+    than it could save; so is a call of several files while they come fast (see
+    :meth:`_read_while_fast`). The pool takes the rest once a file is slower than
+    ``slow_file_ns``: on the shared filesystem every open is a round trip to the server, and
+    only concurrency hides those.
     """
 
     def __init__(
