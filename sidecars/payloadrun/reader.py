@@ -182,7 +182,7 @@ class PayloadReader:
         for s in segments:  # a loop, not a comprehension: one frame less per call
             if s.field != field:
                 continue
-            if lo <= s.pos and s.pos + s.rows <= hi:
+            if lo <= s.pos and s.pos + s.rows <= hi and s.rows:
                 chosen.append(s)  # inside the range already, as most are
             elif (c := s.clip(lo, hi)) is not None:
                 chosen.append(c)

@@ -107,6 +107,16 @@ def test_other_fields_are_ignored_and_final_token_row_is_repeated(root, reader):
     np.testing.assert_array_equal(out[3], rows[2])
 
 
+def test_empty_segments_are_ignored(root, reader):
+    """A segment of no rows covers nothing: not read (its file may be gone), never overlapping."""
+    rows = np.arange(8, dtype=np.uint8).reshape(4, 2)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    empty = Segment("routed_experts", "v1/gone.bin", 0, 2, 0, "uint8", (2,))
+    np.testing.assert_array_equal(reader.read([empty, seg], "routed_experts", 0, 4), rows)
+    with pytest.raises(ValueError, match="no segment of field 'routed_experts' covers"):
+        reader.read([empty], "routed_experts", 0, 4)
+
+
 def test_no_segment_needs_shape_and_dtype(reader):
     with pytest.raises(ValueError, match="no segment of field 'routed_experts' covers"):
         reader.read([], "routed_experts", 0, 3)
