@@ -20,6 +20,9 @@ from pathlib import Path
 
 _VERSION_DIR = re.compile(r"v(0|[1-9][0-9]{0,17})")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# ``v<k>/<name>`` in one match: the two patterns above joined by the only "/" allowed. No part can
+# be "." or ".." (a name starts with a letter or digit), nor hold a NUL, backslash or percent sign.
+_VERSION_AND_FILE = re.compile(r"(v(?:0|[1-9][0-9]{0,17}))/([A-Za-z0-9][A-Za-z0-9._-]{0,254})")
 
 
 class PayloadPathError(ValueError):
@@ -85,6 +88,12 @@ class PayloadRoot:
         self.path = Path(real)
         self._real = real
         self._given = os.path.normpath(os.path.abspath(given))
+        # The fast path of payload_file_strs: v<k>/<name>, bare or under a spelling of the root
+        # that is the root by its letters alone ("/" has none: "/" + "/" would be "//").
+        prefixes = "|".join(re.escape(f"{p}/") for p in {real, self._given} if p != "/")
+        self._fast_file = re.compile(
+            (f"(?:{prefixes})?" if prefixes else "") + _VERSION_AND_FILE.pattern
+        )
 
     def __repr__(self) -> str:
         return f"PayloadRoot({str(self.path)!r})"
@@ -159,6 +168,21 @@ class PayloadRoot:
             self._refuse_symlink(checked.dir_str, file, "payload file")
             self._refuse_symlink(checked.path_str, file, "payload file")
         return checked
+
+    def payload_file_strs(self, file: object) -> tuple[str, str]:
+        """``(version directory, file path)`` of ``file`` under the real root, checked as by
+        :meth:`payload_file` with ``follow_check=False`` (the same errors, the same paths).
+
+        The reader resolves every segment's file on every call; this is its hot path. A file
+        given as ``v<k>/<name>`` or as that under the root's own spelling is decided by one
+        pattern match, without building a :class:`PayloadFile`; any other form takes the full
+        check, so both accept and refuse exactly the same names.
+        """
+        if type(file) is str and (m := self._fast_file.fullmatch(file)):
+            parent = f"{self._real}/{m[1]}"
+            return parent, f"{parent}/{m[2]}"
+        checked = self.payload_file(file, follow_check=False)
+        return checked.dir_str, checked.path_str
 
     def check_version_dir(self, path: str | Path, given: object) -> None:
         """Refuse a version directory that is a symlink (it could lead out of the root)."""

@@ -1,9 +1,10 @@
 """Reading one field over a token range from payload segments, on the trainer side.
 
 The reader turns the segments of a sample (or a whole micro-batch) into one array with a row per
-token position in ``[lo, hi)``. Segments can point into any number of files; files are read
-concurrently, and rows whose shape and dtype already match the output are read straight into it
-(``preadv`` into the output's memory, no intermediate buffer).
+token position in ``[lo, hi)``. Segments can point into any number of files; files that come
+slowly (from a server rather than the page cache) are read concurrently, and rows whose shape and
+dtype already match the output are read straight into it (``preadv`` into the output's memory, no
+intermediate buffer).
 
 A shared filesystem may show a file shorter than it is for a moment after another node wrote it
 (attribute caches, close-to-open visibility). A short read therefore closes the file, waits,
@@ -18,16 +19,23 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from itertools import pairwise
+from operator import attrgetter
+from stat import S_ISLNK
 from typing import Any
 
 import numpy as np
 
 from payloadrun.paths import PayloadRoot
-from payloadrun.segments import FIELD_FILL, Segment
+from payloadrun.segments import ALLOWED_DTYPES, FIELD_FILL, Segment
 
 DEFAULT_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8)
 DEFAULT_WORKERS = 16
+# A file that takes longer than this to open and read is not in the page cache: hand the rest
+# of the call to the pool (a 1 MiB copy from the page cache takes about 50 us).
+DEFAULT_SLOW_FILE_NS = 200_000
+_FILL_CACHE_SIZE = 256
+_BY_POS = attrgetter("pos")
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # np.dtype(str) costs a microsecond
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -54,8 +62,8 @@ class SegmentOverlapError(ValueError):
 
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     """Read into ``view`` from ``offset`` until it is full or the file ends; bytes read."""
-    got = 0
-    while got < len(view):
+    got = os.preadv(fd, [view], offset)  # all of it, but at the end of a file or on a signal
+    while 0 < got < len(view):
         n = os.preadv(fd, [view[got:]], offset + got)
         if n == 0:
             break
@@ -85,20 +93,39 @@ def _out_row_shape(chosen: Sequence[Segment], row_shape: Sequence[int] | None) -
     return row_shape
 
 
-def _check_no_overlap(chosen: Sequence[Segment]) -> bool:
-    """Raise if two segments cover one position; True when they tile their span with no gap."""
-    ordered = sorted(chosen, key=lambda s: s.pos)
-    for a, b in pairwise(ordered):
-        if b.pos < a.end:
+def _uniform(kinds: set[tuple[str, tuple[int, ...]]], out_dtype: np.dtype, shape: tuple) -> bool:
+    """Whether the one kind of row in ``kinds`` is the output's dtype and row shape."""
+    ((seg_dtype, seg_shape),) = kinds
+    return seg_shape == shape and _DTYPES[seg_dtype] == out_dtype
+
+
+def _check_no_overlap(chosen: Sequence[Segment], lo: int, hi: int) -> bool:
+    """Raise if two segments cover one position; True when they tile ``[lo, hi)`` exactly."""
+    ordered = sorted(chosen, key=_BY_POS)
+    tiled = ordered[0].pos == lo
+    prev = ordered[0]
+    prev_end = prev.pos + prev.rows
+    for seg in ordered[1:]:
+        if seg.pos < prev_end:
             raise SegmentOverlapError(
-                f"segments of {a.field!r} overlap: {a.file!r} covers [{a.pos}, {a.end}) and "
-                f"{b.file!r} covers [{b.pos}, {b.end}); clip them to disjoint ranges first"
+                f"segments of {prev.field!r} overlap: {prev.file!r} covers [{prev.pos}, "
+                f"{prev_end}) and {seg.file!r} covers [{seg.pos}, {seg.end}); clip them to "
+                "disjoint ranges first"
             )
-    return all(a.end == b.pos for a, b in pairwise(ordered))
+        tiled = tiled and seg.pos == prev_end
+        prev, prev_end = seg, seg.pos + seg.rows
+    return tiled and prev_end == hi
 
 
 class PayloadReader:
-    """Reads payload fields from files under one root, with a pool of reader threads."""
+    """Reads payload fields from files under one root, with a pool of reader threads.
+
+    A call within one file is read on the caller's thread, where a hand-off would cost more
+    than it could save; so is a call of several files while they come fast (see
+    :meth:`_read_while_fast`). The pool takes the rest once a file is slower than
+    ``slow_file_ns``: on the shared filesystem every open is a round trip to the server, and
+    only concurrency hides those.
+    """
 
     def __init__(
         self,
@@ -107,12 +134,17 @@ class PayloadReader:
         max_workers: int = DEFAULT_WORKERS,
         retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
         sleep: Callable[[float], None] = time.sleep,
+        slow_file_ns: int = DEFAULT_SLOW_FILE_NS,
     ) -> None:
         self.root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
         self.max_workers = max_workers
         self.retry_delays = tuple(retry_delays)
+        self.slow_file_ns = slow_file_ns
         self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="payload-read")
+        # (type(fill), fill, dtype) -> fill fits dtype: numpy's cast check costs a microsecond,
+        # and a trainer asks the same few questions on every call.
+        self._fill_fits: dict[tuple[type, int | float, np.dtype], bool] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -146,21 +178,40 @@ class PayloadReader:
         """
         if hi < lo:
             raise ValueError(f"read range [{lo}, {hi}) is reversed")
-        chosen = [c for s in segments if s.field == field and (c := s.clip(lo, hi)) is not None]
-        if not chosen and (row_shape is None or dtype is None):
+        chosen = []
+        for s in segments:  # a loop, not a comprehension: one frame less per call
+            if s.field != field:
+                continue
+            if lo <= s.pos and s.pos + s.rows <= hi and s.rows:
+                chosen.append(s)  # inside the range already, as most are
+            elif (c := s.clip(lo, hi)) is not None:
+                chosen.append(c)
+        if len(chosen) == 1:
+            # one segment (a sample in one file): no overlap to check, no kinds to merge
+            (seg,) = chosen
+            kinds = {(seg.dtype, seg.shape)}
+            covered = seg.rows == hi - lo
+        else:
+            kinds = {(s.dtype, s.shape) for s in chosen}
+            covered = bool(chosen) and _check_no_overlap(chosen, lo, hi)
+        if len(kinds) == 1 and dtype is None and row_shape is None:
+            # the common case, one dtype and one row shape: no promotion, no widening
+            ((seg_dtype, shape),) = kinds
+            out_dtype = _DTYPES[seg_dtype]
+            uniform = True
+        elif not chosen and (row_shape is None or dtype is None):
             raise ValueError(
                 f"no segment of field {field!r} covers [{lo}, {hi}); pass row_shape and dtype "
                 "to get an all-fill array"
             )
-        out_dtype = _out_dtype(chosen, dtype)
-        shape = _out_row_shape(chosen, row_shape) if chosen else tuple(row_shape or ())
+        else:
+            out_dtype = _out_dtype(chosen, dtype)
+            shape = _out_row_shape(chosen, row_shape) if chosen else tuple(row_shape or ())
+            uniform = len(kinds) == 1 and _uniform(kinds, out_dtype, shape)
         fill = FIELD_FILL.get(field, 0) if fill is None else fill
-        if not np.can_cast(np.min_scalar_type(fill), out_dtype, casting="safe"):
-            raise ValueError(f"fill {fill!r} does not fit the output dtype {out_dtype}")
+        if not self._fill_fits.get((type(fill), fill, out_dtype)):
+            self._check_fill(fill, out_dtype)
 
-        tiled = _check_no_overlap(chosen)
-        covered = sum(s.rows for s in chosen) == hi - lo and tiled
-        uniform = all(s.shape == shape for s in chosen)
         if out is None:
             out = np.empty((hi - lo, *shape), dtype=out_dtype)
         elif out.shape != (hi - lo, *shape) or out.dtype != out_dtype or not out.flags.c_contiguous:
@@ -170,93 +221,199 @@ class PayloadReader:
             )
         if not (covered and uniform):
             out.fill(fill)
-        self._read_into(out, chosen, lo)
+        if len(chosen) == 1 and uniform:
+            self._read_one(out, chosen[0], lo)
+        elif chosen:
+            self._read_into(out, chosen, lo, uniform)
         if as_torch:
             import torch
 
             return torch.from_numpy(out)
         return out
 
-    def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int) -> None:
+    def _check_fill(self, fill: int | float, out_dtype: np.dtype) -> None:
+        key = (type(fill), fill, out_dtype)
+        fits = self._fill_fits.get(key)
+        if fits is None:
+            fits = bool(np.can_cast(np.min_scalar_type(fill), out_dtype, casting="safe"))
+            if len(self._fill_fits) < _FILL_CACHE_SIZE:
+                self._fill_fits[key] = fits
+        if not fits:
+            raise ValueError(f"fill {fill!r} does not fit the output dtype {out_dtype}")
+
+    def _read_one(self, out: np.ndarray, seg: Segment, lo: int) -> None:
+        """Read one segment whose rows are ``out``'s, straight through on the caller's thread.
+
+        The general path's grouping, plan and hand-off cost little, but a call that copies a
+        MiB has just evicted the caches they run in: every object and function it touches costs
+        a cache miss, so this one touches as few as it can.
+        """
+        parent, path = self.root.payload_file_strs(seg.file)
+        self._check_version_dir(parent, seg.file)
+        row_bytes = out.nbytes // len(out)
+        start = (seg.pos - lo) * row_bytes
+        view = memoryview(out).cast("B")[start : start + seg.rows * row_bytes]
+        pending, short = _read_once(path, [(seg, view, None)])
+        if pending:
+            self._retry(seg.file, path, pending, short)
+
+    def _check_version_dir(self, parent: str, file: str) -> None:
+        try:
+            is_link = S_ISLNK(os.lstat(parent).st_mode)
+        except FileNotFoundError:
+            return  # the file's open will say it is missing, and retry
+        if is_link:
+            self.root.check_version_dir(parent, file)  # raises, naming the symlink
+
+    def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int, uniform: bool) -> None:
+        """Read every segment into ``out``; ``uniform``: every segment's rows are ``out``'s."""
         by_file: dict[str, list[Segment]] = {}
         for seg in chosen:
             by_file.setdefault(seg.file, []).append(seg)
         jobs = self._resolve(by_file)
+        plan = _Plan(out, lo, uniform)
         if len(jobs) <= 1 or self.max_workers <= 1:
-            self._read_files(out, jobs, lo)
+            self._read_files(plan, jobs)
+            return
+        jobs = self._read_while_fast(plan, jobs)
+        if not jobs:
             return
         chunk = math.ceil(len(jobs) / self.max_workers)
         futures = [
-            self._pool.submit(self._read_files, out, jobs[i : i + chunk], lo)
+            self._pool.submit(self._read_files, plan, jobs[i : i + chunk])
             for i in range(0, len(jobs), chunk)
         ]
         wait(futures)  # every thread has stopped writing into `out` before anything is raised
         for fut in futures:
             fut.result()
 
+    def _read_while_fast(self, plan: _Plan, jobs: list[_Job]) -> list[_Job]:
+        """Read files on this thread while they come fast; the ones left for the pool.
+
+        Files in the page cache take microseconds each, less than handing them to threads
+        that then take turns on the GIL; files from a server take a round trip each, which
+        only concurrency hides. So files are read here in runs of 1, 2, 4, ... up to 64, and
+        the first run slower than ``slow_file_ns`` a file sends the rest to the pool.
+        """
+        clock = time.perf_counter_ns
+        done, run = 0, 1
+        while done < len(jobs):
+            t0 = clock()
+            self._read_files(plan, jobs[done : done + run])
+            done += run
+            if clock() - t0 > self.slow_file_ns * run:
+                break
+            run = min(2 * run, 64)
+        return jobs[done:]
+
     def _resolve(self, by_file: dict[str, list[Segment]]) -> list[tuple[str, str, list[Segment]]]:
         """Check every file name once and every version directory once."""
         jobs = []
         dirs_checked: set[str] = set()
+        resolve = self.root.payload_file_strs
         for file, segs in by_file.items():
-            checked = self.root.payload_file(file, follow_check=False)
-            parent = checked.dir_str
+            parent, path = resolve(file)
             if parent not in dirs_checked:
-                self.root.check_version_dir(parent, file)
+                self._check_version_dir(parent, file)
                 dirs_checked.add(parent)
-            jobs.append((file, checked.path_str, segs))
+            jobs.append((file, path, segs))
         return jobs
 
-    def _read_files(
-        self, out: np.ndarray, jobs: list[tuple[str, str, list[Segment]]], lo: int
-    ) -> None:
+    def _read_files(self, plan: _Plan, jobs: list[tuple[str, str, list[Segment]]]) -> None:
+        """One open-read-close pass per file; the retries only for a file that came up short."""
+        flat, lo, row_bytes, target = plan.flat, plan.lo, plan.row_bytes, plan.target
         for file, path, segs in jobs:
-            self._read_file(out, file, path, segs, lo)
+            if flat is not None and len(segs) == 1:
+                # The common shape of a call (a file per sample, rows that are the output's)
+                # read with nothing between the system calls: the first of the attempts.
+                seg = segs[0]
+                start = (seg.pos - lo) * row_bytes
+                view = flat[start : start + seg.rows * row_bytes]
+                try:
+                    fd = os.open(path, _OPEN_FLAGS)
+                except FileNotFoundError:
+                    self._retry(file, path, [(seg, view, None)], (seg, -1))
+                    continue
+                try:
+                    got = _pread_into(fd, view, seg.offset)
+                finally:
+                    os.close(fd)
+                if got < len(view):
+                    self._retry(file, path, [(seg, view, None)], (seg, got))
+                continue
+            pending, short = _read_once(path, [target(seg) for seg in segs])
+            if pending:
+                self._retry(file, path, pending, short)
 
-    def _read_file(
-        self, out: np.ndarray, file: str, path: str, segs: list[Segment], lo: int
+    def _retry(
+        self, file: str, path: str, pending: list[_Target], short: tuple[Segment, int]
     ) -> None:
-        targets = []
-        for seg in segs:
-            dest = out[seg.pos - lo : seg.end - lo]
-            if seg.shape == out.shape[1:] and np.dtype(seg.dtype) == out.dtype:
-                targets.append((seg, dest, None))
-            else:
-                targets.append((seg, dest, np.empty((seg.rows, *seg.shape), dtype=seg.dtype)))
-        pending = targets
-        attempts = 0
-        while True:
-            attempts += 1
-            pending, short = self._read_once(path, pending)
+        """After a first pass left ``pending`` short: back off, reopen, read again; then raise."""
+        for delay in self.retry_delays:
+            self._sleep(delay)
+            pending, short = _read_once(path, pending)
             if not pending:
                 return
-            if attempts > len(self.retry_delays):
-                seg, received = short
-                raise ShortReadError(file, seg.offset, seg.nbytes, received, attempts)
-            self._sleep(self.retry_delays[attempts - 1])
+        seg, received = short
+        raise ShortReadError(file, seg.offset, seg.nbytes, received, len(self.retry_delays) + 1)
 
-    @staticmethod
-    def _read_once(path: str, targets: list) -> tuple[list, tuple[Segment, int] | None]:
-        """One open-read-close pass; the targets still short, and the first short one."""
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            return targets, (targets[0][0], -1)
-        short: tuple[Segment, int] | None = None
-        left = []
-        try:
-            for seg, dest, buf in targets:
-                view = memoryview(dest if buf is None else buf).cast("B")
-                got = _pread_into(fd, view, seg.offset)
-                if got < seg.nbytes:
-                    left.append((seg, dest, buf))
-                    short = short or (seg, got)
-                    continue
-                if buf is not None:
-                    dest[(slice(None), *(slice(0, d) for d in seg.shape))] = buf
-        finally:
-            os.close(fd)
-        return left, short
+
+class _Plan:
+    """Where each segment's bytes go in one call's output array."""
+
+    __slots__ = ("flat", "lo", "out", "row_bytes", "uniform")
+
+    def __init__(self, out: np.ndarray, lo: int, uniform: bool) -> None:
+        self.out = out
+        self.lo = lo
+        self.uniform = uniform
+        # A uniform call reads each segment into a byte range of `out`: slicing one flat view is
+        # cheaper than an array slice and a memoryview per segment.
+        self.flat = memoryview(out).cast("B") if uniform else None
+        self.row_bytes = out.itemsize * math.prod(out.shape[1:])
+
+    def target(self, seg: Segment) -> _Target:
+        """Where to read ``seg``: straight into ``out``, or into a staging array whose rows are
+        then copied into their cells of ``out`` when their shape or dtype differ from it."""
+        if self.uniform:
+            start = (seg.pos - self.lo) * self.row_bytes
+            return seg, self.flat[start : start + seg.rows * self.row_bytes], None
+        dest = self.out[seg.pos - self.lo : seg.end - self.lo]
+        if seg.shape == dest.shape[1:] and _DTYPES[seg.dtype] == dest.dtype:
+            return seg, memoryview(dest).cast("B"), None
+        buf = np.empty((seg.rows, *seg.shape), dtype=seg.dtype)
+        return seg, memoryview(buf).cast("B"), (dest[(slice(None), *map(slice, seg.shape))], buf)
+
+
+# (file as given, its checked path, its segments)
+_Job = tuple[str, str, list[Segment]]
+# (segment, the bytes to read it into, and for staged rows (cells of the output, staging array))
+_Target = tuple[Segment, memoryview, tuple[np.ndarray, np.ndarray] | None]
+
+
+def _read_once(
+    path: str, targets: list[_Target]
+) -> tuple[list[_Target], tuple[Segment, int] | None]:
+    """One open-read-close pass; the targets still short, and the first short one."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return targets, (targets[0][0], -1)
+    short: tuple[Segment, int] | None = None
+    left = []
+    try:
+        for target in targets:
+            seg, view, staged = target
+            got = _pread_into(fd, view, seg.offset)
+            if got < len(view):
+                left.append(target)
+                short = short or (seg, got)
+            elif staged is not None:
+                cells, buf = staged
+                cells[...] = buf
+    finally:
+        os.close(fd)
+    return left, short
 
 
 def read_field(

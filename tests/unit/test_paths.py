@@ -128,3 +128,55 @@ def test_version_dirs_lists_only_real_version_directories(tmp_path, root):
     (root.path / "v4").symlink_to(tmp_path)
     assert sorted(root.version_dirs()) == [1, 10]
     assert os.path.isdir(root.version_dirs()[10])
+
+
+FILE_NAMES = [
+    "v2/abc.bin",
+    "v0/a",
+    "v123456789012345678/x.bin",
+    "{root}/v2/abc.bin",
+    "{link}/v2/abc.bin",
+    "{root}/v2/abc.bin/",
+    "v2/abc.bin/",
+    "{root}//v2/abc.bin",
+    "{root}/v2//abc.bin",
+    "{root}/v2/../../etc/passwd",
+    "{root}/v2/./abc.bin",
+    "{root}/v2/.hidden",
+    "{root}/v2/-dash",
+    "{root}/v02/abc.bin",
+    "{root}/v1234567890123456789/x",
+    "{root}/x/abc.bin",
+    "{root}/abc.bin",
+    "{root}x/v2/abc.bin",
+    "{root}/v2/a/b.bin",
+    "/etc/v1/passwd",
+    "/v1/passwd",
+    "v1",
+    "v1/a%2Fb",
+    "v1/a\x00",
+    "v1/a\\b",
+    "v1/" + "a" * 256,
+    "v1/a\n",
+    "",
+    None,
+    7,
+]
+
+
+@pytest.mark.parametrize("value", FILE_NAMES)
+def test_payload_file_strs_accepts_and_refuses_what_payload_file_does(tmp_path, root, value):
+    """The reader's one-pattern fast path is the full check's exact equal, paths included."""
+    link = tmp_path / "mnt"
+    link.symlink_to(root.path)
+    for checker in (root, PayloadRoot(link)):
+        if isinstance(value, str):
+            value = value.format(root=root.path, link=link)
+        try:
+            checked = checker.payload_file(value, follow_check=False)
+        except PayloadPathError as e:
+            with pytest.raises(PayloadPathError) as info:
+                checker.payload_file_strs(value)
+            assert str(info.value) == str(e)
+        else:
+            assert checker.payload_file_strs(value) == (checked.dir_str, checked.path_str)

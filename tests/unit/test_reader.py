@@ -23,10 +23,39 @@ def root(tmp_path):
     return PayloadRoot(path)
 
 
-@pytest.fixture
-def reader(root):
-    with PayloadReader(root, max_workers=4, sleep=lambda _: None) as r:
+# How a call of several files is read: handed to the pool after its first file ("pool"), on the
+# caller's thread while files come fast ("fast files": the page cache never takes an hour), or by
+# a reader of one thread. A call of one segment is always read on the caller's thread
+# (PayloadReader._read_one). Tests that take `reader` run all three; the path-safety and
+# short-read tests also with the bad segment alone and beside a good one in another file, so that
+# every way a file is opened is covered.
+READERS = {
+    "pool": {"max_workers": 4, "slow_file_ns": 0},
+    "fast files": {"max_workers": 4, "slow_file_ns": 3600 * 10**9},
+    "one thread": {"max_workers": 1},
+}
+
+
+@pytest.fixture(params=list(READERS))
+def reader(request, root):
+    with PayloadReader(root, sleep=lambda _: None, **READERS[request.param]) as r:
         yield r
+
+
+@pytest.fixture(params=["alone", "beside another file"])
+def read_with(request, root):
+    """Read ``routed_experts`` from ``seg`` (4 uint8 per row, at 0) alone, or followed by a good
+    row of another file (a file of one segment that matches the output: the pass without a plan
+    target); the rows ``[0, seg.end)`` of the result are ``seg``'s."""
+    beside = request.param != "alone"
+    other = write(root, 7, "routed_experts", np.ones((1, 4), np.uint8), pos=0) if beside else None
+
+    def read(reader, seg):
+        if other is None:
+            return reader.read([seg], "routed_experts", 0, seg.end)
+        return reader.read([seg, other.shift(seg.end)], "routed_experts", 0, seg.end + 1)
+
+    return read
 
 
 def write(root, version, field, rows, pos):
@@ -78,6 +107,16 @@ def test_other_fields_are_ignored_and_final_token_row_is_repeated(root, reader):
     np.testing.assert_array_equal(out[3], rows[2])
 
 
+def test_empty_segments_are_ignored(root, reader):
+    """A segment of no rows covers nothing: not read (its file may be gone), never overlapping."""
+    rows = np.arange(8, dtype=np.uint8).reshape(4, 2)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    empty = Segment("routed_experts", "v1/gone.bin", 0, 2, 0, "uint8", (2,))
+    np.testing.assert_array_equal(reader.read([empty, seg], "routed_experts", 0, 4), rows)
+    with pytest.raises(ValueError, match="no segment of field 'routed_experts' covers"):
+        reader.read([empty], "routed_experts", 0, 4)
+
+
 def test_no_segment_needs_shape_and_dtype(reader):
     with pytest.raises(ValueError, match="no segment of field 'routed_experts' covers"):
         reader.read([], "routed_experts", 0, 3)
@@ -101,56 +140,74 @@ def test_bad_ranges_and_fills(root, reader):
         reader.read([seg], "routed_experts", 0, 4, row_shape=(1,))
 
 
-def test_segment_outside_the_root_is_refused(tmp_path, root, reader):
+def test_segment_outside_the_root_is_refused(tmp_path, root, reader, read_with):
     outside = tmp_path / "v1"
     outside.mkdir()
     (outside / "x.bin").write_bytes(b"\0" * 16)
     seg = Segment("routed_experts", str(outside / "x.bin"), 0, 0, 1, "uint8", (4,))
     with pytest.raises(PayloadPathError, match="not inside the payload root"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_symlinked_file_is_not_followed(tmp_path, root, reader):
+def test_symlinked_file_is_not_followed(tmp_path, root, reader, read_with):
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * 16)
     (root.path / "v1").mkdir()
     (root.path / "v1" / "x.bin").symlink_to(secret)
     seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
     with pytest.raises(OSError, match="Too many levels of symbolic links"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_symlinked_version_dir_is_refused(tmp_path, root, reader):
+def test_symlinked_version_dir_is_refused(tmp_path, root, reader, read_with):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "x.bin").write_bytes(b"s" * 16)
     (root.path / "v1").symlink_to(tmp_path / "elsewhere")
     seg = Segment("routed_experts", "v1/x.bin", 0, 0, 1, "uint8", (4,))
     with pytest.raises(PayloadPathError, match="symlink"):
-        reader.read([seg], "routed_experts", 0, 1)
+        read_with(reader, seg)
 
 
-def test_file_that_stays_short_raises_with_the_numbers(root):
+def test_symlinked_version_dir_is_refused_on_every_call(tmp_path, root, reader, read_with):
+    """A version directory that was real at one call and a symlink at the next is refused:
+    nothing of the first call's checks is kept."""
+    rows = np.full((1, 4), 3, np.uint8)
+    seg = write(root, 1, "routed_experts", rows, pos=0)
+    assert read_with(reader, seg)[0].tolist() == [3] * 4
+    (root.path / "v1").rename(tmp_path / "moved")
+    (root.path / "v1").symlink_to(tmp_path / "moved")
+    with pytest.raises(PayloadPathError, match="symlink"):
+        read_with(reader, seg)
+
+
+@pytest.mark.parametrize("how", list(READERS))
+def test_file_that_stays_short_raises_with_the_numbers(root, read_with, how):
     (root.path / "v1").mkdir()
     path = root.path / "v1" / "short.bin"
     path.write_bytes(b"\1" * 10)
     seg = Segment("routed_experts", str(path), 4, 0, 2, "uint8", (4,))
     sleeps = []
-    with PayloadReader(root, sleep=sleeps.append) as reader, pytest.raises(ShortReadError) as info:
-        reader.read([seg], "routed_experts", 0, 2)
+    with (
+        PayloadReader(root, sleep=sleeps.append, **READERS[how]) as reader,
+        pytest.raises(ShortReadError) as info,
+    ):
+        read_with(reader, seg)
     err = info.value
     assert (err.file, err.offset, err.expected, err.received) == (str(path), 4, 8, 6)
     assert "offset 4 expected 8 bytes" in str(err) and "gave 6 bytes" in str(err)
     assert sleeps == [0.1, 0.2, 0.4, 0.8]
 
 
-def test_missing_file_raises_after_retries(root):
+def test_missing_file_raises_after_retries(root, reader, read_with):
     seg = Segment("routed_experts", "v1/gone.bin", 0, 0, 2, "uint8", (4,))
-    with PayloadReader(root, sleep=lambda _: None) as reader, pytest.raises(ShortReadError) as info:
-        reader.read([seg], "routed_experts", 0, 2)
+    with pytest.raises(ShortReadError) as info:
+        read_with(reader, seg)
     assert "was missing" in str(info.value) and info.value.received == 0
+    assert "after 5 attempts" in str(info.value)
 
 
-def test_short_read_completed_by_another_thread_while_retrying(root):
+@pytest.mark.parametrize("how", list(READERS))
+def test_short_read_completed_by_another_thread_while_retrying(root, read_with, how):
     """A writer on another node finishes the file while the reader backs off."""
     rows = np.arange(64 * 4, dtype=np.uint8).reshape(64, 4)
     data = rows.tobytes()
@@ -172,10 +229,10 @@ def test_short_read_completed_by_another_thread_while_retrying(root):
             t.start()
             t.join()
 
-    with PayloadReader(root, sleep=sleep) as reader:
-        out = reader.read([seg], "routed_experts", 0, 64)
+    with PayloadReader(root, sleep=sleep, **READERS[how]) as reader:
+        out = read_with(reader, seg)
     assert finished.is_set()
-    np.testing.assert_array_equal(out, rows)
+    np.testing.assert_array_equal(out[:64], rows)
 
 
 def test_short_read_real_backoff_with_concurrent_writer(root):
@@ -200,13 +257,26 @@ def test_read_field_one_off(root):
     assert read_field([seg], "routed_experts", 0, 2, root=root.path).sum() == 2
 
 
-def test_many_files_read_concurrently(root):
+@pytest.mark.parametrize(("slow_file_ns", "on_pool"), [(0, 299), (3600 * 10**9, 0)])
+def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns, on_pool):
+    """Files go to the pool after the first run of files slower than slow_file_ns a file (any
+    file is slower than 0 ns, none takes an hour); before, on the caller's thread."""
     rng = np.random.default_rng(5)
     expected = rng.integers(0, 256, (300, 6, 2)).astype(np.uint8)
     segs = [write(root, i % 3, "routed_experts", expected[i : i + 1], pos=i) for i in range(300)]
-    with PayloadReader(root, max_workers=8) as reader:
+    opened_by = []
+    real_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        if str(path).endswith(".bin"):
+            opened_by.append(threading.current_thread() is threading.main_thread())
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    with PayloadReader(root, max_workers=8, slow_file_ns=slow_file_ns) as reader:
         out = reader.read(segs[::-1], "routed_experts", 0, 300)
     np.testing.assert_array_equal(out, expected)
+    assert len(opened_by) == 300 and opened_by.count(False) == on_pool
 
 
 @pytest.mark.torch
