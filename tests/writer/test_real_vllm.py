@@ -174,8 +174,9 @@ def test_real_vllm_answers_pass_through_byte_for_byte(tapped, real_vllm, root, p
 def test_real_vllm_accepts_payload_dir_where_the_writer_reads_it(
     tapped, real_vllm, root, path, body
 ):
-    """vLLM takes the request (``routed_experts_prompt_start`` and n > 1 too); without
-    routed-expert capture (CPU) nothing is inline to move: the answer goes back as vLLM sent it."""
+    """vLLM takes the request (``routed_experts_prompt_start`` and n > 1 too). Without capture
+    (CPU) nothing is inline to move: the answer goes back as vLLM sent it; with capture (a GPU
+    vLLM) the writer answers by handle."""
     writer, tap = tapped
     body = _with_model(real_vllm, path, body)
     args = (
@@ -184,14 +185,20 @@ def test_real_vllm_accepts_payload_dir_where_the_writer_reads_it(
     args["payload_dir"] = f"{root}/v1"
     reply = http("POST", writer.url + path, json.dumps(body).encode(), timeout=120)
     assert reply.status == 200, reply.body[:300]
-    assert reply.headers["x-payloadrun-mode"] == "inline"
     assert "x-payloadrun-fallback" not in reply.headers
-    assert reply.body == tap.bodies[0]
     choices = reply.json()["choices"]
     n = body.get("n", body.get("sampling_params", {}).get("n", 1))
     assert [c["index"] for c in choices] == list(range(n))
-    assert all(c["routed_experts"] is None for c in choices)
-    assert files_under(root) == []
+    sent = json.loads(tap.bodies[0])["choices"]
+    if all(c.get("routed_experts") is None and c.get("sampling_mask") is None for c in sent):
+        # no capture (any CPU vLLM): nothing to move, vLLM's answer as sent
+        assert reply.headers["x-payloadrun-mode"] == "inline"
+        assert reply.body == tap.bodies[0]
+        assert files_under(root) == []
+    else:  # a vLLM with capture on (PAYLOADRUN_VLLM_URL on a GPU): the arrays go to files
+        assert reply.headers["x-payloadrun-mode"] == "handle"
+        assert all(c["routed_experts"] is None and c["payload"] for c in choices)
+        assert files_under(root)
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,7 @@ class VLLMServer(PayloadrunProcess):
         *args: str,
         port: int | None = None,
         log_path: str | os.PathLike[str] | None = None,
-        start_timeout: float = 600.0,
+        start_timeout: float = 300.0,
     ) -> None:
         env_dir = Path(env_dir)
         self.vllm = env_dir / "venv" / "bin" / "vllm"
