@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -172,7 +173,18 @@ def writer(fake: ServerThread, root: Path, start_writer) -> ServerThread:
 
 
 def metric(server: ServerThread, name: str, **labels: str) -> float:
-    value = server.app[WRITER_KEY].metrics.registry.get_sample_value(name, labels)
+    """A sample of the writer's metrics once no request is being served.
+
+    The writer counts a request after its last byte went out (it counts whether the client took
+    it), so a client holding the whole answer may look a moment before the count moves.
+    """
+    registry = server.app[WRITER_KEY].metrics.registry
+    deadline = time.monotonic() + 5
+    while registry.get_sample_value("payloadrun_writer_requests_in_flight") and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.005)
+    value = registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
 
