@@ -14,6 +14,7 @@ reopens it and reads again, 4 times with backoff 0.1, 0.2, 0.4, 0.8 s, before it
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -38,6 +39,7 @@ _BY_POS = attrgetter("pos")
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # np.dtype(str) costs a microsecond
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECTORY
 
 
 class ShortReadError(OSError):
@@ -58,6 +60,16 @@ class ShortReadError(OSError):
 
 class SegmentOverlapError(ValueError):
     """Two segments of one field claim the same token positions."""
+
+
+def _pread_rest(fd: int, view: memoryview, offset: int, got: int) -> int:
+    """After a first ``preadv`` gave ``got`` bytes of ``view``: the rest, to the file's end."""
+    while 0 < got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
@@ -117,6 +129,46 @@ def _check_no_overlap(chosen: Sequence[Segment], lo: int, hi: int) -> bool:
     return tiled and prev_end == hi
 
 
+def _choose(
+    segments: Iterable[Segment], field: str, lo: int, hi: int
+) -> tuple[list[Segment], bool, int, str | None, tuple[int, ...] | None]:
+    """The segments of ``field`` inside ``[lo, hi)`` (clipped), whether they cover it all, how
+    many kinds of row (dtype and shape) they have, and the last kind seen. Raises on overlap.
+
+    One pass picks them and learns what the common micro-batch needs no more work for:
+    segments in position order without overlap (``expect`` is where the previous one ended),
+    tiling the range, all of one kind of row; only others are sorted and checked again.
+    """
+    chosen = []
+    expect, ordered, tiled = lo, True, True
+    kinds, seg_dtype, seg_shape = 0, None, None
+    for s in segments:
+        if s.field != field:
+            continue
+        pos = s.pos
+        end = pos + s.rows
+        if not (lo <= pos and end <= hi and pos != end):  # most are inside already
+            if (s := s.clip(lo, hi)) is None:
+                continue
+            pos, end = s.pos, s.pos + s.rows
+        if pos != expect:
+            tiled = False
+            if pos < expect:
+                ordered = False
+        expect = end
+        if s.dtype != seg_dtype or s.shape != seg_shape:
+            kinds += 1
+            seg_dtype, seg_shape = s.dtype, s.shape
+        chosen.append(s)
+    if ordered:
+        covered = bool(chosen) and tiled and expect == hi
+    else:
+        covered = _check_no_overlap(chosen, lo, hi)  # raises on an overlap
+    if kinds > 1:
+        kinds = len({(s.dtype, s.shape) for s in chosen})
+    return chosen, covered, kinds, seg_dtype, seg_shape
+
+
 class PayloadReader:
     """Reads payload fields from files under one root, with a pool of reader threads.
 
@@ -137,6 +189,7 @@ class PayloadReader:
         slow_file_ns: int = DEFAULT_SLOW_FILE_NS,
     ) -> None:
         self.root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
+        self._root = os.fspath(self.root.path)
         self.max_workers = max_workers
         self.retry_delays = tuple(retry_delays)
         self.slow_file_ns = slow_file_ns
@@ -178,26 +231,10 @@ class PayloadReader:
         """
         if hi < lo:
             raise ValueError(f"read range [{lo}, {hi}) is reversed")
-        chosen = []
-        for s in segments:  # a loop, not a comprehension: one frame less per call
-            if s.field != field:
-                continue
-            if lo <= s.pos and s.pos + s.rows <= hi and s.rows:
-                chosen.append(s)  # inside the range already, as most are
-            elif (c := s.clip(lo, hi)) is not None:
-                chosen.append(c)
-        if len(chosen) == 1:
-            # one segment (a sample in one file): no overlap to check, no kinds to merge
-            (seg,) = chosen
-            kinds = {(seg.dtype, seg.shape)}
-            covered = seg.rows == hi - lo
-        else:
-            kinds = {(s.dtype, s.shape) for s in chosen}
-            covered = bool(chosen) and _check_no_overlap(chosen, lo, hi)
-        if len(kinds) == 1 and dtype is None and row_shape is None:
+        chosen, covered, kinds, seg_dtype, seg_shape = _choose(segments, field, lo, hi)
+        if kinds == 1 and dtype is None and row_shape is None:
             # the common case, one dtype and one row shape: no promotion, no widening
-            ((seg_dtype, shape),) = kinds
-            out_dtype = _DTYPES[seg_dtype]
+            out_dtype, shape = _DTYPES[seg_dtype], seg_shape
             uniform = True
         elif not chosen and (row_shape is None or dtype is None):
             raise ValueError(
@@ -207,7 +244,7 @@ class PayloadReader:
         else:
             out_dtype = _out_dtype(chosen, dtype)
             shape = _out_row_shape(chosen, row_shape) if chosen else tuple(row_shape or ())
-            uniform = len(kinds) == 1 and _uniform(kinds, out_dtype, shape)
+            uniform = kinds == 1 and _uniform({(seg_dtype, seg_shape)}, out_dtype, shape)
         fill = FIELD_FILL.get(field, 0) if fill is None else fill
         if not self._fill_fits.get((type(fill), fill, out_dtype)):
             self._check_fill(fill, out_dtype)
@@ -253,9 +290,9 @@ class PayloadReader:
         row_bytes = out.nbytes // len(out)
         start = (seg.pos - lo) * row_bytes
         view = memoryview(out).cast("B")[start : start + seg.rows * row_bytes]
-        pending, short = _read_once(path, [(seg, view, None)])
+        pending, short = _read_once(path, None, [(seg, view, None)])
         if pending:
-            self._retry(seg.file, path, pending, short)
+            self._retry(path, None, pending, short)
 
     def _check_version_dir(self, parent: str, file: str) -> None:
         try:
@@ -267,25 +304,73 @@ class PayloadReader:
 
     def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int, uniform: bool) -> None:
         """Read every segment into ``out``; ``uniform``: every segment's rows are ``out``'s."""
-        by_file: dict[str, list[Segment]] = {}
-        for seg in chosen:
-            by_file.setdefault(seg.file, []).append(seg)
-        jobs = self._resolve(by_file)
-        plan = _Plan(out, lo, uniform)
-        if len(jobs) <= 1 or self.max_workers <= 1:
-            self._read_files(plan, jobs)
-            return
-        jobs = self._read_while_fast(plan, jobs)
-        if not jobs:
-            return
-        chunk = math.ceil(len(jobs) / self.max_workers)
-        futures = [
-            self._pool.submit(self._read_files, plan, jobs[i : i + chunk])
-            for i in range(0, len(jobs), chunk)
-        ]
-        wait(futures)  # every thread has stopped writing into `out` before anything is raised
-        for fut in futures:
-            fut.result()
+        files = list(dict.fromkeys([s.file for s in chosen]))
+        singles = len(files) == len(chosen)  # a file per segment, as a micro-batch has
+        if singles:
+            items: list[Any] = chosen
+        else:
+            by_file: dict[str, list[Segment]] = {}
+            for seg in chosen:
+                by_file.setdefault(seg.file, []).append(seg)
+            items = list(by_file.values())
+        vdirs, names = self.root.payload_file_names(files)  # every name checked, in one pass
+        dir_fds: dict[str, int | None] = {}
+        try:
+            for vdir, given in zip(vdirs, files, strict=True):  # the directories of the call
+                if vdir not in dir_fds:
+                    dir_fds[vdir] = self._open_version_dir(vdir, given)
+                    if len(dir_fds) == 1 and vdirs.count(vdir) == len(vdirs):
+                        break  # a micro-batch of one version, as most are
+            if len(dir_fds) == 1:
+                fds = [*dir_fds.values()] * len(vdirs)
+            else:
+                fds = [dir_fds[vdir] for vdir in vdirs]
+            if None in dir_fds.values():  # a directory not there (yet): its files by full path
+                names = [
+                    f"{self._root}/{vdir}/{name}" if dfd is None else name
+                    for vdir, name, dfd in zip(vdirs, names, fds, strict=True)
+                ]
+            jobs = list(zip(items, names, fds, strict=True))
+            plan = _Plan(out, lo, uniform, singles)
+            if len(jobs) <= 1 or self.max_workers <= 1:
+                self._read_files(plan, jobs)
+                return
+            jobs = self._read_while_fast(plan, jobs)
+            if not jobs:
+                return
+            chunk = math.ceil(len(jobs) / self.max_workers)
+            futures = [
+                self._pool.submit(self._read_files, plan, jobs[i : i + chunk])
+                for i in range(0, len(jobs), chunk)
+            ]
+            wait(futures)  # every thread has stopped writing into `out` before anything is raised
+            for fut in futures:
+                fut.result()
+        finally:
+            for dfd in dir_fds.values():
+                if dfd is not None:
+                    os.close(dfd)
+
+    def _open_version_dir(self, vdir: str, given: str) -> int | None:
+        """A descriptor of ``<root>/<vdir>`` for this call only; None if it does not exist.
+
+        Its files are then opened relative to it (``openat``), which is what makes this as safe
+        as the lstat of the directory it replaces, and safer: ``O_NOFOLLOW`` refuses a symlink
+        in place of the directory at the open itself, and every file is looked up in the
+        directory the descriptor holds, so a symlink swapped in after the check is never walked
+        (between an lstat and an open by path it would be). The file names hold no "/" and are
+        opened ``O_NOFOLLOW`` too. The descriptors are closed when the call returns: nothing is
+        kept for the next call. The kernel also walks one name per file instead of a full path.
+        """
+        path = f"{self._root}/{vdir}"
+        try:
+            return os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None  # its files are missing: their opens say so, and are retried
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR) or not os.path.islink(path):
+                raise
+            raise PayloadRoot.symlink_refused(path, given, "payload file") from None
 
     def _read_while_fast(self, plan: _Plan, jobs: list[_Job]) -> list[_Job]:
         """Read files on this thread while they come fast; the ones left for the pool.
@@ -306,65 +391,59 @@ class PayloadReader:
             run = min(2 * run, 64)
         return jobs[done:]
 
-    def _resolve(self, by_file: dict[str, list[Segment]]) -> list[tuple[str, str, list[Segment]]]:
-        """Check every file name once and every version directory once."""
-        jobs = []
-        dirs_checked: set[str] = set()
-        resolve = self.root.payload_file_strs
-        for file, segs in by_file.items():
-            parent, path = resolve(file)
-            if parent not in dirs_checked:
-                self._check_version_dir(parent, file)
-                dirs_checked.add(parent)
-            jobs.append((file, path, segs))
-        return jobs
-
-    def _read_files(self, plan: _Plan, jobs: list[tuple[str, str, list[Segment]]]) -> None:
+    def _read_files(self, plan: _Plan, jobs: list[_Job]) -> None:
         """One open-read-close pass per file; the retries only for a file that came up short."""
-        flat, lo, row_bytes, target = plan.flat, plan.lo, plan.row_bytes, plan.target
-        for file, path, segs in jobs:
-            if flat is not None and len(segs) == 1:
-                # The common shape of a call (a file per sample, rows that are the output's)
-                # read with nothing between the system calls: the first of the attempts.
-                seg = segs[0]
+        flat, lo, row_bytes = plan.flat, plan.lo, plan.row_bytes
+        if flat is not None and plan.singles:
+            # The common shape of a call (a file per sample, rows that are the output's) read
+            # with nothing between the system calls: the first of the attempts.
+            open_, preadv, close = os.open, os.preadv, os.close
+            for seg, name, dfd in jobs:
                 start = (seg.pos - lo) * row_bytes
-                view = flat[start : start + seg.rows * row_bytes]
+                nbytes = seg.rows * row_bytes
+                view = flat[start : start + nbytes]
                 try:
-                    fd = os.open(path, _OPEN_FLAGS)
+                    fd = open_(name, _OPEN_FLAGS, dir_fd=dfd)
                 except FileNotFoundError:
-                    self._retry(file, path, [(seg, view, None)], (seg, -1))
+                    self._retry(name, dfd, [(seg, view, None)], (seg, -1))
                     continue
                 try:
-                    got = _pread_into(fd, view, seg.offset)
+                    got = preadv(fd, [view], seg.offset)
+                    if got < nbytes:
+                        got = _pread_rest(fd, view, seg.offset, got)
                 finally:
-                    os.close(fd)
-                if got < len(view):
-                    self._retry(file, path, [(seg, view, None)], (seg, got))
-                continue
-            pending, short = _read_once(path, [target(seg) for seg in segs])
+                    close(fd)
+                if got < nbytes:
+                    self._retry(name, dfd, [(seg, view, None)], (seg, got))
+            return
+        target = plan.target
+        for item, name, dfd in jobs:
+            targets = [target(item)] if plan.singles else [target(seg) for seg in item]
+            pending, short = _read_once(name, dfd, targets)
             if pending:
-                self._retry(file, path, pending, short)
+                self._retry(name, dfd, pending, short)
 
     def _retry(
-        self, file: str, path: str, pending: list[_Target], short: tuple[Segment, int]
+        self, name: str, dfd: int | None, pending: list[_Target], short: tuple[Segment, int]
     ) -> None:
         """After a first pass left ``pending`` short: back off, reopen, read again; then raise."""
         for delay in self.retry_delays:
             self._sleep(delay)
-            pending, short = _read_once(path, pending)
+            pending, short = _read_once(name, dfd, pending)
             if not pending:
                 return
         seg, received = short
-        raise ShortReadError(file, seg.offset, seg.nbytes, received, len(self.retry_delays) + 1)
+        raise ShortReadError(seg.file, seg.offset, seg.nbytes, received, len(self.retry_delays) + 1)
 
 
 class _Plan:
     """Where each segment's bytes go in one call's output array."""
 
-    __slots__ = ("flat", "lo", "out", "row_bytes", "uniform")
+    __slots__ = ("flat", "lo", "out", "row_bytes", "singles", "uniform")
 
-    def __init__(self, out: np.ndarray, lo: int, uniform: bool) -> None:
+    def __init__(self, out: np.ndarray, lo: int, uniform: bool, singles: bool) -> None:
         self.out = out
+        self.singles = singles  # jobs hold a segment each, else a list of a file's segments
         self.lo = lo
         self.uniform = uniform
         # A uniform call reads each segment into a byte range of `out`: slicing one flat view is
@@ -385,18 +464,19 @@ class _Plan:
         return seg, memoryview(buf).cast("B"), (dest[(slice(None), *map(slice, seg.shape))], buf)
 
 
-# (file as given, its checked path, its segments)
-_Job = tuple[str, str, list[Segment]]
+# (the file's segment, or its list of segments; its name, relative to the version directory's
+# descriptor, or its full checked path when the descriptor is None)
+_Job = tuple[Any, str, int | None]
 # (segment, the bytes to read it into, and for staged rows (cells of the output, staging array))
 _Target = tuple[Segment, memoryview, tuple[np.ndarray, np.ndarray] | None]
 
 
 def _read_once(
-    path: str, targets: list[_Target]
+    path: str, dfd: int | None, targets: list[_Target]
 ) -> tuple[list[_Target], tuple[Segment, int] | None]:
     """One open-read-close pass; the targets still short, and the first short one."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
         return targets, (targets[0][0], -1)
     short: tuple[Segment, int] | None = None

@@ -180,3 +180,48 @@ def test_payload_file_strs_accepts_and_refuses_what_payload_file_does(tmp_path, 
             assert str(info.value) == str(e)
         else:
             assert checker.payload_file_strs(value) == (checked.dir_str, checked.path_str)
+
+
+@pytest.mark.parametrize("value", FILE_NAMES)
+@pytest.mark.parametrize(
+    "others",
+    [
+        pytest.param([], id="alone"),
+        pytest.param(["{root}/v2/ok.bin", "{root}/v2/ok2.bin"], id="after files of one dir"),
+        pytest.param(["v2/ok.bin", "{root}/v3/ok.bin"], id="after files of two dirs"),
+    ],
+)
+def test_payload_file_names_accepts_and_refuses_what_payload_file_does(
+    tmp_path, root, value, others
+):
+    """The reader's check of a whole call: every way through it (one directory, several, the
+    full check file by file) gives payload_file's verdict on each file, errors included."""
+    link = tmp_path / "mnt"
+    link.symlink_to(root.path)
+    for checker in (root, PayloadRoot(link)):
+        files = [f.format(root=root.path, link=link) for f in others]
+        files.append(value.format(root=root.path, link=link) if isinstance(value, str) else value)
+        for batch in (files, files[::-1]):
+            try:
+                checked = [checker.payload_file(f, follow_check=False) for f in batch]
+            except PayloadPathError as e:
+                with pytest.raises(PayloadPathError) as info:
+                    checker.payload_file_names(batch)
+                assert str(info.value) == str(e)
+            else:
+                assert checker.payload_file_names(batch) == (
+                    [f"v{c.version}" for c in checked],
+                    [c.name for c in checked],
+                )
+
+
+def test_payload_file_names_of_one_directory_check_every_line(root):
+    """Files that share their first file's directory only in part, or hide a second line."""
+    good = f"{root.path}/v2/a.bin"
+    for bad in (f"x{good}", f"{good}\nv2/b", f"{root.path}/v2/a/b", f"{root.path}/v2/", "v2/a"):
+        files = [good, bad]
+        if bad == "v2/a":  # fine, under another spelling of the same directory
+            assert root.payload_file_names(files) == (["v2", "v2"], ["a.bin", "a"])
+            continue
+        with pytest.raises(PayloadPathError):
+            root.payload_file_names(files)

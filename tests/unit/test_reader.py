@@ -149,6 +149,38 @@ def test_segment_outside_the_root_is_refused(tmp_path, root, reader, read_with):
         read_with(reader, seg)
 
 
+@pytest.mark.parametrize(
+    "file",
+    ["v1/../../secret", "../secret/v1/x.bin", "v1/../v1/x.bin", "/etc/v1/passwd", "v1/x.bin/.."],
+)
+def test_segment_escaping_the_root_is_refused(tmp_path, root, reader, read_with, file):
+    """``..`` and absolute paths outside the root, alone, beside another file, and as one bad
+    file among a micro-batch of good ones in one version directory (the one-pass check)."""
+    (tmp_path / "secret").write_bytes(b"s" * 16)
+    (root.path / "v1").mkdir()
+    (root.path / "v1" / "x.bin").write_bytes(b"\0" * 16)
+    seg = Segment("routed_experts", file, 0, 0, 1, "uint8", (4,))
+    with pytest.raises(PayloadPathError):
+        read_with(reader, seg)
+    good = [write(root, 1, "routed_experts", np.ones((1, 4), np.uint8), pos=i) for i in range(8)]
+    with pytest.raises(PayloadPathError):
+        reader.read([*good, seg.shift(8)], "routed_experts", 0, 9)
+
+
+def test_micro_batch_of_two_versions_refuses_a_symlink_swapped_in_between_calls(
+    tmp_path, root, reader
+):
+    """Files of several version directories in one call: each directory is opened (and
+    refused as a symlink) on every call."""
+    rows = np.arange(6 * 4, dtype=np.uint8).reshape(6, 4)
+    segs = [write(root, 1 + i % 2, "routed_experts", rows[i : i + 1], pos=i) for i in range(6)]
+    np.testing.assert_array_equal(reader.read(segs, "routed_experts", 0, 6), rows)
+    (root.path / "v2").rename(tmp_path / "moved")
+    (root.path / "v2").symlink_to(tmp_path / "moved")
+    with pytest.raises(PayloadPathError, match="symlink"):
+        reader.read(segs, "routed_experts", 0, 6)
+
+
 def test_symlinked_file_is_not_followed(tmp_path, root, reader, read_with):
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * 16)
