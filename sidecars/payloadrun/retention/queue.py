@@ -16,6 +16,7 @@ under the service's lock, which the queue shares so that the journal's order is 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -85,7 +86,7 @@ class DeletionQueue:
         workers: int,
         chunk_files: int,
         max_off_policy_steps: int,
-        is_protected: Callable[[str], bool],
+        protected: Callable[[Iterable[str]], set[str]],
         settled: Callable[[], None],
         make_deleter: Callable[[], deleter.Deleter],
     ) -> None:
@@ -98,7 +99,7 @@ class DeletionQueue:
         self._make_deleter = make_deleter
         self._deleter: deleter.Deleter | None = None
         self._m = max_off_policy_steps
-        self._is_protected = is_protected  # called with the lock held
+        self._protected = protected  # called with the lock held
         self._settled = settled  # called without the lock when a job settles
         self.jobs: dict[int, Job] = {}
         self._seq = 0
@@ -220,15 +221,13 @@ class DeletionQueue:
     def _delete_chunk(
         self, reason: Reason, dir_name: str, names: list[str], rmdir_after: bool = False
     ) -> None:
-        kept: list[str] = []
-        sizes: list[int] = []
-        with self._lock:
-            for name in names:
-                key = f"{dir_name}/{name}"
-                if not self._is_protected(key):
-                    kept.append(name)
-                    sizes.append(self._sizes.pop(key, -1))
-        names = kept
+        keys = [f"{dir_name}/{name}" for name in names]
+        with self._lock:  # set operations in C: the API's calls wait for this lock
+            held = self._protected(keys)
+            if held:
+                names = [n for n, k in zip(names, keys, strict=True) if k not in held]
+                keys = [k for k in keys if k not in held]
+            sizes = list(map(self._sizes.pop, keys, itertools.repeat(-1)))
         removed = self._unlink(reason, dir_name, names, sizes) if names else deleter.Removed()
         gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
         with self._lock:
@@ -331,13 +330,14 @@ class DeletionQueue:
             # unmeasured files are measured when they are deleted instead
             log.debug("measuring files in %s failed: %s", dir_name, exc)
             sizes = []
+        known = {
+            f"{dir_name}/{n}": size for n, size in zip(names, sizes, strict=False) if size >= 0
+        }
         with self._lock:
             self.sizing_files -= len(names)
-            for name, size in zip(names, sizes, strict=False):
-                key = f"{dir_name}/{name}"
-                # a file no batch holds any more is being deleted: its size is no use
-                if size >= 0 and self._is_protected(key):
-                    self._sizes[key] = size
+            # a file no batch holds any more is being deleted: its size is no use
+            for key in self._protected(known):
+                self._sizes[key] = known[key]
 
     def _count(self, reason: Reason, removed: deleter.Removed) -> None:
         if removed.files:

@@ -115,7 +115,7 @@ class RetentionService:
             workers=config.workers,
             chunk_files=config.chunk_files,
             max_off_policy_steps=config.max_off_policy_steps,
-            is_protected=self._state.is_protected,
+            protected=self._state.protected,
             settled=self._maybe_compact,
             make_deleter=lambda: self._make_deleter(unlink),
         )

@@ -52,6 +52,10 @@ class RetentionState:
         """True while a batch that holds ``key`` is recorded and not yet consumed."""
         return key in self.owner
 
+    def protected(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` that :meth:`is_protected` (one set operation, in C)."""
+        return self.owner.keys() & keys
+
     def disposition(self, step: int, *, empty: bool, max_steps: int | None) -> Disposition:
         return batch_disposition(
             step, empty=empty, policy_step=self.policy_step, max_steps=max_steps
