@@ -24,6 +24,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -205,6 +207,40 @@ def journal_floor_case(tmp: Path, n: int, rounds: int, threads: int) -> dict:
     }
 
 
+RAW_UNLINK_PROCESS = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+d = sys.argv[1]
+files = [os.path.join(d, f) for f in os.listdir(d)]
+chunks = [files[i : i + 256] for i in range(0, len(files), 256)]
+with ThreadPoolExecutor(8) as pool:
+    list(pool.map(lambda c: [os.unlink(f) for f in c], chunks))
+"""
+
+
+def status_floor_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
+    """The floor under ``status``: its round trips while another process, not the sidecar,
+    unlinks ``n`` files on 8 threads. What the machine charges a call while a step's files go,
+    whoever deletes them."""
+    latencies: list[float] = []
+    for r in range(rounds):
+        directory = root / f"v{90_000 + r}"
+        make_files(directory, n)
+        proc = subprocess.Popen([sys.executable, "-c", RAW_UNLINK_PROCESS, str(directory)])
+        while proc.poll() is None:
+            t0 = time.perf_counter()
+            client.status()
+            latencies.append(time.perf_counter() - t0)
+            time.sleep(0.001)
+        directory.rmdir()
+    return {
+        "files": n,
+        "calls": len(latencies),
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+    }
+
+
 def policy_latency_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
     """``policy_updated`` round trips while a step of ``n`` files is being unlinked.
 
@@ -320,6 +356,11 @@ def print_report(
         f"status (no journal write) p50 {call['status_p50_ms']:.2f} ms, "
         f"p99 {call['status_p99_ms']:.2f} ms"
     )
+    sf = call["status_floor"]
+    print(
+        f"floor: status during a raw unlink of {sf['files']} files by another process (not the "
+        f"sidecar), {sf['calls']} calls: p50 {sf['p50_ms']:.2f} ms, p99 {sf['p99_ms']:.2f} ms"
+    )
     print(
         f"floor: {floor['appends']} journal appends + fdatasync while {floor['files']} files are "
         f"unlinked raw on {floor['threads']} threads, no sidecar: p50 {floor['p50_ms']:.2f} ms, "
@@ -370,6 +411,8 @@ def main() -> None:
             unlink = unlink_rate_case(sidecar, client, unlink_files, rounds)
             print("3. policy_updated latency while deleting 15,000 files ...", flush=True)
             call = policy_latency_case(root, client, 15_000, 2 if args.quick else 5)
+            print("   the floor: status while another process unlinks raw ...", flush=True)
+            call["status_floor"] = status_floor_case(root, client, 15_000, 2 if args.quick else 5)
         print("   the file system's floor: appends + fdatasync while a raw unlink runs ...")
         floor = journal_floor_case(tmp, 15_000, 2 if args.quick else 5, threads=8)
         print(f"4. /metrics latency with {metrics_files} files ...", flush=True)
