@@ -74,13 +74,8 @@ def _pread_rest(fd: int, view: memoryview, offset: int, got: int) -> int:
 
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     """Read into ``view`` from ``offset`` until it is full or the file ends; bytes read."""
-    got = os.preadv(fd, [view], offset)  # all of it, but at the end of a file or on a signal
-    while 0 < got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    return got
+    # all of it in one call, but at the end of a file or on a signal
+    return _pread_rest(fd, view, offset, os.preadv(fd, [view], offset))
 
 
 def _out_dtype(chosen: Sequence[Segment], dtype: Any) -> np.dtype:

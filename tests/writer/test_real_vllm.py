@@ -66,6 +66,18 @@ def _with_model(real_vllm: RealVLLM, path: str, body: dict) -> dict:
     return {"model": real_vllm.model, **body} if path.startswith("/v1/") else body
 
 
+def _post_with_payload_dir(writer, path: str, body: dict, payload_dir: str):
+    """POST ``body`` through the writer with ``payload_dir`` where vLLM's endpoint takes it
+    (``sampling_params.extra_args`` on the tokens-in endpoint, ``vllm_xargs`` elsewhere)."""
+    args = (
+        body["sampling_params"]["extra_args"] if "sampling_params" in body else body["vllm_xargs"]
+    )
+    args["payload_dir"] = payload_dir
+    reply = http("POST", writer.url + path, json.dumps(body).encode(), timeout=120)
+    assert reply.status == 200, reply.body[:300]
+    return reply
+
+
 def _events(raw: bytes) -> list[dict]:
     """The JSON events of a Server-Sent Events body that ends with ``data: [DONE]``."""
     blocks = raw.decode().split("\n\n")
@@ -179,12 +191,7 @@ def test_real_vllm_accepts_payload_dir_where_the_writer_reads_it(
     vLLM) the writer answers by handle."""
     writer, tap = tapped
     body = _with_model(real_vllm, path, body)
-    args = (
-        body["sampling_params"]["extra_args"] if "sampling_params" in body else body["vllm_xargs"]
-    )
-    args["payload_dir"] = f"{root}/v1"
-    reply = http("POST", writer.url + path, json.dumps(body).encode(), timeout=120)
-    assert reply.status == 200, reply.body[:300]
+    reply = _post_with_payload_dir(writer, path, body, f"{root}/v1")
     assert "x-payloadrun-fallback" not in reply.headers
     choices = reply.json()["choices"]
     n = body.get("n", body.get("sampling_params", {}).get("n", 1))
@@ -228,12 +235,7 @@ def test_real_vllm_streams_with_payload_dir_pass_through(tapped, real_vllm, root
     """A stream is never taken apart, ``payload_dir`` or not: every event as vLLM sent it."""
     writer, tap = tapped
     body = _with_model(real_vllm, path, body)
-    args = (
-        body["sampling_params"]["extra_args"] if "sampling_params" in body else body["vllm_xargs"]
-    )
-    args["payload_dir"] = f"{root}/v1"
-    reply = http("POST", writer.url + path, json.dumps(body).encode(), timeout=120)
-    assert reply.status == 200, reply.body[:300]
+    reply = _post_with_payload_dir(writer, path, body, f"{root}/v1")
     assert reply.headers["content-type"].startswith("text/event-stream")
     assert reply.body == tap.bodies[0]
     assert _events(reply.body)
