@@ -27,10 +27,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -169,46 +169,9 @@ def unlink_rate_case(sidecar: SidecarProcess, client: RetentionClient, n: int, r
 # ------------------------------------------------------------------------- 3. call latency
 
 
-def journal_floor_case(tmp: Path, n: int, rounds: int, threads: int) -> dict:
-    """The floor under ``policy_updated``: a journal-sized append + ``fdatasync`` while ``n``
-    files are unlinked raw on ``threads`` threads, no sidecar involved, timed like the calls.
-
-    On ext4 an ``fdatasync`` commits the file system's journal, unlinks included: this is what
-    the file system alone charges an acknowledged event while a step's files go.
-    """
-    latencies: list[float] = []
-    journal = tmp / "floor-journal.jsonl"
-    record = b'{"op":"policy","step":1}\n'
-    for r in range(rounds):
-        files = make_files(tmp / "floor" / f"v{r}", n)
-        done = threading.Event()
-        worker = threading.Thread(
-            target=lambda f=files, d=done: (raw_unlink_rate(f, threads), d.set())
-        )
-        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            worker.start()
-            while not done.is_set():
-                t0 = time.perf_counter()
-                os.write(fd, record)
-                os.fdatasync(fd)
-                latencies.append(time.perf_counter() - t0)
-                time.sleep(0.001)
-        finally:
-            worker.join()
-            os.close(fd)
-    return {
-        "files": n,
-        "threads": threads,
-        "appends": len(latencies),
-        "p50_ms": percentile(latencies, 50) * 1e3,
-        "p99_ms": percentile(latencies, 99) * 1e3,
-        "max_ms": max(latencies) * 1e3,
-    }
-
-
 RAW_UNLINK_PROCESS = """
 import os, sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 d = sys.argv[1]
 files = [os.path.join(d, f) for f in os.listdir(d)]
@@ -218,27 +181,50 @@ with ThreadPoolExecutor(8) as pool:
 """
 
 
-def status_floor_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
-    """The floor under ``status``: its round trips while another process, not the sidecar,
-    unlinks ``n`` files on 8 threads. What the machine charges a call while a step's files go,
-    whoever deletes them."""
+def timed_during_raw_unlink(directory: Path, n: int, call: Callable[[], object]) -> list[float]:
+    """Round trips of ``call`` (every millisecond) while another process, not the sidecar,
+    unlinks ``n`` new files of ``directory`` raw on 8 threads: what the machine charges a call
+    while a step's files go, whoever deletes them."""
+    make_files(directory, n)
+    proc = subprocess.Popen([sys.executable, "-c", RAW_UNLINK_PROCESS, str(directory)])
+    latencies = []
+    while proc.poll() is None:
+        t0 = time.perf_counter()
+        call()
+        latencies.append(time.perf_counter() - t0)
+        time.sleep(0.001)
+    directory.rmdir()
+    return latencies
+
+
+def floor_case(root: Path, n: int, rounds: int, call: Callable[[], object]) -> dict:
     latencies: list[float] = []
     for r in range(rounds):
-        directory = root / f"v{90_000 + r}"
-        make_files(directory, n)
-        proc = subprocess.Popen([sys.executable, "-c", RAW_UNLINK_PROCESS, str(directory)])
-        while proc.poll() is None:
-            t0 = time.perf_counter()
-            client.status()
-            latencies.append(time.perf_counter() - t0)
-            time.sleep(0.001)
-        directory.rmdir()
+        latencies += timed_during_raw_unlink(root / f"v{90_000 + r}", n, call)
     return {
         "files": n,
         "calls": len(latencies),
         "p50_ms": percentile(latencies, 50) * 1e3,
         "p99_ms": percentile(latencies, 99) * 1e3,
+        "max_ms": max(latencies) * 1e3,
     }
+
+
+def journal_floor_case(tmp: Path, n: int, rounds: int) -> dict:
+    """The floor under ``policy_updated``: a journal-sized append + ``fdatasync`` during a raw
+    unlink. On ext4 an ``fdatasync`` commits the file system's journal, unlinks included: this
+    is what the file system alone charges an acknowledged event while a step's files go."""
+    fd = os.open(tmp / "floor-journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append() -> None:
+        os.write(fd, b'{"op":"policy","step":1}\n')
+        os.fdatasync(fd)
+
+    try:
+        (tmp / "floor").mkdir(exist_ok=True)
+        return floor_case(tmp / "floor", n, rounds, append)
+    finally:
+        os.close(fd)
 
 
 def policy_latency_case(root: Path, client: RetentionClient, n: int, rounds: int) -> dict:
@@ -362,8 +348,8 @@ def print_report(
         f"sidecar), {sf['calls']} calls: p50 {sf['p50_ms']:.2f} ms, p99 {sf['p99_ms']:.2f} ms"
     )
     print(
-        f"floor: {floor['appends']} journal appends + fdatasync while {floor['files']} files are "
-        f"unlinked raw on {floor['threads']} threads, no sidecar: p50 {floor['p50_ms']:.2f} ms, "
+        f"floor: {floor['calls']} journal appends + fdatasync while {floor['files']} files are "
+        f"unlinked raw by another process, no sidecar: p50 {floor['p50_ms']:.2f} ms, "
         f"p99 {floor['p99_ms']:.2f} ms, max {floor['max_ms']:.2f} ms "
         f"(policy_updated p99 / floor p99: {call['p99_ms'] / floor['p99_ms']:.2f})"
     )
@@ -412,9 +398,9 @@ def main() -> None:
             print("3. policy_updated latency while deleting 15,000 files ...", flush=True)
             call = policy_latency_case(root, client, 15_000, 2 if args.quick else 5)
             print("   the floor: status while another process unlinks raw ...", flush=True)
-            call["status_floor"] = status_floor_case(root, client, 15_000, 2 if args.quick else 5)
+            call["status_floor"] = floor_case(root, 15_000, 2 if args.quick else 5, client.status)
         print("   the file system's floor: appends + fdatasync while a raw unlink runs ...")
-        floor = journal_floor_case(tmp, 15_000, 2 if args.quick else 5, threads=8)
+        floor = journal_floor_case(tmp, 15_000, 2 if args.quick else 5)
         print(f"4. /metrics latency with {metrics_files} files ...", flush=True)
         metrics = metrics_latency_case(tmp, metrics_files, 200)
     goals = print_report(doc, sweep, unlink, call, floor, metrics)

@@ -157,7 +157,6 @@ class ProcessDeleter:
         nice: int = WORKER_NICE,
         on_restart: Callable[[], None] = lambda: None,
     ) -> None:
-        self.root = root
         self._command = [
             sys.executable,
             "-m",
