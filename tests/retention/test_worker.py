@@ -7,13 +7,19 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from retention_helpers import existing, make_files
 
 from payloadrun.retention.deleter import LocalDeleter, Retry
-from payloadrun.retention.worker import WORKER_NICE, ProcessDeleter, WorkerGoneError
+from payloadrun.retention.worker import (
+    WORKER_NICE,
+    DirectoryLanes,
+    ProcessDeleter,
+    WorkerGoneError,
+)
 
 FAST = Retry(attempts=3, backoff_s=0.001)
 
@@ -44,6 +50,39 @@ def test_unlink_counts_known_sizes_and_measures_the_rest(worker, root):
     assert existing(files) == []
     again = worker.unlink("v3", names, sizes)  # gone already: done, not counted
     assert (again.removed.files, again.failures) == (0, [])
+
+
+def test_one_directory_gets_two_lanes_and_other_directories_are_not_held_up():
+    """At most two of a directory's tasks run at once, in order, on the same two threads."""
+    gate = threading.Event()
+    lock = threading.Lock()
+    running = peak = 0
+    started: list[int] = []
+    threads: set[int] = set()
+    other_ran = threading.Event()
+
+    def task(i: int) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+            started.append(i)
+            threads.add(threading.get_ident())
+        gate.wait(10)
+        with lock:
+            running -= 1
+
+    with ThreadPoolExecutor(6) as pool:
+        lanes = DirectoryLanes(pool, per_directory=2)
+        for i in range(5):
+            lanes.submit("v1", lambda i=i: task(i))
+        lanes.submit("v2", other_ran.set)
+        assert other_ran.wait(5), "a busy directory held up another one"
+        time.sleep(0.05)
+        with lock:
+            assert (running, started) == (2, [0, 1])
+        gate.set()
+    assert (peak, started, len(threads)) == (2, [0, 1, 2, 3, 4], 2)
 
 
 def test_measure_gives_regular_files_their_size_and_everything_else_minus_one(
