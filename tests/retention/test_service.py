@@ -239,6 +239,47 @@ def test_journal_is_compacted_as_batches_settle(service_factory, root):
     assert st["pending_files"] == 13
 
 
+def test_calls_go_on_while_a_compaction_is_written_and_what_they_journal_is_kept(
+    service_factory, root, monkeypatch
+):
+    """The compaction's write runs without the service's lock; the events journaled meanwhile
+    are carried over into the compacted journal."""
+    staging, release = threading.Event(), threading.Event()
+    real_stage = journal_module.Journal.stage
+
+    def stage_slowly(self, records):
+        staged = real_stage(self, records)
+        if not staging.is_set():  # the first compaction only: it waits for the calls below
+            staging.set()
+            release.wait(10)
+        return staged
+
+    svc = service_factory(compact_bytes=1)
+    monkeypatch.setattr(journal_module.Journal, "stage", stage_slowly)  # after the start's own
+    b1, b2, b3 = make_files(root, 1, 4), make_files(root, 2, 4), make_files(root, 3, 4)
+    svc.record_batch(1, b1)
+    svc.record_batch(2, b2)
+    svc.policy_updated(1)  # a job settles (this one, or the start's), and a compaction starts
+    assert staging.wait(10)
+    t0 = time.monotonic()
+    svc.record_batch(3, b3)
+    svc.policy_updated(2)  # settles too: no second compaction while the first is written
+    assert svc.status()["pending_steps"] == [3]
+    assert time.monotonic() - t0 < 5, "calls waited for the compaction's write"
+    release.set()
+    assert svc.wait_idle(10)
+    svc.close()  # after the compaction, which runs on a deletion thread
+    assert svc.metrics.compactions._value.get() == 1
+    records = list(read_records(svc.state_dir / "journal.jsonl"))
+    # the snapshot (taken at the first job to settle), then the events journaled meanwhile
+    assert [(r["op"], r["step"]) for r in records[-2:]] == [("record", 3), ("policy", 2)]
+    monkeypatch.undo()
+    again = service_factory()
+    st = again.status()
+    assert st["policy_step"] == 2 and st["pending_steps"] == [3] and st["pending_files"] == 4
+    assert existing(b1) == existing(b2) == [] and existing(b3) == b3
+
+
 def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_factory, root):
     volume_up = threading.Event()
 

@@ -7,9 +7,10 @@ the deletions a compaction carried over (:func:`delete_op`); :func:`replay` rebu
 :class:`~payloadrun.retention.state.RetentionState` from them.
 ``append`` writes a line and fsyncs before returning; a crash can only leave a torn last line,
 which was never acknowledged, so replay drops it (any other unreadable line is an error: the
-file was damaged, and guessing would risk deleting unconsumed data). ``rewrite`` compacts: it
-writes the new content to a temporary file, fsyncs it, renames it over the journal and fsyncs the
-directory, so a crash leaves either the old or the new journal, whole.
+file was damaged, and guessing would risk deleting unconsumed data). A compaction writes the new
+content to a temporary file and fsyncs it (``stage``, which may run while appends go on to the
+old journal), appends the records journaled meanwhile, renames it over the journal and fsyncs the
+directory (``install``), so a crash leaves either the old or the new journal, whole.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,16 @@ def replay(records: Iterable[Record], state: RetentionState) -> Released:
 
 
 def snapshot(header: Record, state: RetentionState, unsettled: Released) -> list[Record]:
-    """The records a compacted journal holds: the state, then the deletions not yet done."""
+    """The records a compacted journal holds: the state, then the deletions not yet done.
+
+    Cheap enough to take under the service's lock: each batch's files are copied in the order
+    they were recorded (the order they are best deleted in), encoding comes later.
+    """
     records = [header]
     if state.policy_step is not None:
         records.append(policy_op(state.policy_step))
     for step in sorted(state.pending):
-        records.append(record_op(step, sorted(state.pending[step]), Disposition.PENDING))
+        records.append(record_op(step, list(state.pending[step]), Disposition.PENDING))
     records += [delete_op(reason, keys) for reason, keys in unsettled if keys]
     return records
 
@@ -146,8 +152,17 @@ def header(path: Path) -> Record | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A compacted journal written and fsynced beside the journal, not yet in its place."""
+
+    path: Path
+    size: int
+
+
 class Journal:
-    """An append-only, fsynced journal file; not thread-safe (the service serialises calls)."""
+    """An append-only, fsynced journal file; not thread-safe (the service serialises calls),
+    except :meth:`stage`, which touches nothing but its temporary file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -196,6 +211,15 @@ class Journal:
 
     def rewrite(self, records: Iterable[Record]) -> None:
         """Replace the journal by ``records`` atomically (temporary file, fsync, rename)."""
+        self.install(self.stage(records))
+
+    def stage(self, records: Iterable[Record]) -> Staged:
+        """Write ``records`` to the temporary file beside the journal and fsync it.
+
+        The open journal is not touched: appends may go on meanwhile, and :meth:`install` then
+        carries them over. The service stages a compaction without its lock, so the large write
+        never holds up a call.
+        """
         tmp = self.path.with_name(self.path.name + ".tmp")
         data = b"".join(encode(r) for r in records)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -204,7 +228,22 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, self.path)
+        return Staged(tmp, len(data))
+
+    def install(self, staged: Staged, since: Sequence[Record] = ()) -> None:
+        """Append ``since`` (the records journaled after ``staged`` was taken) to the staged
+        file, then put it in the journal's place: rename, directory fsync, reopen."""
+        size = staged.size
+        if since:
+            data = b"".join(encode(r) for r in since)
+            fd = os.open(staged.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                write_all(fd, data)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            size += len(data)
+        os.replace(staged.path, self.path)
         was_open = self._fd is not None
         try:
             fsync_dir(self.path.parent)
@@ -216,7 +255,7 @@ class Journal:
                 self.open()
                 self._reopen = False
             else:
-                self.size = len(data)
+                self.size = size
 
     def close(self) -> None:
         if self._fd is not None:

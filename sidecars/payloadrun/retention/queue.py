@@ -272,11 +272,14 @@ class DeletionQueue:
         for k in backstop_versions(dirs, policy_step, self._m):
             name = dirs[k].name
             names = deleter.list_names(self._root_fd, name)
-            with self._lock:
-                if not names:
-                    if deleter.rmdir_if_empty(self._root_fd, name):
+            if not names:
+                # not under the lock: while unlinks run, an rmdir can wait tens of milliseconds
+                # for the file system's journal, and the API's calls would wait with it
+                if deleter.rmdir_if_empty(self._root_fd, name):
+                    with self._lock:
                         self.version_dirs = max(0, self.version_dirs - 1)
-                    continue
+                continue
+            with self._lock:
                 for chunk in _chunks(names, self._chunk_files):
                     self._task(
                         job, len(chunk), self._delete_chunk, Reason.BACKSTOP, name, chunk, True

@@ -105,6 +105,8 @@ class RetentionService:
         self._state = RetentionState()
         self._lock = threading.Lock()
         self._compacted_size = 0
+        # while a compaction is being staged: the records journaled since its snapshot
+        self._since_snapshot: list[journal.Record] | None = None
         self._closing = False
         self._journal: Journal | None = None
         self._scan_thread: threading.Thread | None = None
@@ -345,31 +347,53 @@ class RetentionService:
         except OSError as exc:
             self.metrics.journal_errors.labels(failure_reason(exc)).inc()
             raise
+        if self._since_snapshot is not None:
+            self._since_snapshot.append(record)
+
+    def _snapshot(self) -> list[journal.Record]:
+        """The current state plus the unsettled deletions, as journal records (lock held)."""
+        unsettled = self.queue.unsettled(self._state.policy_step)
+        return journal.snapshot(self._header(), self._state, unsettled)
 
     def _compact(self) -> None:
-        """Rewrite the journal as the current state plus the unsettled deletions (lock held)."""
+        """Rewrite the journal from a snapshot, all under the lock (at start, before any call)."""
         assert self._journal is not None
-        unsettled = self.queue.unsettled(self._state.policy_step)
-        self._journal.rewrite(journal.snapshot(self._header(), self._state, unsettled))
+        self._journal.rewrite(self._snapshot())
         self._compacted_size = self._journal.size
         self.metrics.compactions.inc()
 
     def _maybe_compact(self) -> None:
+        """Compact once the journal has outgrown its limit and twice its last compacted size.
+
+        Only the snapshot is taken under the lock. Its encoding, write and fsync, which take
+        milliseconds and more as the journal grows, run while calls go on; the events those calls
+        journal meanwhile are appended to the new journal before it replaces the old one.
+        """
         with self._lock:
-            if self._closing or self._journal is None:
+            if self._closing or self._journal is None or self._since_snapshot is not None:
                 return
-            if self._journal.size > max(self.config.compact_bytes, 2 * self._compacted_size):
-                try:
-                    self._compact()
-                except OSError as exc:
-                    # the old journal stays whole and in use; the next settled job tries again
-                    self.metrics.journal_errors.labels(failure_reason(exc)).inc()
-                    log.warning(
-                        "retention journal compaction failed (%s): %s; the journal keeps "
-                        "growing until a compaction succeeds",
-                        failure_reason(exc),
-                        exc,
-                    )
+            if self._journal.size <= max(self.config.compact_bytes, 2 * self._compacted_size):
+                return
+            records = self._snapshot()
+            self._since_snapshot = []
+        try:
+            staged = self._journal.stage(records)
+            with self._lock:
+                self._journal.install(staged, self._since_snapshot)
+                self._compacted_size = self._journal.size
+                self.metrics.compactions.inc()
+        except OSError as exc:
+            # the old journal stays whole and in use; the next settled job tries again
+            self.metrics.journal_errors.labels(failure_reason(exc)).inc()
+            log.warning(
+                "retention journal compaction failed (%s): %s; the journal keeps growing until "
+                "a compaction succeeds",
+                failure_reason(exc),
+                exc,
+            )
+        finally:
+            with self._lock:
+                self._since_snapshot = None
 
 
 __all__ = [
