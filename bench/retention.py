@@ -375,7 +375,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     workload = Workload(batch_size=128 if args.quick else 512, steps=40, seed=args.seed)
-    unlink_files, rounds = (5_000, 2) if args.quick else (15_000, 3)
+    unlink_files, rounds = (5_000, 3) if args.quick else (15_000, 7)
     metrics_files = 20_000 if args.quick else 100_000
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="payloadrun-bench-", dir=args.dir) as tmp_name:
