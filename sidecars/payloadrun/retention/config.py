@@ -66,7 +66,7 @@ class RetentionConfig:
     )
     workers: int = setting(
         RETENTION_WORKERS,
-        help="deletion threads",
+        help="deletion threads (at most 2 of them in one directory at once)",
         flag="--workers",
         env=Env.RETENTION_WORKERS,
         parse=parse_int,
