@@ -78,7 +78,13 @@ def test_one_directory_gets_two_lanes_and_other_directories_are_not_held_up():
             lanes.submit("v1", lambda i=i: task(i))
         lanes.submit("v2", other_ran.set)
         assert other_ran.wait(5), "a busy directory held up another one"
-        time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with lock:
+                if running == 2:
+                    break
+            time.sleep(0.001)
+        time.sleep(0.05)  # a third task of v1 would have started by now if the lanes let it
         with lock:
             assert (running, started) == (2, [0, 1])
         gate.set()

@@ -383,7 +383,8 @@ class RetentionService:
                 self._compacted_size = self._journal.size
                 self.metrics.compactions.inc()
         except OSError as exc:
-            # the old journal stays whole and in use; the next settled job tries again
+            # a whole journal stays in use (the old one, or the new one once renamed); the next
+            # settled job tries again
             self.metrics.journal_errors.labels(failure_reason(exc)).inc()
             log.warning(
                 "retention journal compaction failed (%s): %s; the journal keeps growing until "
