@@ -112,6 +112,10 @@ class DeletionQueue:
         self.scans = 0
         self.deleted = {r: [0, 0] for r in Reason}
         self._given_up: dict[Reason, set[str]] = {r: set() for r in Reason}
+        # directories a sweep is deleting (its chunks not yet done), and those a later sweep
+        # found so and wants listed again once they are (_sweep)
+        self._sweeping: dict[str, int] = {}
+        self._sweep_again: set[str] = set()
         self._closing = False
         self._executor: ThreadPoolExecutor | None = None
         self._root_fd = -1
@@ -184,12 +188,14 @@ class DeletionQueue:
         if job.tasks == 0:
             self._finish(job)
 
-    def _task(self, job: Job, files: int, fn: Callable[..., None], *args: object) -> None:
+    def _task(self, job: Job, files: int, fn: Callable[..., None], *args: object) -> bool:
+        """Queue ``fn(*args)`` as one of ``job``'s tasks (lock held); False when closing."""
         if self._closing or self._executor is None:
-            return
+            return False
         job.tasks += 1
         self.queue_files += files
         self._executor.submit(self._run, job, files, fn, args)
+        return True
 
     def _run(self, job: Job, files: int, fn: Callable[..., None], args: tuple) -> None:
         try:
@@ -267,23 +273,51 @@ class DeletionQueue:
         )
 
     def _sweep(self, job: Job, policy_step: int) -> None:
-        """The backstop: empty and remove ``v<k>`` below the bound, sparing pending files."""
+        """The backstop: empty and remove ``v<k>`` below the bound, sparing pending files.
+
+        A directory an earlier sweep is still deleting is not listed again now (its files would
+        be queued twice, and on a network file system a listing of thousands of entries is not
+        cheap): that sweep lists it once more when its last chunk is done, for anything written
+        there since it looked.
+        """
         dirs = self.root.version_dirs()
         for k in backstop_versions(dirs, policy_step, self._m):
             name = dirs[k].name
-            names = deleter.list_names(self._root_fd, name)
-            if not names:
-                # not under the lock: while unlinks run, an rmdir can wait tens of milliseconds
-                # for the file system's journal, and the API's calls would wait with it
-                if deleter.rmdir_if_empty(self._root_fd, name):
-                    with self._lock:
-                        self.version_dirs = max(0, self.version_dirs - 1)
-                continue
             with self._lock:
-                for chunk in _chunks(names, self._chunk_files):
-                    self._task(
-                        job, len(chunk), self._delete_chunk, Reason.BACKSTOP, name, chunk, True
-                    )
+                if name in self._sweeping:
+                    self._sweep_again.add(name)
+                    continue
+            self._sweep_dir(job, name)
+
+    def _sweep_dir(self, job: Job, name: str) -> None:
+        names = deleter.list_names(self._root_fd, name)
+        if not names:
+            # not under the lock: while unlinks run, an rmdir can wait tens of milliseconds
+            # for the file system's journal, and the API's calls would wait with it
+            if deleter.rmdir_if_empty(self._root_fd, name):
+                with self._lock:
+                    self.version_dirs = max(0, self.version_dirs - 1)
+            return
+        with self._lock:
+            for chunk in _chunks(names, self._chunk_files):
+                if self._task(job, len(chunk), self._delete_swept, job, name, chunk):
+                    self._sweeping[name] = self._sweeping.get(name, 0) + 1
+
+    def _delete_swept(self, job: Job, name: str, names: list[str]) -> None:
+        """One chunk of a sweep; after a directory's last, list it again if a sweep asked."""
+        try:
+            self._delete_chunk(Reason.BACKSTOP, name, names, rmdir_after=True)
+        finally:
+            with self._lock:
+                self._sweeping[name] -= 1
+                last = not self._sweeping[name]
+                if last:
+                    del self._sweeping[name]
+                again = last and name in self._sweep_again
+                if again:
+                    self._sweep_again.discard(name)
+        if again:
+            self._sweep_dir(job, name)  # this task still runs: the job stays open for it
 
     def wipe_to_trash(self) -> None:
         """Move every ``v<k>`` aside at once; the workers delete the trash in the background.
