@@ -53,8 +53,8 @@ WORKER_NICE = 10
 STOP_TIMEOUT_S = 10.0
 # Chunks unlinked at once in one directory. Linux holds a directory's lock through each unlink in
 # it (on NFS, through the server's answer too), so more threads in one directory only queue on
-# that lock, and on a few cores spin on it: on 2 cores raw unlinks on 8 threads are 7-9% slower
-# than on 2, and the sidecar went from 0.74-0.80 of raw's best to 0.83-0.87 with 2 lanes
+# that lock, and on a few cores spin on it: on 2 cores raw unlinks on 8 threads are 5-9% slower
+# than on 2, and the sidecar went from 0.74-0.80 of raw's best to 0.82-0.87 with 2 lanes
 # (bench/retention.py). The other threads serve other directories.
 UNLINKS_PER_DIRECTORY = 2
 
