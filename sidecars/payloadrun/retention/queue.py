@@ -112,8 +112,8 @@ class DeletionQueue:
         self.scans = 0
         self.deleted = {r: [0, 0] for r in Reason}
         self._given_up: dict[Reason, set[str]] = {r: set() for r in Reason}
-        # directories a sweep is deleting (its chunks not yet done), and those a later sweep
-        # found so and wants listed again once they are (_sweep)
+        # directories a sweep is listing or deleting (its listing and chunks not yet done, each
+        # counted), and those a later sweep found so and wants listed again once they are
         self._sweeping: dict[str, int] = {}
         self._sweep_again: set[str] = set()
         self._closing = False
@@ -287,35 +287,44 @@ class DeletionQueue:
                 if name in self._sweeping:
                     self._sweep_again.add(name)
                     continue
+                self._sweeping[name] = 1  # held while it is listed: no second listing meanwhile
             self._sweep_dir(job, name)
 
     def _sweep_dir(self, job: Job, name: str) -> None:
-        names = deleter.list_names(self._root_fd, name)
-        if not names:
-            # not under the lock: while unlinks run, an rmdir can wait tens of milliseconds
-            # for the file system's journal, and the API's calls would wait with it
-            if deleter.rmdir_if_empty(self._root_fd, name):
-                with self._lock:
-                    self.version_dirs = max(0, self.version_dirs - 1)
-            return
-        with self._lock:
-            for chunk in _chunks(names, self._chunk_files):
-                if self._task(job, len(chunk), self._delete_swept, job, name, chunk):
-                    self._sweeping[name] = self._sweeping.get(name, 0) + 1
+        """List ``name`` and queue its files; releases the count its caller holds."""
+        try:
+            names = deleter.list_names(self._root_fd, name)
+            if not names:
+                # not under the lock: while unlinks run, an rmdir can wait tens of milliseconds
+                # for the file system's journal, and the API's calls would wait with it
+                if deleter.rmdir_if_empty(self._root_fd, name):
+                    with self._lock:
+                        self.version_dirs = max(0, self.version_dirs - 1)
+                return
+            with self._lock:
+                for chunk in _chunks(names, self._chunk_files):
+                    if self._task(job, len(chunk), self._delete_swept, job, name, chunk):
+                        self._sweeping[name] += 1
+        finally:
+            self._release_sweep(job, name)
 
     def _delete_swept(self, job: Job, name: str, names: list[str]) -> None:
-        """One chunk of a sweep; after a directory's last, list it again if a sweep asked."""
+        """One chunk of a sweep."""
         try:
             self._delete_chunk(Reason.BACKSTOP, name, names, rmdir_after=True)
         finally:
-            with self._lock:
+            self._release_sweep(job, name)
+
+    def _release_sweep(self, job: Job, name: str) -> None:
+        """A listing or a chunk of ``name`` is done; after the last, list it again if asked."""
+        with self._lock:
+            again = self._sweeping[name] == 1 and name in self._sweep_again
+            if again:
+                self._sweep_again.discard(name)  # the count stays, held by the listing below
+            else:
                 self._sweeping[name] -= 1
-                last = not self._sweeping[name]
-                if last:
+                if not self._sweeping[name]:
                     del self._sweeping[name]
-                again = last and name in self._sweep_again
-                if again:
-                    self._sweep_again.discard(name)
         if again:
             self._sweep_dir(job, name)  # this task still runs: the job stays open for it
 
