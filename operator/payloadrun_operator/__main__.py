@@ -1,4 +1,5 @@
-"""``payloadrun-operator``: run the operator (kopf) with its metrics and health endpoints."""
+"""``payloadrun-operator``: run the operator (kopf) with its metrics and health endpoints;
+``payloadrun-operator render``: print what it would create for a PayloadRun file (:mod:`render`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prometheus_client import start_http_server
 from payloadrun import logs, settings
 from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
+from payloadrun_operator import render
 from payloadrun_operator.handlers import register
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reconcile PayloadRun resources: the shared payload volume, the payload mode, "
         "the inference/orchestrator/trainer workloads and their sidecars. Credentials come from "
         "the pod's service account, else from KUBECONFIG. Settings come from PAYLOADRUN_* "
-        "environment variables (see docs/operator.md).",
+        "environment variables (see docs/operator.md). `payloadrun-operator render -f RUN.yaml` "
+        "prints what it would create for a PayloadRun, without a cluster.",
     )
     parser.add_argument(
         "-n",
@@ -45,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log every API call")
     settings.add_arguments(parser, OperatorSettings)  # --log-format
     add_version_flag(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    render.register(commands)
     return parser
 
 
@@ -59,6 +64,8 @@ def operator_identity() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "render":
+        return render.run(args)
     try:
         config = OperatorSettings.from_env(args=args)
     except SettingsError as exc:

@@ -1,21 +1,27 @@
 """Pure functions from a PayloadRun to the manifests of its children.
 
-Children: the ReadWriteMany claim (unless the run names an existing one), a ConfigMap with the
-run's effective settings, and three workloads with their Services:
+Children: the ReadWriteMany claim (unless the run names an existing one, or needs none), a
+ConfigMap with the run's effective settings, and three workloads with their Services. Each
+workload's pods are the role's template (``spec.<role>.template``, a PodTemplateSpec) with the
+operator's parts on top (:mod:`templates` has the rules; :func:`role_parts` what is added):
 
-- inference: a StatefulSet of vLLM pods. By handle, the writer sidecar runs beside vLLM (a native
-  sidecar, so it starts first and stops last) and the ``<run>-inference`` Service targets it;
-  inline, the Service targets vLLM itself. It serves until the run ends.
-- orchestrator: a Job of one pod. By handle, the retention sidecar runs beside it.
-- trainer: an Indexed Job, one pod per rank (``<run>-trainer-<rank>`` on its headless Service,
-  as a StatefulSet's would be); by handle it mounts the volume read-only. Its completion is the
-  run's success.
+- inference: a StatefulSet of vLLM pods, ``<run>-inference-<i>`` on its headless Service (every
+  replica addressable: :func:`inference_admin_urls`). By handle, the writer sidecar runs beside
+  vLLM (a native sidecar, so it starts first and stops last) and the ``<run>-inference``
+  Service targets it; inline, the Service targets vLLM itself. It serves until the run ends.
+- orchestrator: an Indexed Job of one pod, ``<run>-orchestrator-0`` on a headless Service with
+  the ports its template declares. By handle, the retention sidecar runs beside it.
+- trainer: an Indexed Job, one pod per rank (``<run>-trainer-<rank>``), with torchrun's
+  rendezvous variables (rank 0 is the master: :func:`rendezvous_env`). Any rank's failure fails
+  the Job, and the operator restarts all ranks together. Its completion is the run's success.
 
-Both Jobs replace a failed pod (``restartPolicy: Never``, so the failed one and its logs stay)
-up to ``spec.failurePolicy.backoffLimit`` times, and never run a replacement beside the pod it
-replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its inputs
-(:func:`lifecycle.inputs_hash`) and has pods only while the run is active (``RunContext.active``).
-A finished run's ``<run>-cleanup`` Job deletes its payload files (:func:`build_cleanup`).
+Every main container gets ``/dev/shm`` (inference and trainers) and the run directory unless
+the template has its own; by handle the trainers see the payload root read-only. Both Jobs use
+``restartPolicy: Never`` (a failed pod stays, with its logs) and never run a replacement beside
+the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its
+inputs (:func:`lifecycle.inputs_hash`) and has pods only while the run is active
+(``RunContext.active``). A finished run's ``<run>-cleanup`` Job deletes its payload files
+(:func:`build_cleanup`).
 
 Every child carries an owner reference to the run (garbage-collected with it), except a managed
 claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
@@ -37,9 +43,21 @@ from payloadrun_operator.decisions import (
     claim_owned_by_run,
     decide_payload_mode,
     manages_claim,
+    needs_payload_volume,
+    payload_mount_path,
     payload_root,
+    run_dir_on_payload_volume,
 )
-from payloadrun_operator.models import KIND, EnvVar, PayloadRunSpec, Resources
+from payloadrun_operator.models import (
+    KIND,
+    EnvVar,
+    Inference,
+    Orchestrator,
+    PayloadAccess,
+    PayloadRunSpec,
+    Resources,
+    Trainer,
+)
 from payloadrun_operator.names import (
     INFERENCE,
     ORCHESTRATOR,
@@ -47,8 +65,15 @@ from payloadrun_operator.names import (
     VOLUME_NAME,
 )
 from payloadrun_operator.settings import OperatorSettings
-
-Manifest = dict[str, Any]
+from payloadrun_operator.templates import (
+    Manifest,
+    Parts,
+    TemplateConflict,
+    compose,
+    read_only_overlays,
+    run_fs_group,
+    with_overlays,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +87,7 @@ class RunContext:
     decision: ModeDecision
     settings: OperatorSettings  # with the run's pinned sidecar settings (lifecycle.pinned_settings)
     active: bool = True  # whether the workloads have pods (not suspended, not finished)
+    layout: int = lifecycle.POD_LAYOUT  # the pod layout the run was started with
 
     @classmethod
     def of(
@@ -71,10 +97,13 @@ class RunContext:
         settings: OperatorSettings,
         *,
         active: bool = True,
+        layout: int = lifecycle.POD_LAYOUT,
     ) -> RunContext:
         """The context of the run whose ``metadata`` is ``meta`` (its mode decided here)."""
         decision = decide_payload_mode(spec)
-        return cls(meta["name"], meta["namespace"], meta["uid"], spec, decision, settings, active)
+        return cls(
+            meta["name"], meta["namespace"], meta["uid"], spec, decision, settings, active, layout
+        )
 
     @property
     def by_handle(self) -> bool:
@@ -86,13 +115,34 @@ class RunContext:
 
     @property
     def claim(self) -> str | None:
-        return claim_name(self.spec, self.name) if self.by_handle else None
+        """The payload volume's claim, when a pod mounts it (by handle, or as the run
+        directory)."""
+        if not needs_payload_volume(self.spec, self.by_handle):
+            return None
+        return claim_name(self.spec, self.name)
+
+    @property
+    def payload_mount_path(self) -> str:
+        return payload_mount_path(self.spec)
 
     def child_name(self, component: str) -> str:
         return names.child_name(self.name, component)
 
+    def host(self, component: str, index: int = 0) -> str:
+        """The DNS name of a pod of the run: ``<run>-<component>-<index>.<headless>.<ns>.svc``."""
+        return names.pod_host(self.name, self.namespace, component, index)
+
+    def templates(self) -> dict[str, dict[str, Any] | None]:
+        spec = self.spec
+        return {
+            INFERENCE: spec.inference.template,
+            ORCHESTRATOR: spec.orchestrator.template,
+            TRAINER: spec.trainer.template,
+        }
+
     def inputs(self, component: str) -> str:
-        return lifecycle.inputs_hash(self.spec, component, lifecycle.pin_of(self.settings))
+        pin = {**lifecycle.pin_of(self.settings), "podLayout": self.layout}
+        return lifecycle.inputs_hash(self.spec, component, pin)
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -157,13 +207,19 @@ def sidecar_security_context(ctx: RunContext) -> Manifest:
     }
 
 
+# --- what the pods learn -------------------------------------------------------------------------
+
+
 def run_env(ctx: RunContext) -> dict[str, str | None]:
-    """What every container of the run is told about it (the operator's values win)."""
+    """What the main container of every role is told about the run."""
+    run_dir = ctx.spec.run_directory
     return {
         Env.RUN: ctx.name,
         Env.RUN_ID: ctx.uid,
         Env.PAYLOAD_MODE: str(ctx.decision.mode),
         Env.PAYLOAD_ROOT: ctx.root,
+        Env.RUN_DIRECTORY: run_dir.mount_path if run_dir else None,
+        Env.ORCHESTRATOR_HOST: ctx.host(ORCHESTRATOR),
     }
 
 
@@ -181,66 +237,100 @@ def inference_url(ctx: RunContext) -> str:
     return f"http://{ctx.child_name(INFERENCE)}.{ctx.namespace}.svc:{port}"
 
 
+def inference_admin_urls(ctx: RunContext) -> str:
+    """Every inference replica's own vLLM, ``http://<pod DNS name>:<port>/v1``, space-separated.
+
+    Admin calls (pause, weight updates, resume, NCCL setup, metrics) must reach every replica,
+    not one behind the load-balanced Service, and they go to vLLM itself, not through the writer:
+    they carry no payloads, the writer's health must not block a weight update, and the same
+    addresses then serve an inline run. Space-separated, as prime-rl's SLURM template passes
+    them: ``--model.client.admin-base-url $PAYLOADRUN_INFERENCE_ADMIN_URLS`` in a shell command
+    gives one argument per replica."""
+    port = ctx.spec.inference.port
+    return " ".join(
+        f"http://{ctx.host(INFERENCE, i)}:{port}/v1" for i in range(ctx.spec.inference.replicas)
+    )
+
+
 def retention_url(ctx: RunContext) -> str | None:
     if not ctx.by_handle:
         return None
     return f"http://127.0.0.1:{ctx.spec.orchestrator.retention.port}"
 
 
-def volume(ctx: RunContext) -> Manifest:
+def rendezvous_env(ctx: RunContext) -> list[Manifest]:
+    """torch.distributed's and torchrun's variables: rank 0 is the master; a pod's rank is its
+    Indexed Job completion index. ``RANK``/``WORLD_SIZE`` only with one process per pod (with
+    more, torchrun sets them for its workers)."""
+    trainer = ctx.spec.trainer
+    nodes, procs = str(trainer.replicas), str(trainer.processes_per_node)
+    master, port = ctx.host(TRAINER), str(names.TRAINER_DIST_PORT)
+    fixed = {
+        Env.MASTER_ADDR: master,
+        Env.MASTER_PORT: port,
+        Env.NNODES: nodes,
+        Env.NPROC_PER_NODE: procs,
+        Env.PET_MASTER_ADDR: master,
+        Env.PET_MASTER_PORT: port,
+        Env.PET_NNODES: nodes,
+        Env.PET_NPROC_PER_NODE: procs,
+    }
+    one_process = trainer.processes_per_node == 1
+    if one_process:
+        fixed[Env.WORLD_SIZE] = nodes
+    index = f"metadata.annotations['{names.COMPLETION_INDEX_ANNOTATION}']"
+    ranked = [Env.NODE_RANK, Env.PET_NODE_RANK, *([Env.RANK] if one_process else [])]
+    return env_list(fixed) + [
+        {"name": n, "valueFrom": {"fieldRef": {"fieldPath": index}}} for n in ranked
+    ]
+
+
+# --- volumes -------------------------------------------------------------------------------------
+
+
+def payload_volume(ctx: RunContext) -> Manifest:
     return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": ctx.claim}}
 
 
 def volume_mount(ctx: RunContext, *, read_only: bool) -> Manifest:
+    return {"name": VOLUME_NAME, "mountPath": ctx.payload_mount_path, "readOnly": read_only}
+
+
+def run_directory_volume(ctx: RunContext) -> Manifest | None:
+    """The run directory's own claim (none when it is the payload volume, or there is none)."""
+    run_dir = ctx.spec.run_directory
+    if run_dir is None or run_dir.claim_name is None:
+        return None
     return {
-        "name": VOLUME_NAME,
-        "mountPath": ctx.spec.payloads.mount_path,
-        "readOnly": read_only,
+        "name": names.RUN_DIRECTORY_VOLUME,
+        "persistentVolumeClaim": {"claimName": run_dir.claim_name},
     }
 
 
-def pod_spec(ctx: RunContext, containers: list[Manifest], sidecars: list[Manifest]) -> Manifest:
-    placement = ctx.spec.placement
-    spec: Manifest = {"containers": containers}
-    if sidecars:
-        spec["initContainers"] = sidecars
-    if ctx.by_handle:
-        spec["volumes"] = [volume(ctx)]
-        # The sidecars write and delete as this group; the volume's files stay shared with it.
-        spec["securityContext"] = {
-            "fsGroup": ctx.settings.sidecar_uid,
-            "fsGroupChangePolicy": "OnRootMismatch",
-        }
-    if placement.node_selector:
-        spec["nodeSelector"] = dict(placement.node_selector)
-    if placement.tolerations:
-        spec["tolerations"] = list(placement.tolerations)
-    if placement.service_account_name:
-        spec["serviceAccountName"] = placement.service_account_name
-    if placement.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": s.name} for s in placement.image_pull_secrets]
-    return spec
+def run_directory_mount(ctx: RunContext) -> Manifest | None:
+    run_dir = ctx.spec.run_directory
+    if run_dir is None:
+        return None
+    volume = VOLUME_NAME if run_dir.claim_name is None else names.RUN_DIRECTORY_VOLUME
+    return {"name": volume, "mountPath": run_dir.mount_path}
 
 
-def main_container(
-    name: str,
-    image: str,
-    command: list[str] | None,
-    args: list[str],
-    env: list[EnvVar],
-    res: Resources | None,
-    injected: dict[str, str | None],
-) -> Manifest:
-    container: Manifest = {
-        "name": name,
-        "image": image,
-        "args": list(args),
-        "env": user_env(env) + env_list(injected),
-        "resources": resources(res),
-    }
-    if command:
-        container["command"] = list(command)
-    return container
+def shm_volume(size: Any, res: Resources | None) -> Manifest:
+    """A memory-backed /dev/shm, its size the given one, else the main container's memory
+    limit (else none of its own: the node's memory, within the pod's limits)."""
+    limit = size if size is not None else ((res.limits or {}).get("memory") if res else None)
+    empty_dir: Manifest = {"medium": "Memory"}
+    if limit is not None:
+        empty_dir["sizeLimit"] = str(limit)
+    return {"name": names.SHM_VOLUME, "emptyDir": empty_dir}
+
+
+def run_volumes(ctx: RunContext, *, payloads: bool) -> list[Manifest]:
+    """The claims a role's pods mount: the payload volume where they use it, the run
+    directory's own claim."""
+    volumes = [payload_volume(ctx)] if payloads and ctx.claim else []
+    own = run_directory_volume(ctx)
+    return [*volumes, *([own] if own else [])]
 
 
 def http_probe(path: str, port: int, period: int = 10) -> Manifest:
@@ -259,12 +349,201 @@ def startup_probe(port: int) -> Manifest:
     }
 
 
+# --- pod templates -------------------------------------------------------------------------------
+
+
+def short_fields(role: Inference | Orchestrator | Trainer) -> Manifest:
+    """The short fields of a role that are set, as container fields (an empty list is unset)."""
+    fields: Manifest = {}
+    if role.image:
+        fields["image"] = role.image
+    if role.command:
+        fields["command"] = list(role.command)
+    if role.args:
+        fields["args"] = list(role.args)
+    if role.resources is not None:
+        fields["resources"] = resources(role.resources)
+    return fields
+
+
+def placement(ctx: RunContext) -> Manifest:
+    """spec.placement as pod spec fields (the templates merge with it)."""
+    place = ctx.spec.placement
+    fields: Manifest = {}
+    if place.node_selector:
+        fields["nodeSelector"] = dict(place.node_selector)
+    if place.tolerations:
+        fields["tolerations"] = list(place.tolerations)
+    if place.service_account_name:
+        fields["serviceAccountName"] = place.service_account_name
+    if place.image_pull_secrets:
+        fields["imagePullSecrets"] = [{"name": s.name} for s in place.image_pull_secrets]
+    return fields
+
+
+def fs_group(ctx: RunContext) -> int | None:
+    """The run's fsGroup, by handle (the sidecars write as this group): see run_fs_group."""
+    if not ctx.by_handle:
+        return None
+    return run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[0]
+
+
+def role_parts(ctx: RunContext, component: str) -> Parts:
+    """What the operator adds to ``component``'s pods."""
+    spec = ctx.spec
+    run_dir_mount = run_directory_mount(ctx)
+    common = {
+        "labels": labels(ctx, component),
+        "placement": placement(ctx),
+        "fs_group": fs_group(ctx),
+        "pod": {"subdomain": names.headless_name(ctx.name, component)},
+        # the pods' DNS names are their hostnames, which the StatefulSet or Job gives them
+        "pod_unset": ("hostname",),
+    }
+    if component == INFERENCE:
+        inference = spec.inference
+        by_handle = ctx.by_handle
+        writer = inference.writer
+        return Parts(
+            role=INFERENCE,
+            main=names.VLLM_CONTAINER,
+            short=short_fields(inference),
+            short_env=tuple(user_env(inference.env)),
+            env=tuple(env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})),
+            mounts=tuple([run_dir_mount] if run_dir_mount else []),
+            ports=({"name": names.HTTP_PORT_NAME, "containerPort": inference.port},),
+            sidecars=(writer_container(ctx),) if by_handle else (),
+            volumes=tuple(run_volumes(ctx, payloads=by_handle or run_dir_on_payload_volume(spec))),
+            shm=shm_volume(inference.shm_size, inference.resources),
+            reserved_ports=(
+                {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
+                if by_handle
+                else {}
+            ),
+            **{**common, "pod": {**common["pod"], "restartPolicy": "Always"}},
+        )
+    if component == ORCHESTRATOR:
+        orch = spec.orchestrator
+        retention = orch.retention
+        env = {
+            **run_env(ctx),
+            Env.INFERENCE_URL: inference_url(ctx),
+            Env.INFERENCE_ADMIN_URLS: inference_admin_urls(ctx),
+            Env.RETENTION_URL: retention_url(ctx),
+            Env.TRAINER_HOST: ctx.host(TRAINER),
+            **step_env(ctx),
+        }
+        return Parts(
+            role=ORCHESTRATOR,
+            main=names.ORCHESTRATOR_CONTAINER,
+            short=short_fields(orch),
+            short_env=tuple(user_env(orch.env)),
+            env=tuple(env_list(env)),
+            mounts=tuple([run_dir_mount] if run_dir_mount else []),
+            sidecars=(retention_container(ctx),) if ctx.by_handle else (),
+            volumes=tuple(
+                run_volumes(ctx, payloads=ctx.by_handle or run_dir_on_payload_volume(spec))
+            ),
+            reserved_ports=(
+                {
+                    retention.port: "retention sidecar",
+                    retention.metrics_port: "retention sidecar's metrics",
+                }
+                if ctx.by_handle
+                else {}
+            ),
+            **{**common, "pod": {**common["pod"], "restartPolicy": "Never"}},
+        )
+    trainer = spec.trainer
+    mounts = [run_dir_mount] if run_dir_mount else []
+    payloads_mounted = run_dir_on_payload_volume(spec)
+    if ctx.by_handle and not payloads_mounted:
+        read_only = trainer.payload_access is PayloadAccess.READ_ONLY
+        mounts.append(volume_mount(ctx, read_only=read_only))
+    return Parts(
+        role=TRAINER,
+        main=names.TRAINER_CONTAINER,
+        short=short_fields(trainer),
+        short_env=tuple(user_env(trainer.env)),
+        env=tuple(env_list(run_env(ctx)) + rendezvous_env(ctx)),
+        mounts=tuple(mounts),
+        ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
+        volumes=tuple(run_volumes(ctx, payloads=ctx.by_handle or payloads_mounted)),
+        shm=shm_volume(trainer.shm_size, trainer.resources),
+        **{**common, "pod": {**common["pod"], "restartPolicy": "Never"}},
+    )
+
+
+def pod_template(ctx: RunContext, component: str) -> Manifest:
+    """``component``'s pod template; raises :class:`TemplateConflict` on a collision."""
+    parts = role_parts(ctx, component)
+    template = ctx.templates()[component]
+    pod = compose(template, parts)
+    read_only = ctx.spec.trainer.payload_access is PayloadAccess.READ_ONLY
+    if component == TRAINER and ctx.by_handle and read_only:
+        overlays, errors = read_only_overlays(
+            pod["spec"], ctx.claim or "", VOLUME_NAME, ctx.payload_mount_path, ctx.root or ""
+        )
+        if errors:
+            raise TemplateConflict([f"spec.trainer.template: {e}" for e in errors])
+        pod["spec"] = with_overlays(pod["spec"], overlays)
+    return pod
+
+
+def run_errors(ctx: RunContext) -> list[str]:
+    """Every reason the run's pods cannot be built: template collisions, fsGroups that disagree,
+    a run directory on the payload volume's path (the checks that need the payload mode)."""
+    errors = []
+    run_dir = ctx.spec.run_directory
+    if (
+        ctx.by_handle
+        and run_dir is not None
+        and run_dir.claim_name is not None
+        and run_dir.mount_path == ctx.payload_mount_path
+    ):
+        errors.append(
+            f"spec.runDirectory.mountPath {run_dir.mount_path} is where the payload volume is "
+            "mounted: choose another path, or drop spec.runDirectory.claimName to make the "
+            "payload volume the run directory"
+        )
+    if ctx.by_handle:
+        errors += run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[1]
+    for component in (INFERENCE, ORCHESTRATOR, TRAINER):
+        try:
+            pod_template(ctx, component)
+        except TemplateConflict as conflict:
+            errors += conflict.errors
+    return errors
+
+
+def service_ports(pod: Manifest, extra: list[Manifest] = ()) -> list[Manifest]:  # type: ignore[assignment]
+    """Service ports for the ports the pod's containers declare (the sidecars' excluded), after
+    ``extra``; unnamed ones get ``port-<number>``."""
+    ports = list(extra)
+    seen = {(p["port"], p.get("protocol", "TCP")) for p in ports}
+    for container in pod["spec"].get("containers") or []:
+        for port in container.get("ports") or []:
+            key = (port["containerPort"], port.get("protocol", "TCP"))
+            if key in seen:
+                continue
+            seen.add(key)
+            entry = {
+                "name": port.get("name") or f"port-{port['containerPort']}",
+                "port": port["containerPort"],
+                "targetPort": port["containerPort"],
+            }
+            if port.get("protocol", "TCP") != "TCP":
+                entry["protocol"] = port["protocol"]
+            ports.append(entry)
+    return ports
+
+
 # --- children ------------------------------------------------------------------------------------
 
 
 def build_claim(ctx: RunContext) -> Manifest | None:
-    """The managed ReadWriteMany claim, or None when the run brings its own (or is inline)."""
-    if not ctx.by_handle or not manages_claim(ctx.spec):
+    """The managed ReadWriteMany claim, or None when the run brings its own (or needs none)."""
+    if ctx.claim is None or not manages_claim(ctx.spec):
         return None
     vol = ctx.spec.payloads.volume
     spec: Manifest = {
@@ -296,7 +575,11 @@ def effective_settings(ctx: RunContext) -> dict[str, str]:
         "routerReplay": str(spec.router_replay).lower(),
         "samplingMaskCapture": str(spec.sampling_mask_capture).lower(),
         "inferenceUrl": inference_url(ctx),
+        "inferenceAdminUrls": inference_admin_urls(ctx),
         "retentionUrl": retention_url(ctx),
+        "orchestratorHost": ctx.host(ORCHESTRATOR),
+        "trainerHost": ctx.host(TRAINER),
+        "runDirectory": spec.run_directory.mount_path if spec.run_directory else None,
     }
     return {k: v for k, v in values.items() if v is not None}
 
@@ -378,16 +661,18 @@ def retention_container(ctx: RunContext) -> Manifest:
 
 
 def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> Manifest:
+    spec: Manifest = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,  # peers find each other while starting
+        "selector": selector(ctx, component),
+    }
+    if ports:
+        spec["ports"] = ports
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(ctx, names.headless_name(ctx.name, component), component),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,  # peers find each other while starting
-            "selector": selector(ctx, component),
-            "ports": ports,
-        },
+        "spec": spec,
     }
 
 
@@ -407,13 +692,15 @@ def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) 
             "serviceName": names.headless_name(ctx.name, component),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(ctx, component)},
-            "template": {"metadata": {"labels": labels(ctx, component)}, "spec": pod},
+            "template": pod,
         },
     }
 
 
-def job(ctx: RunContext, component: str, pods: int, pod: Manifest, **spec: Any) -> Manifest:
-    """A Job of ``pods`` pods at once that replaces failed ones, one for one, up to the limit."""
+def job(ctx: RunContext, component: str, pods: int, pod: Manifest, backoff_limit: int) -> Manifest:
+    """An Indexed Job of ``pods`` pods at once (pod ``i`` is ``<job>-<i>`` on the component's
+    headless Service); a failed pod is replaced (once it has stopped) up to ``backoff_limit``
+    times."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -422,30 +709,17 @@ def job(ctx: RunContext, component: str, pods: int, pod: Manifest, **spec: Any) 
             "suspend": not ctx.active,
             "completions": pods,
             "parallelism": pods,
-            "backoffLimit": ctx.spec.failure_policy.backoff_limit,
+            "completionMode": "Indexed",
+            "backoffLimit": backoff_limit,
             "podReplacementPolicy": "Failed",
-            **spec,
-            "template": {
-                "metadata": {"labels": labels(ctx, component)},
-                "spec": {**pod, "restartPolicy": "Never"},
-            },
+            "template": pod,
         },
     }
 
 
 def build_inference(ctx: RunContext) -> list[Manifest]:
     inference = ctx.spec.inference
-    vllm = main_container(
-        names.VLLM_CONTAINER,
-        inference.image,
-        inference.command,
-        inference.args,
-        inference.env,
-        inference.resources,
-        {k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT},
-    )
-    vllm["ports"] = [{"name": names.HTTP_PORT_NAME, "containerPort": inference.port}]
-    sidecars = [writer_container(ctx)] if ctx.by_handle else []
+    pod = pod_template(ctx, INFERENCE)
     front_port = inference.writer.port if ctx.by_handle else inference.port
     ports = [{"name": names.HTTP_PORT_NAME, "port": front_port, "targetPort": front_port}]
     if ctx.by_handle:
@@ -462,63 +736,46 @@ def build_inference(ctx: RunContext) -> list[Manifest]:
         "metadata": metadata(ctx, ctx.child_name(INFERENCE), INFERENCE),
         "spec": {"selector": selector(ctx, INFERENCE), "ports": ports},
     }
+    # The headless Service names each replica (the admin URLs); by handle it also lists vLLM's
+    # own port, which the admin calls use.
+    vllm = [{"name": names.VLLM_PORT_NAME, "port": inference.port, "targetPort": inference.port}]
     return [
-        headless_service(ctx, INFERENCE, ports),
+        headless_service(ctx, INFERENCE, ports + (vllm if ctx.by_handle else [])),
         service,
-        stateful_set(ctx, INFERENCE, inference.replicas, pod_spec(ctx, [vllm], sidecars)),
+        stateful_set(ctx, INFERENCE, inference.replicas, pod),
     ]
 
 
 def build_orchestrator(ctx: RunContext) -> list[Manifest]:
-    spec = ctx.spec
-    orch = spec.orchestrator
-    container = main_container(
-        names.ORCHESTRATOR_CONTAINER,
-        orch.image,
-        orch.command,
-        orch.args,
-        orch.env,
-        orch.resources,
-        {
-            **run_env(ctx),
-            Env.INFERENCE_URL: inference_url(ctx),
-            Env.RETENTION_URL: retention_url(ctx),
-            **step_env(ctx),
-        },
-    )
-    sidecars = [retention_container(ctx)] if ctx.by_handle else []
-    # One pod; a replacement only once the failed one has stopped (podReplacementPolicy), since
-    # two orchestrators would both drive the retention of one root.
-    return [job(ctx, ORCHESTRATOR, 1, pod_spec(ctx, [container], sidecars))]
+    pod = pod_template(ctx, ORCHESTRATOR)
+    # One pod, <run>-orchestrator-0 on its headless Service (the ports its template declares);
+    # a replacement only once the failed one has stopped (podReplacementPolicy), since two
+    # orchestrators would both drive the retention of one root.
+    backoff = ctx.spec.failure_policy.backoff_limit
+    return [
+        headless_service(ctx, ORCHESTRATOR, service_ports(pod)),
+        job(ctx, ORCHESTRATOR, 1, pod, backoff),
+    ]
 
 
 def build_trainer(ctx: RunContext) -> list[Manifest]:
     trainer = ctx.spec.trainer
-    container = main_container(
-        names.TRAINER_CONTAINER,
-        trainer.image,
-        trainer.command,
-        trainer.args,
-        trainer.env,
-        trainer.resources,
-        run_env(ctx),
-    )
-    if ctx.by_handle:
-        container["volumeMounts"] = [volume_mount(ctx, read_only=True)]
+    pod = pod_template(ctx, TRAINER)
     port = names.TRAINER_DIST_PORT
-    ports = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
-    pod = pod_spec(ctx, [container], [])
-    # <run>-trainer-<rank>.<run>-trainer-headless, as a StatefulSet's pods are named; the rank is
-    # also in JOB_COMPLETION_INDEX.
-    pod["subdomain"] = names.headless_name(ctx.name, TRAINER)
+    dist = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
+    # Any rank's failure fails the Job (backoffLimit 0): the operator then restarts every rank
+    # together (readiness.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
+    # would join a group whose collective hangs.
     return [
-        headless_service(ctx, TRAINER, ports),
-        job(ctx, TRAINER, trainer.replicas, pod, completionMode="Indexed"),
+        headless_service(ctx, TRAINER, service_ports(pod, dist)),
+        job(ctx, TRAINER, trainer.replicas, pod, backoff_limit=0),
     ]
 
 
 def build_children(ctx: RunContext) -> list[Manifest]:
-    """Every child, in the order to apply them (the claim before the pods that mount it)."""
+    """Every child, in the order to apply them (the claim before the pods that mount it).
+
+    Raises :class:`TemplateConflict` when a template collides (see :func:`run_errors`)."""
     claim = build_claim(ctx)
     return [
         *([claim] if claim else []),
@@ -545,15 +802,21 @@ def build_cleanup(ctx: RunContext) -> Manifest:
         "securityContext": sidecar_security_context(ctx),
         "volumeMounts": [volume_mount(ctx, read_only=False)],
     }
+    pod: Manifest = {
+        "containers": [container],
+        "volumes": [payload_volume(ctx)],
+        "restartPolicy": "Never",
+        **{k: v for k, v in placement(ctx).items() if k != "serviceAccountName"},
+    }
+    group = fs_group(ctx)
+    if group is not None:
+        pod["securityContext"] = {"fsGroup": group, "fsGroupChangePolicy": "OnRootMismatch"}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(ctx, ctx.child_name(names.CLEANUP), names.CLEANUP),
         "spec": {
             "backoffLimit": 3,
-            "template": {
-                "metadata": {"labels": labels(ctx, names.CLEANUP)},
-                "spec": {**pod_spec(ctx, [container], []), "restartPolicy": "Never"},
-            },
+            "template": {"metadata": {"labels": labels(ctx, names.CLEANUP)}, "spec": pod},
         },
     }

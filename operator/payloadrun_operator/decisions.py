@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from payloadrun.settings import Env
 from payloadrun_operator.models import (
+    DEFAULT_MOUNT_PATH,
     DISAGGREGATED_BY_HANDLE_MESSAGE,
+    TWO_MOUNT_PATHS_MESSAGE,
     DeletionPolicy,
     DeploymentType,
     PayloadModeSetting,
@@ -15,20 +16,6 @@ from payloadrun_operator.models import (
 )
 
 DEFAULT_CLAIM_SIZE = "100Gi"
-
-# What the operator tells the containers of a run (builders.run_env and the orchestrator's extras).
-INJECTED_ENV = frozenset(
-    {
-        Env.RUN,
-        Env.RUN_ID,
-        Env.PAYLOAD_MODE,
-        Env.PAYLOAD_ROOT,
-        Env.INFERENCE_URL,
-        Env.RETENTION_URL,
-        Env.MAX_OFF_POLICY_STEPS,
-        Env.MAX_STEPS,
-    }
-)
 
 
 class PayloadMode(StrEnum):
@@ -55,26 +42,20 @@ def validation_errors(spec: PayloadRunSpec) -> list[str]:
         payloads.mode is PayloadModeSetting.BY_HANDLE or payloads.root is not None
     ):
         errors.append(DISAGGREGATED_BY_HANDLE_MESSAGE)
-    if payloads.root is not None and not payloads.root.startswith(payloads.mount_path + "/"):
+    mount = payload_mount_path(spec)
+    if payloads.root is not None and not payloads.root.startswith(mount + "/"):
         errors.append(
-            f"payloads.root {payloads.root!r} must be a directory under payloads.mountPath "
-            f"{payloads.mount_path!r}"
+            f"spec.payloads.root {payloads.root!r} must be a directory under the payload "
+            f"volume's mount path {mount!r} (spec.payloads.mountPath, or spec.runDirectory."
+            "mountPath when the run directory is the payload volume)"
         )
-    for where, env in (
-        ("inference", spec.inference.env),
-        ("orchestrator", spec.orchestrator.env),
-        ("trainer", spec.trainer.env),
+    run_dir = spec.run_directory
+    if (
+        run_dir is not None
+        and run_dir.claim_name is None
+        and payloads.mount_path not in (None, run_dir.mount_path)
     ):
-        names = [e.name for e in env]
-        taken = sorted(set(names) & INJECTED_ENV)
-        if taken:
-            errors.append(
-                f"spec.{where}.env sets {', '.join(taken)}, which the operator sets itself: "
-                "remove them (the operator's values describe this run)"
-            )
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            errors.append(f"spec.{where}.env names {', '.join(repeated)} more than once")
+        errors.append(TWO_MOUNT_PATHS_MESSAGE)
     volume = payloads.volume
     if volume.claim_name and (volume.size is not None or volume.storage_class_name):
         errors.append(
@@ -131,11 +112,29 @@ def decide_payload_mode(spec: PayloadRunSpec) -> ModeDecision:
     )
 
 
+def run_dir_on_payload_volume(spec: PayloadRunSpec) -> bool:
+    """Whether the run directory is the payload volume (it names no claim of its own)."""
+    return spec.run_directory is not None and spec.run_directory.claim_name is None
+
+
+def payload_mount_path(spec: PayloadRunSpec) -> str:
+    """Where the payload volume is mounted, one path in every container that mounts it."""
+    if run_dir_on_payload_volume(spec):
+        assert spec.run_directory is not None
+        return spec.run_directory.mount_path
+    return spec.payloads.mount_path or DEFAULT_MOUNT_PATH
+
+
+def needs_payload_volume(spec: PayloadRunSpec, by_handle: bool) -> bool:
+    """By handle, or when the run directory is the payload volume (an inline run too)."""
+    return by_handle or run_dir_on_payload_volume(spec)
+
+
 def payload_root(spec: PayloadRunSpec, namespace: str, name: str) -> str:
     """The run's own directory on the shared volume: one subdirectory per run."""
     if spec.payloads.root is not None:
         return spec.payloads.root
-    return f"{spec.payloads.mount_path}/{namespace}/{name}/payloads"
+    return f"{payload_mount_path(spec)}/{namespace}/{name}/payloads"
 
 
 def claim_name(spec: PayloadRunSpec, name: str) -> str:

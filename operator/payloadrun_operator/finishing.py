@@ -108,7 +108,13 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     job = children.get((meta["namespace"], "Job", job_name))
     if job is None:
         pin = status.get("sidecars") or {}
-        ctx = RunContext.of(meta, spec, lifecycle.pinned_settings(op.settings, pin), active=False)
+        ctx = RunContext.of(
+            meta,
+            spec,
+            lifecycle.pinned_settings(op.settings, pin),
+            active=False,
+            layout=lifecycle.layout_of(pin),
+        )
         await op.client.apply(build_cleanup(ctx))
         return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
     outcome = lifecycle.job_outcome(job)

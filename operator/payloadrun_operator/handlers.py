@@ -13,20 +13,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from payloadrun_operator import credentials, lifecycle, readiness
+from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.decisions import validation_errors
 from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import (
-    GROUP,
-    MAX_NAME_LENGTH,
-    NAME_LENGTH_MESSAGE,
-    PLURAL,
-    VERSION,
-    PayloadRunSpec,
-)
+from payloadrun_operator.models import GROUP, PLURAL, VERSION
 from payloadrun_operator.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
@@ -58,22 +50,6 @@ SPEC_REJECTED = Check(
 
 def utc_now() -> str:
     return rfc3339(datetime.now(UTC))
-
-
-def spec_errors(body: kopf.Body | dict[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
-    """The parsed spec, or the reasons it is refused (the same rules the CRD's CEL applies)."""
-    name = body["metadata"]["name"]
-    errors = []
-    if len(name) > MAX_NAME_LENGTH:
-        errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
-    try:
-        spec = PayloadRunSpec.model_validate(dict(body.get("spec") or {}))
-    except ValidationError as exc:
-        details = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        return None, [*errors, details]
-    return spec, errors + validation_errors(spec)
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
@@ -124,9 +100,9 @@ async def reconcile(
     started = time.perf_counter()
     meta = body["metadata"]
     generation = meta.get("generation")
-    spec, errors = spec_errors(body)
-    if errors:
-        message = "; ".join(errors)
+    admission = admit(body, op.settings)
+    if admission.ctx is None:
+        message = "; ".join(admission.errors)
         logger.warning("rejected: %s", message)
         report(
             op,
@@ -137,17 +113,10 @@ async def reconcile(
         )
         op.metrics.reconciles.labels("rejected").inc()
         return
-    assert spec is not None
+    ctx, pin = admission.ctx, admission.pin
+    spec = ctx.spec
     status = body.get("status") or {}
     final = lifecycle.is_final(status.get("phase"))
-    # The sidecars the run was started with, unless its rollout annotation asks for new ones.
-    pin = lifecycle.current_pin(op.settings, status, meta.get("annotations") or {})
-    ctx = RunContext.of(
-        meta,
-        spec,
-        lifecycle.pinned_settings(op.settings, pin),
-        active=lifecycle.runs_pods(spec.suspend, status.get("phase")),
-    )
     decision = ctx.decision
     try:
         applied, waiting = await apply_children(op, ctx, final=final)

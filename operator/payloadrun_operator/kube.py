@@ -207,23 +207,34 @@ class KubeClient:
         )
 
     async def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, propagation: str
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        propagation: str,
+        *,
+        uid: str | None = None,
     ) -> bool:
         """Delete an object (``propagation``: Foreground, Background or Orphan for its
-        dependents); False when it was already gone."""
+        dependents), only the one with ``uid`` when given; False when it was already gone (or
+        another object of that name has taken its place)."""
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation,
+        }
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
         try:
             await self._request(
                 "DELETE",
                 object_path(api_version, kind, namespace, name),
                 f"deleting {kind} {namespace}/{name}",
-                body={
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "propagationPolicy": propagation,
-                },
+                body=options,
             )
         except KubeApiError as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (uid is not None and exc.status == 409):
                 return False
             raise
         return True

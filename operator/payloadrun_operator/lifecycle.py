@@ -46,6 +46,25 @@ from payloadrun_operator.status import (
 
 FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
 
+# The layout of the pods the operator builds: 1 before pod templates, 2 since (templates, the run
+# directory, addresses, rendezvous, /dev/shm, trainers restarted together). A run records the
+# layout it started with in status.sidecars.podLayout (absent: 1); its workloads' inputs are
+# hashed as that layout's were, so an operator upgrade does not roll it, and its trainers fail
+# as that layout's did. The rollout annotation moves it onto the current layout.
+POD_LAYOUT = 2
+# Spec fields that layout 2 added, as (section or None for the spec, field, default): left out of
+# a layout-1 run's inputs while they have their default, as they were before they existed.
+LAYOUT_2_FIELDS = (
+    (None, "runDirectory", None),
+    (INFERENCE, "shmSize", None),
+    (INFERENCE, "template", None),
+    (ORCHESTRATOR, "template", None),
+    (TRAINER, "processesPerNode", 1),
+    (TRAINER, "shmSize", None),
+    (TRAINER, "payloadAccess", "ReadOnly"),
+    (TRAINER, "template", None),
+)
+
 # status.sidecars key -> the OperatorSettings field it pins.
 PIN_FIELDS = {
     "image": "sidecar_image",
@@ -70,8 +89,9 @@ NOT_IN_TEMPLATES = ("suspend", "failurePolicy")
 
 
 def pin_of(settings: OperatorSettings, rollout: str | None = None) -> dict[str, Any]:
-    """The record of ``settings`` a run keeps in ``status.sidecars``."""
-    pin = {key: getattr(settings, attr) for key, attr in PIN_FIELDS.items()}
+    """The record of ``settings`` a run keeps in ``status.sidecars`` (with today's layout)."""
+    pin: dict[str, Any] = {key: getattr(settings, attr) for key, attr in PIN_FIELDS.items()}
+    pin["podLayout"] = POD_LAYOUT
     if rollout is not None:
         pin["rollout"] = rollout
     return pin
@@ -90,6 +110,11 @@ def current_pin(
     return pin_of(settings, wanted)
 
 
+def layout_of(pin: Mapping[str, Any]) -> int:
+    """The pod layout a run's record says it was started with (1: recorded before layouts)."""
+    return int(pin.get("podLayout") or 1)
+
+
 def pinned_settings(settings: OperatorSettings, pin: Mapping[str, Any]) -> OperatorSettings:
     """The operator's settings with the run's pinned ones in place of the current defaults."""
     values = {attr: pin[key] for key, attr in PIN_FIELDS.items() if key in pin}
@@ -102,9 +127,17 @@ def pinned_settings(settings: OperatorSettings, pin: Mapping[str, Any]) -> Opera
 def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) -> str:
     """What ``component``'s template is built from, hashed: the run-wide spec, the payload mode
     (which inference.disaggregated alone can change), the component's own section and, by
-    handle, the pinned settings it uses (the orchestrator also the inference ports it calls).
-    Neither suspend nor the failure policy is part of any template."""
+    handle, the pinned settings it uses; the orchestrator also the inference ports it calls and
+    (layout 2) the number of replicas its admin URLs list. Neither suspend nor the failure
+    policy is part of any template. A layout-1 run's inputs leave out the fields added since
+    while they are unset (:data:`LAYOUT_2_FIELDS`), so they hash as they did then."""
     data = spec.model_dump(mode="json", by_alias=True)
+    layout = layout_of(pin)
+    if layout < 2:
+        for section, name, default in LAYOUT_2_FIELDS:
+            where = data if section is None else data[section]
+            if where.get(name) == default:
+                where.pop(name, None)
     skipped = (*COMPONENT_FIELDS, *NOT_IN_TEMPLATES)
     by_handle = decide_payload_mode(spec).by_handle
     inputs: dict[str, Any] = {
@@ -116,6 +149,10 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     if component == ORCHESTRATOR:
         inference = data[INFERENCE]
         inputs["inferencePorts"] = [inference["port"], inference["writer"]["port"]]
+        if layout >= 2:
+            inputs["inferenceReplicas"] = inference["replicas"]
+    if layout >= 2:
+        inputs["podLayout"] = layout
     encoded = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:20]
 

@@ -36,9 +36,25 @@ DISAGGREGATED_BY_HANDLE_MESSAGE = (
     "and remove spec.payloads.root, or turn off spec.inference.disaggregated"
 )
 
+ROOT_OUTSIDE_MOUNT_MESSAGE = (
+    "spec.payloads.root must be a directory under the payload volume's mount path: "
+    "spec.payloads.mountPath (default /payloads), or spec.runDirectory.mountPath when the run "
+    "directory is the payload volume"
+)
+TWO_MOUNT_PATHS_MESSAGE = (
+    "spec.payloads.mountPath and spec.runDirectory.mountPath differ, but the run directory is the "
+    "payload volume (spec.runDirectory.claimName is not set): it is mounted at one path in "
+    "every container, since segments name payload files by absolute path. Remove "
+    "spec.payloads.mountPath, or set it to spec.runDirectory.mountPath"
+)
+# CEL: the run directory is the payload volume (it names no claim of its own).
+RUN_DIRECTORY_ON_PAYLOAD_VOLUME = "(has(self.runDirectory) && !has(self.runDirectory.claimName))"
+
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 Port = Annotated[int, Field(ge=1, le=65535)]
+MountPath = Annotated[str, Field(max_length=512, pattern=r"^/[^\s]*[^/\s]$")]
+DEFAULT_MOUNT_PATH = "/payloads"
 Generation = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
 
 # metav1.Condition's rules (k8s.io/apimachinery/pkg/apis/meta/v1/types.go), so a condition this
@@ -66,6 +82,30 @@ def _preserve(description: str) -> Any:
     )
 
 
+# Marks a field whose schema is Kubernetes' PodTemplateSpec (crd.py puts it in: kubeschema.py).
+POD_TEMPLATE_MARKER = "x-payloadrun-pod-template"
+
+
+def _pod_template(role: str, main: str, extra: str = "") -> Any:
+    return Field(
+        default=None,
+        description=f"The {role} pods' template, a Kubernetes PodTemplateSpec (labels, "
+        f"annotations and the whole pod spec). The container named {main} is the main one: the "
+        f"short fields above fill it (a field set both ways must agree), and the operator adds "
+        "its parts on top by the rules of docs/operator.md#pod-templates, refusing a template "
+        f"that sets one of them.{extra}",
+        json_schema_extra={POD_TEMPLATE_MARKER: True},
+    )
+
+
+def _image_rule(role: str, main: str) -> dict[str, str]:
+    return {
+        "rule": "has(self.image) || has(self.template)",
+        "message": f"spec.{role} needs an image: set spec.{role}.image, or give the container "
+        f"named {main} in spec.{role}.template an image",
+    }
+
+
 class Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -75,6 +115,11 @@ class Model(BaseModel):
 class DeploymentType(StrEnum):
     MULTI_NODE = "MultiNode"
     SINGLE_NODE = "SingleNode"
+
+
+class PayloadAccess(StrEnum):
+    READ_ONLY = "ReadOnly"
+    READ_WRITE = "ReadWrite"
 
 
 class PayloadModeSetting(StrEnum):
@@ -150,17 +195,6 @@ class Volume(Model):
 
 
 class Payloads(Model):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.root) || self.root.startsWith(self.mountPath + '/')",
-                    "message": "payloads.root must be a directory under payloads.mountPath",
-                },
-            ]
-        }
-    )
-
     mode: PayloadModeSetting = Field(
         default=PayloadModeSetting.AUTO,
         description="Auto: by handle when router replay or sampling-mask capture is on, the run "
@@ -168,10 +202,15 @@ class Payloads(Model):
     )
     root: Annotated[str, Field(max_length=1024, pattern=r"^/")] | None = Field(
         default=None,
-        description="Payload root set by hand (default <mountPath>/<namespace>/<name>/payloads).",
+        description="Payload root set by hand, a directory under the volume's mount path (default "
+        "<mountPath>/<namespace>/<name>/payloads). Inside a run directory on this volume, the "
+        "seed's layout is <run dir>/payloads.",
     )
-    mount_path: Annotated[str, Field(max_length=512, pattern=r"^/[^\s]*[^/\s]$")] = Field(
-        default="/payloads", description="Where the shared volume is mounted in every pod."
+    mount_path: MountPath | None = Field(
+        default=None,
+        description="Where the payload volume is mounted, the same path in every container that "
+        f"mounts it (segments name files by absolute path); default {DEFAULT_MOUNT_PATH}, or "
+        "spec.runDirectory.mountPath when the run directory is this volume.",
     )
     volume: Volume = Field(default_factory=Volume, description=Volume.__doc__)
 
@@ -212,12 +251,29 @@ class Retention(Model):
     args: list[str] = Field(default_factory=list, description="Extra retention flags.")
 
 
+SHM_DESCRIPTION = (
+    "Size limit of the memory-backed /dev/shm the operator mounts in the main container (NCCL "
+    "and vLLM need far more than a container's default 64 MiB); default: the main container's "
+    "memory limit, or no limit of its own without one. None is added when the template mounts "
+    "something at /dev/shm or sets hostIPC."
+)
+
+
 class Inference(Model):
+    """The vLLM servers (the writer sidecar beside each, by handle)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_image_rule("inference", "vllm")]}
+    )
+
     replicas: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="vLLM pods.")
     disaggregated: bool = Field(
         default=False, description="Prefill/decode-disaggregated inference behind a P/D router."
     )
-    image: Name = Field(description="The vLLM image.")
+    image: Name | None = Field(
+        default=None,
+        description="The vLLM image (prime-rl's serves the admin routes its orchestrator calls).",
+    )
     command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(
         default_factory=list,
@@ -227,11 +283,23 @@ class Inference(Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = Field(default=None, description="vLLM's container resources.")
     port: Port = Field(default=sidecar.VLLM_PORT, description="vLLM's HTTP port.")
+    shm_size: Quantity | None = Field(default=None, description=SHM_DESCRIPTION)
     writer: Writer = Field(default_factory=Writer, description=Writer.__doc__)
+    template: dict[str, Any] | None = _pod_template("inference", "vllm")
 
 
 class Orchestrator(Model):
-    image: Name = Field(description="The orchestrator's image (prime-rl's, or yours).")
+    """The orchestrator (the retention sidecar beside it, by handle)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_image_rule("orchestrator", "orchestrator")]
+        }
+    )
+
+    image: Name | None = Field(
+        default=None, description="The orchestrator's image (prime-rl's, or yours)."
+    )
     command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(default_factory=list, description="The orchestrator's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
@@ -239,16 +307,55 @@ class Orchestrator(Model):
         default=None, description="The orchestrator container's resources."
     )
     retention: Retention = Field(default_factory=Retention, description=Retention.__doc__)
+    template: dict[str, Any] | None = _pod_template(
+        "orchestrator",
+        "orchestrator",
+        " The ports its containers declare are the ports of its headless Service.",
+    )
 
 
 class Trainer(Model):
-    replicas: Annotated[int, Field(ge=1, le=4096)] = Field(default=1, description="Trainer pods.")
-    image: Name = Field(description="The trainer's image.")
+    """The trainers: one pod per rank, rendezvousing at rank 0."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_image_rule("trainer", "trainer")]}
+    )
+
+    replicas: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=1, description="Trainer pods (torchrun's nodes)."
+    )
+    processes_per_node: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=1,
+        description="Processes per trainer pod (torchrun's --nproc-per-node, usually its GPUs); "
+        "with 1, RANK and WORLD_SIZE are injected too.",
+    )
+    image: Name | None = Field(default=None, description="The trainer's image.")
     command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(default_factory=list, description="The trainer's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = Field(
         default=None, description="Each trainer container's resources (e.g. its GPUs)."
+    )
+    shm_size: Quantity | None = Field(default=None, description=SHM_DESCRIPTION)
+    payload_access: PayloadAccess = Field(
+        default=PayloadAccess.READ_ONLY,
+        description="ReadOnly: the trainers cannot write to or delete payload files, even where "
+        "the run directory is mounted read-write (the payload root is mounted read-only over "
+        "it). ReadWrite: they can.",
+    )
+    template: dict[str, Any] | None = _pod_template("trainer", "trainer")
+
+
+class RunDirectory(Model):
+    """The run's shared, writable directory (prime-rl's output_dir: weights, markers,
+    checkpoints), mounted read-write at one path in the main container of every role."""
+
+    mount_path: MountPath = Field(description="Where, in every role (e.g. /data).")
+    claim_name: Name | None = Field(
+        default=None,
+        description="A ReadWriteMany claim of your own; default: the run's payload volume "
+        "(spec.payloads.volume, provisioned even for an inline run), mounted at this path "
+        "everywhere, so the payload root can live inside the run directory.",
     )
 
 
@@ -257,8 +364,9 @@ class FailurePolicy(Model):
 
     backoff_limit: Annotated[int, Field(ge=0, le=1000)] = Field(
         default=3,
-        description="Failed pods the orchestrator, and the trainers together, may have before "
-        "the run is Failed (each failed pod is replaced until then, and kept for its logs).",
+        description="Failed orchestrator pods (each replaced, and kept for its logs), and "
+        "restarts of the trainer group (any rank's failure restarts every rank), before the run "
+        "is Failed.",
     )
 
 
@@ -267,7 +375,8 @@ class LocalObjectReference(Model):
 
 
 class Placement(Model):
-    """Pod placement shared by every workload of the run."""
+    """Pod placement shared by every workload of the run (a role's template can add to it:
+    node selectors and tolerations are merged, a value set both ways must agree)."""
 
     node_selector: dict[str, str] | None = Field(
         default=None, description="Node labels every pod of the run must match."
@@ -295,7 +404,19 @@ class PayloadRunSpec(Model):
                     "rule": "!(self.inference.disaggregated && "
                     "(self.payloads.mode == 'ByHandle' || has(self.payloads.root)))",
                     "message": DISAGGREGATED_BY_HANDLE_MESSAGE,
-                }
+                },
+                {
+                    "rule": "!has(self.payloads.root) || self.payloads.root.startsWith(("
+                    f"{RUN_DIRECTORY_ON_PAYLOAD_VOLUME} ? self.runDirectory.mountPath : "
+                    "(has(self.payloads.mountPath) ? self.payloads.mountPath : "
+                    f"'{DEFAULT_MOUNT_PATH}')) + '/')",
+                    "message": ROOT_OUTSIDE_MOUNT_MESSAGE,
+                },
+                {
+                    "rule": f"!({RUN_DIRECTORY_ON_PAYLOAD_VOLUME} && has(self.payloads.mountPath) "
+                    "&& self.payloads.mountPath != self.runDirectory.mountPath)",
+                    "message": TWO_MOUNT_PATHS_MESSAGE,
+                },
             ]
         }
     )
@@ -319,9 +440,10 @@ class PayloadRunSpec(Model):
     payloads: Payloads = Field(
         default_factory=Payloads, description="How per-token payloads move, and where."
     )
-    inference: Inference = Field(description="The vLLM servers (the writer sidecar beside each).")
-    orchestrator: Orchestrator = Field(description="The orchestrator (retention sidecar beside).")
-    trainer: Trainer = Field(description="The trainers (the payload volume read-only).")
+    inference: Inference = Field(description=Inference.__doc__)
+    orchestrator: Orchestrator = Field(description=Orchestrator.__doc__)
+    trainer: Trainer = Field(description=Trainer.__doc__)
+    run_directory: RunDirectory | None = Field(default=None, description=RunDirectory.__doc__)
     placement: Placement = Field(
         default_factory=Placement, description="Pod placement shared by every workload."
     )
@@ -390,6 +512,11 @@ class PinnedSidecars(Model):
         description="The value of the rollout.payloadrun.dev/sidecars annotation these were "
         "taken for (none: taken when the run started).",
     )
+    pod_layout: int | None = Field(
+        default=None,
+        description="The layout of the pods the run was started with: 2 since pod templates "
+        "(none: 1, before them).",
+    )
 
 
 class RunFailure(Model):
@@ -402,6 +529,16 @@ class RunFailure(Model):
     )
     pod: str | None = Field(default=None, description="The last failed pod (its logs stay).")
     message: str = Field(description="Why, in words.")
+
+
+class TrainerRestart(Model):
+    """The trainers' last restart together: which rank failed, and how."""
+
+    time: AwareDatetime = Field(description="When the operator restarted them.")
+    job_uid: str = Field(description="The uid of the failed trainer Job it replaced.")
+    pod: str | None = Field(default=None, description="The failed rank's pod.")
+    exit_code: int | None = Field(default=None, description="Its trainer container's exit code.")
+    message: str = Field(description="What happened, in words.")
 
 
 class PayloadRunStatus(Model):
@@ -454,6 +591,14 @@ class PayloadRunStatus(Model):
         "finished (by handle only; absent when it could not be read).",
     )
     failure: RunFailure | None = Field(default=None, description=RunFailure.__doc__)
+    trainer_restarts: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="How often every trainer was restarted together after a rank failed (the "
+        "run fails once this would exceed spec.failurePolicy.backoffLimit).",
+    )
+    last_trainer_restart: TrainerRestart | None = Field(
+        default=None, description=TrainerRestart.__doc__
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Validated (the spec was accepted), VolumeReady (the payload volume's "

@@ -59,13 +59,18 @@ CLEANUP_CONTAINER = CLEANUP
 OPERATOR_CONTAINER = "operator"  # the chart's Deployment
 
 # Volumes and ports.
-VOLUME_NAME = "payloads"
+VOLUME_NAME = "payloads"  # the payload volume (and the run directory, when it is that volume)
+RUN_DIRECTORY_VOLUME = "run-directory"  # spec.runDirectory on a claim of its own
+SHM_VOLUME = "dshm"  # the memory-backed /dev/shm
 HTTP_PORT_NAME = "http"
 WRITER_PORT_NAME = "writer"
 WRITER_METRICS_PORT_NAME = "writer-metrics"
 RETENTION_METRICS_PORT_NAME = "metrics"
 TRAINER_DIST_PORT_NAME = "dist"
-TRAINER_DIST_PORT = 29500  # torch.distributed's default
+TRAINER_DIST_PORT = 29500  # torch.distributed's default: MASTER_PORT
+VLLM_PORT_NAME = "vllm"  # vLLM's own port on the inference headless Service (admin traffic)
+# The Indexed Jobs' pod annotation with the pod's index (the trainer's rank).
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 # The workloads a run owns, as (apiVersion, kind, component); readiness follows each of them.
 # Inference serves until the run ends (a StatefulSet); the orchestrator and the trainers are
@@ -90,3 +95,9 @@ def child_name(run: str, component: str) -> str:
 
 def headless_name(run: str, component: str) -> str:
     return child_name(run, component + HEADLESS_SUFFIX)
+
+
+def pod_host(run: str, namespace: str, component: str, index: int) -> str:
+    """The DNS name of pod ``index`` of a run's StatefulSet or Indexed Job (its hostname
+    ``<run>-<component>-<index>`` on the component's headless Service)."""
+    return f"{child_name(run, component)}-{index}.{headless_name(run, component)}.{namespace}.svc"

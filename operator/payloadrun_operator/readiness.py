@@ -6,7 +6,8 @@ watched namespace, the runs and their children (three list calls whatever the nu
 recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end (``Complete``, ``Failed``:
 :mod:`lifecycle`) with pure functions, and writes what changed (guarded by the run's
 resourceVersion) with an event per transition. A run that has ended is stopped and its payloads
-released (:mod:`finishing`) by the same passes.
+released (:mod:`finishing`) by the same passes, and a failed rank restarts every trainer
+(:mod:`restarts`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator import finishing, lifecycle
+from payloadrun_operator import finishing, lifecycle, restarts
+from payloadrun_operator.admission import admit
+from payloadrun_operator.builders import build_trainer
 from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import KIND
+from payloadrun_operator.models import KIND, FailurePolicy
 from payloadrun_operator.names import (
     API_VERSION,
     CHILD_KINDS,
@@ -84,35 +87,14 @@ async def refresh_run(
     client = op.client
     meta, status = run["metadata"], run["status"]
     ns, name = meta["namespace"], meta["name"]
-    suspend = bool((run.get("spec") or {}).get("suspend", False))
-    was_final = lifecycle.is_final(status.get("phase"))
     checks: dict[str, Check] = {}
     fields: dict[str, Any] = {}
-    if was_final:
+    restart: tuple[str, dict[str, Any]] | None = None  # (plan, the failed trainers' Job)
+    if lifecycle.is_final(status.get("phase")):
         checks[READY] = FINISHED
         checks[PAYLOADS_RELEASED] = await finishing.release(op, run, children)
     else:
-        claim_name = status.get("claimName") if status.get("payloadMode") == "ByHandle" else None
-        claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
-        if claim_name and claim is None:  # a claim the run brings carries no label of ours
-            claim = await client.get("v1", "PersistentVolumeClaim", ns, claim_name)
-        workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
-        active = lifecycle.runs_pods(suspend, status.get("phase"))
-        checks[VOLUME_READY] = claim_check(claim, claim_name)
-        checks[READY] = lifecycle.ready_check(active, workloads_check(workloads))
-        checks |= lifecycle.suspend_check(suspend, status)
-        jobs = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
-        failure = await failure_of(op, ns, jobs)
-        end = lifecycle.end_checks(status, jobs[TRAINER], failure)
-        if end:
-            checks |= end
-            checks[READY] = FINISHED
-            fields["completionTime"] = now
-            if failure is not None:
-                fields["failure"] = failure
-            step = await finishing.last_step(op, run)  # before its pod stops
-            if step is not None:
-                fields["lastStep"] = step
+        restart = await follow_active(op, run, children, now, checks, fields)
     update = status_update(status, meta.get("generation"), checks, fields, now)
     op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
     if update.fields is not None:
@@ -120,11 +102,89 @@ async def refresh_run(
             return False  # the run changed since the list: the next pass sees the new one
         for event_type, reason, message in update.events:
             await client.post_event(run, event_type, reason, message, now)
+    if restart is not None:  # recorded: now the failed Job goes, and its pods with it
+        plan, job = restart
+        if plan == restarts.RESTART:
+            message = fields["lastTrainerRestart"]["message"]
+            await client.post_event(run, "Warning", "TrainersRestarted", message, now)
+        job_meta = job["metadata"]
+        await client.delete(
+            "batch/v1", "Job", ns, job_meta["name"], "Foreground", uid=job_meta["uid"]
+        )
     # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
     # checked at every pass, it costs no write when everything is stopped already.
     if lifecycle.is_final(update.phase):
         await finishing.stop(op, run, children)
     return update.fields is not None
+
+
+async def follow_active(
+    op: Operator,
+    run: dict[str, Any],
+    children: finishing.Children,
+    now: str,
+    checks: dict[str, Check],
+    fields: dict[str, Any],
+) -> tuple[str, dict[str, Any]] | None:
+    """The checks and fields of a run that has not ended (into ``checks`` and ``fields``), and
+    the trainers' restart to carry out once they are written."""
+    meta, status = run["metadata"], run["status"]
+    ns, name = meta["namespace"], meta["name"]
+    suspend = bool((run.get("spec") or {}).get("suspend", False))
+    claim_name = status.get("claimName")
+    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
+    if claim_name and claim is None:  # a claim the run brings carries no label of ours
+        claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
+    workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
+    active = lifecycle.runs_pods(suspend, status.get("phase"))
+    checks[VOLUME_READY] = claim_check(claim, claim_name)
+    checks[READY] = lifecycle.ready_check(active, workloads_check(workloads))
+    checks |= lifecycle.suspend_check(suspend, status)
+    jobs = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
+    limit, layout = backoff_limit(run), lifecycle.layout_of(status.get("sidecars") or {})
+    if jobs[TRAINER] is None and layout >= 2:
+        await recreate_trainers(op, run)
+    restart = None
+    plan = restarts.plan(status, jobs[TRAINER], limit, layout)
+    if plan in (restarts.RESTART, restarts.DELETE):
+        trainers = jobs[TRAINER]
+        assert trainers is not None
+        if plan == restarts.RESTART:
+            pods = await finishing.job_pods(op, ns, trainers["metadata"]["name"])
+            fields |= restarts.restart_record(status, trainers, pods, limit, now)
+        restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
+    failure = await failure_of(op, ns, jobs)
+    if failure is not None and failure["component"] == TRAINER and layout >= 2:
+        failure["message"] += (
+            f"; the trainers had been restarted together {status.get('trainerRestarts') or 0}"
+            f" time(s), spec.failurePolicy.backoffLimit is {limit}"
+        )
+    end = lifecycle.end_checks(status, jobs[TRAINER], failure)
+    if end:
+        checks |= end
+        checks[READY] = FINISHED
+        fields["completionTime"] = now
+        if failure is not None:
+            fields["failure"] = failure
+        step = await finishing.last_step(op, run)  # before its pod stops
+        if step is not None:
+            fields["lastStep"] = step
+    return restart
+
+
+def backoff_limit(run: dict[str, Any]) -> int:
+    policy = (run.get("spec") or {}).get("failurePolicy") or {}
+    return int(policy.get("backoffLimit", FailurePolicy().backoff_limit))
+
+
+async def recreate_trainers(op: Operator, run: dict[str, Any]) -> None:
+    """Create the trainers' Job again once a restart's deletion is done (or someone deleted
+    it): the same manifest the reconcile builds."""
+    admission = admit(run, op.settings)
+    if admission.ctx is None:
+        return  # refused: the reconcile reports why
+    (job,) = [c for c in build_trainer(admission.ctx) if c["kind"] == "Job"]
+    await op.client.apply(job)
 
 
 async def failure_of(

@@ -34,11 +34,29 @@ class Env:
     RUN_ID = "PAYLOADRUN_RUN_ID"
     PAYLOAD_MODE = "PAYLOADRUN_PAYLOAD_MODE"
     PAYLOAD_ROOT = "PAYLOAD_ROOT"
+    RUN_DIRECTORY = "PAYLOADRUN_RUN_DIRECTORY"  # where spec.runDirectory is mounted
+    # the run's addresses: the orchestrator's DNS name (every role), rank 0's (orchestrator)
+    ORCHESTRATOR_HOST = "PAYLOADRUN_ORCHESTRATOR_HOST"
+    TRAINER_HOST = "PAYLOADRUN_TRAINER_HOST"
     # the orchestrator (and the retention sidecar for the step bounds)
     INFERENCE_URL = "PAYLOADRUN_INFERENCE_URL"
+    INFERENCE_ADMIN_URLS = "PAYLOADRUN_INFERENCE_ADMIN_URLS"  # each replica's vLLM
     RETENTION_URL = "PAYLOADRUN_RETENTION_URL"
     MAX_OFF_POLICY_STEPS = "PAYLOADRUN_MAX_OFF_POLICY_STEPS"
     MAX_STEPS = "PAYLOADRUN_MAX_STEPS"
+    # the trainers: torch.distributed's and torchrun's (PET_*: torchrun reads them as its flags)
+    MASTER_ADDR = "MASTER_ADDR"
+    MASTER_PORT = "MASTER_PORT"
+    NNODES = "NNODES"
+    NODE_RANK = "NODE_RANK"
+    NPROC_PER_NODE = "NPROC_PER_NODE"
+    WORLD_SIZE = "WORLD_SIZE"  # with one process per pod
+    RANK = "RANK"  # with one process per pod
+    PET_MASTER_ADDR = "PET_MASTER_ADDR"
+    PET_MASTER_PORT = "PET_MASTER_PORT"
+    PET_NNODES = "PET_NNODES"
+    PET_NODE_RANK = "PET_NODE_RANK"
+    PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
     # both sidecars (and the operator's own process)
     LOG_LEVEL = "PAYLOADRUN_LOG_LEVEL"
     LOG_FORMAT = "PAYLOADRUN_LOG_FORMAT"

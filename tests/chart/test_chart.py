@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from payloadrun_operator.crd import CRD_FILE
+from payloadrun_operator.crd import CHART_CRD_FILE, build_crd, render_chart_template
 
 from .conftest import CHART, REPO, by_kind, env_of, refused, render, run_helm
 
@@ -13,10 +13,24 @@ def test_lint(helm):
     run_helm(helm, "lint", "--strict", str(CHART))
 
 
-def test_chart_crd_is_the_generated_one():
-    assert (CHART / "crds" / "payloadrun.dev_payloadruns.yaml").read_text() == (
-        REPO / CRD_FILE
-    ).read_text(), "charts/payloadrun/crds/ drifted from crds/: copy crds/ into the chart"
+def test_chart_crd_is_the_generated_one(helm):
+    assert (REPO / CHART_CRD_FILE).read_text() == render_chart_template(), (
+        f"{CHART_CRD_FILE} drifted from the models: regenerate it with "
+        f"`python -m payloadrun_operator.crd --chart > {CHART_CRD_FILE}`"
+    )
+    # a template, so `helm upgrade` upgrades it (Helm never upgrades a chart's crds/)
+    assert not (CHART / "crds").exists()
+    (crd,) = by_kind(render(helm, crd=True))["CustomResourceDefinition"]
+    assert crd["spec"] == build_crd()["spec"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert (
+        "annotations"
+        not in by_kind(render(helm, "crds.keep=false", crd=True))["CustomResourceDefinition"][0][
+            "metadata"
+        ]
+    )
+    assert "CustomResourceDefinition" not in by_kind(render(helm, "crds.install=false", crd=True))
 
 
 def test_defaults(helm):

@@ -1,8 +1,18 @@
+import importlib.util
+import json
 from pathlib import Path
 
 import yaml
 
+from payloadrun.testing.required import skip_or_fail
+from payloadrun_devcluster.binaries import read_versions
 from payloadrun_operator.crd import CRD_FILE, build_crd, render_yaml
+from payloadrun_operator.kubeschema import (
+    OPENAPI_FILE,
+    extract,
+    kubernetes_version,
+    render_openapi_file,
+)
 from payloadrun_operator.status import READY, VALIDATED, VOLUME_READY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,9 +109,14 @@ def test_every_field_has_a_description():
 
 
 def test_descriptions_are_unwrapped_docstrings():
+    """Ours on one line; Kubernetes' own (the pod templates) one line per paragraph."""
     for path, node in fields(schema()):
         assert "  " not in node.get("description", ""), path
-        assert "\n" not in node.get("description", ""), path
+        if ".template." in path:
+            assert "\n\n\n" not in node.get("description", ""), path
+            assert all(p.strip() == p for p in node.get("description", "").split("\n\n")), path
+        else:
+            assert "\n" not in node.get("description", ""), path
 
 
 def test_conditions_follow_metav1_condition():
@@ -139,3 +154,78 @@ def test_conditions_follow_metav1_condition():
             "int64",
             0,
         )
+
+
+# --- the pod templates: Kubernetes' own schema ----------------------------------------------
+
+
+def template_schema(role="trainer"):
+    return schema()["properties"]["spec"]["properties"][role]["properties"]["template"]
+
+
+def test_each_role_takes_kubernetes_pod_template_schema():
+    for role in ("inference", "orchestrator", "trainer"):
+        template = template_schema(role)
+        assert template["description"].startswith(f"The {role} pods' template")
+        assert "x-kubernetes-preserve-unknown-fields" not in json.dumps(template)
+        pod = template["properties"]["spec"]["properties"]
+        assert {
+            "containers",
+            "volumes",
+            "initContainers",
+            "runtimeClassName",
+            "hostNetwork",
+        } <= set(pod)
+        assert "ephemeralContainers" not in pod  # a pod cannot be created with them
+        assert template["properties"]["metadata"]["properties"].keys() == {"labels", "annotations"}
+    assert kubernetes_version() == read_versions()["KUBERNETES_VERSION"]
+
+
+def test_quantities_take_numbers_and_list_map_keys_have_their_defaults():
+    container = template_schema()["properties"]["spec"]["properties"]["containers"]
+    assert (container["x-kubernetes-list-type"], container["x-kubernetes-list-map-keys"]) == (
+        "map",
+        ["name"],
+    )
+    item = container["items"]["properties"]
+    limits = item["resources"]["properties"]["limits"]["additionalProperties"]
+    assert limits["x-kubernetes-int-or-string"] is True and "type" not in limits
+    ports = item["ports"]
+    assert ports["x-kubernetes-list-map-keys"] == ["containerPort", "protocol"]
+    # the API server refuses a list-map key that is neither required nor defaulted
+    assert ports["items"]["properties"]["protocol"]["default"] == "TCP"
+    probe_port = item["startupProbe"]["properties"]["httpGet"]["properties"]["port"]
+    assert probe_port["x-kubernetes-int-or-string"] is True
+    assert (
+        "Protocol for port. Must be UDP, TCP, or SCTP."
+        in ports["items"]["properties"]["protocol"]["description"]
+    )
+
+
+def test_no_patch_strategy_and_no_default_but_the_list_map_keys_reach_the_crd():
+    text = json.dumps(template_schema())
+    assert "x-kubernetes-patch" not in text and "$ref" not in text and "allOf" not in text
+    defaults = [
+        p for p, node in walk(template_schema()) if isinstance(node, dict) and "default" in node
+    ]
+    # a port's protocol (TCP) and an image pull secret's name (""): Kubernetes' own defaults of
+    # list-map keys; the template itself has none (a run without one stores none)
+    keys = (".protocol", ".imagePullSecrets.items.properties.name")
+    assert defaults and all(p.endswith(keys) for p in defaults), defaults
+
+
+def test_the_vendored_openapi_is_the_pinned_kubernetes_version():
+    """operator/payloadrun_operator/openapi/ is what hack/kubernetes_openapi.py extracts from
+    the pinned version's OpenAPI document (in the Go module cache after cluster/build.sh)."""
+    spec = importlib.util.spec_from_file_location(
+        "kubernetes_openapi", REPO / "hack" / "kubernetes_openapi.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    version = read_versions()["KUBERNETES_VERSION"]
+    path = module.document_path(version)
+    if not path.exists():
+        skip_or_fail(f"{path} is absent: bash cluster/build.sh fetches it")
+    assert (REPO / "operator" / "payloadrun_operator" / OPENAPI_FILE).read_text() == (
+        render_openapi_file(extract(json.loads(path.read_text()), version))
+    ), "run python hack/kubernetes_openapi.py, then regenerate the CRD"

@@ -9,7 +9,11 @@ from payloadrun_operator.decisions import (
     payload_root,
     validation_errors,
 )
-from payloadrun_operator.models import DISAGGREGATED_BY_HANDLE_MESSAGE, PayloadRunSpec
+from payloadrun_operator.models import (
+    DISAGGREGATED_BY_HANDLE_MESSAGE,
+    TWO_MOUNT_PATHS_MESSAGE,
+    PayloadRunSpec,
+)
 
 
 def spec_with(base, **changes):
@@ -89,8 +93,32 @@ def test_by_handle_with_disaggregation_is_rejected(spec_dict, changes):
 def test_root_outside_mount_path_is_rejected(spec_dict):
     errors = validation_errors(spec_with(spec_dict, payloads__root="/elsewhere/x"))
     assert errors == [
-        "payloads.root '/elsewhere/x' must be a directory under payloads.mountPath '/payloads'"
+        "spec.payloads.root '/elsewhere/x' must be a directory under the payload volume's mount "
+        "path '/payloads' (spec.payloads.mountPath, or spec.runDirectory.mountPath when the run "
+        "directory is the payload volume)"
     ]
+
+
+def test_the_payload_root_may_live_in_the_run_directory(spec_dict):
+    spec = spec_with(
+        spec_dict, runDirectory={"mountPath": "/data"}, payloads__root="/data/outputs/payloads"
+    )
+    assert validation_errors(spec) == []
+    outside = spec_with(spec_dict, runDirectory={"mountPath": "/data"}, payloads__root="/p/x")
+    assert "under the payload volume's mount path '/data'" in validation_errors(outside)[0]
+
+
+def test_a_run_directory_on_the_payload_volume_has_its_path(spec_dict):
+    spec = spec_with(spec_dict, runDirectory={"mountPath": "/data"}, payloads__mountPath="/p")
+    assert validation_errors(spec) == [TWO_MOUNT_PATHS_MESSAGE]
+    same = spec_with(spec_dict, runDirectory={"mountPath": "/data"}, payloads__mountPath="/data")
+    assert validation_errors(same) == []
+    own = spec_with(
+        spec_dict,
+        runDirectory={"mountPath": "/data", "claimName": "mine"},
+        payloads__mountPath="/p",
+    )
+    assert validation_errors(own) == []
 
 
 def test_claim_name_and_managed_fields_together_are_rejected(spec_dict):
@@ -125,31 +153,3 @@ def test_model_bounds(spec_dict, changes, where):
     with pytest.raises(ValidationError) as info:
         spec_with(spec_dict, **changes)
     assert where.split(".")[-1] in str(info.value)
-
-
-def test_env_the_operator_sets_or_repeated_names_are_rejected(spec_dict):
-    spec_dict["trainer"]["env"] = [{"name": "PAYLOAD_ROOT", "value": "/elsewhere"}]
-    spec_dict["orchestrator"]["env"] = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
-    errors = validation_errors(PayloadRunSpec.model_validate(spec_dict))
-    assert errors == [
-        "spec.orchestrator.env names A more than once",
-        "spec.trainer.env sets PAYLOAD_ROOT, which the operator sets itself: remove them "
-        "(the operator's values describe this run)",
-    ]
-
-
-def test_injected_env_names_are_the_ones_the_builders_set(spec_dict):
-    from payloadrun_operator.builders import RunContext, build_children
-    from payloadrun_operator.decisions import INJECTED_ENV
-    from payloadrun_operator.settings import OperatorSettings
-
-    spec = PayloadRunSpec.model_validate(spec_dict | {"maxSteps": 10})
-    ctx = RunContext("r", "ns", "uid", spec, decide_payload_mode(spec), OperatorSettings())
-    set_names = {
-        e["name"]
-        for child in build_children(ctx)
-        if child["kind"] in ("StatefulSet", "Job")
-        for c in child["spec"]["template"]["spec"]["containers"]
-        for e in c["env"]
-    }
-    assert set_names == INJECTED_ENV

@@ -20,7 +20,7 @@ from payloadrun.writer.cli import WriterListen
 from payloadrun.writer.cli import register as register_writer
 from payloadrun_operator import names
 from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.decisions import INJECTED_ENV, decide_payload_mode
+from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.kube import PLURALS
 from payloadrun_operator.models import (
     GROUP,
@@ -127,7 +127,6 @@ def test_every_variable_the_operator_sets_is_a_declared_name(spec_dict):
             pod = child["spec"]["template"]["spec"]
             for c in pod["containers"] + pod.get("initContainers", []):
                 assert {e["name"] for e in c["env"]} <= declared, c["name"]
-    assert declared >= INJECTED_ENV
 
 
 def test_one_log_level_variable_for_both_sidecars():

@@ -145,7 +145,62 @@ FULL = {
     },
 }
 
+TEMPLATED = {
+    "runDirectory": {"mountPath": "/data"},
+    "payloads": {"root": "/data/outputs/payloads"},
+    "inference": {
+        "replicas": 2,
+        "template": {
+            "metadata": {"labels": {"team": "rl"}, "annotations": {"a": "b"}},
+            "spec": {
+                "runtimeClassName": "nvidia",
+                "containers": [
+                    {
+                        "name": "vllm",
+                        "image": "primeintellect/prime-rl:main",
+                        "ports": [{"name": "api", "containerPort": 8000}],
+                        "startupProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                        "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+                    }
+                ],
+                "volumes": [{"name": "config", "configMap": {"name": "rl-configs"}}],
+                "priorityClassName": "rl",
+            },
+        },
+    },
+    "orchestrator": {
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "orchestrator", "image": "o:1", "ports": [{"containerPort": 5555}]}
+                ],
+                "nodeSelector": {"cpu": "true"},
+            }
+        }
+    },
+    "trainer": {
+        "replicas": 2,
+        "processesPerNode": 8,
+        "image": "t:1",
+        "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "512Gi"}},
+        "template": {
+            "spec": {
+                "hostNetwork": True,
+                "volumes": [{"name": "ib", "hostPath": {"path": "/dev/infiniband"}}],
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "volumeMounts": [{"name": "ib", "mountPath": "/dev/infiniband"}],
+                    }
+                ],
+            }
+        },
+    },
+}
+
 RUNS = {
+    "by-handle, pod templates and a run directory": TEMPLATED,
     "by-handle, managed claim": {},
     "by-handle, every field set": FULL,
     "by-handle, existing claim": {"payloads": {"volume": {"claimName": "team-nfs"}}},

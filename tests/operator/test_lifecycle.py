@@ -129,6 +129,7 @@ def test_a_run_without_a_record_gets_the_operators_current_settings():
         "logFormat": "json",
         "writerResources": DEFAULT_WRITER_RESOURCES,
         "retentionResources": DEFAULT_RETENTION_RESOURCES,
+        "podLayout": 2,
     }
     assert current_pin(OLD, {}, {}) == expected
     assert current_pin(OLD, {"sidecars": None, "phase": "Provisioning"}, {}) == expected
@@ -246,7 +247,8 @@ SPEC_CHANGES = [
     ("trainer.args", ["--lr", "1e-5"], {TRAINER}),
     ("trainer.image", "example/trainer:2", {TRAINER}),
     ("inference.args", ["--enable-return-routed-experts"], {INFERENCE}),
-    ("inference.replicas", 3, {INFERENCE}),
+    # the orchestrator's admin URLs list every replica
+    ("inference.replicas", 3, {INFERENCE, ORCHESTRATOR}),
     ("inference.image", "vllm/vllm-openai:v0.34.0", {INFERENCE}),
     ("inference.writer.args", ["--workers", "4"], {INFERENCE}),
     # the orchestrator calls inference on these ports
@@ -630,7 +632,8 @@ def test_the_activity_manifest_holds_only_the_activity(spec_dict, component, act
     # whether it has pods, and a Job's failure limit (mutable on a live Job)
     expected = {"replicas": 2 if active else 0}
     if KIND_OF[component] == "Job":
-        expected = {"suspend": not active, "backoffLimit": 3}
+        # the trainers' Job fails at a rank's failure: the operator restarts every rank
+        expected = {"suspend": not active, "backoffLimit": 3 if component == ORCHESTRATOR else 0}
     assert manifest == {
         "apiVersion": want["apiVersion"],
         "kind": KIND_OF[component],
@@ -1007,8 +1010,57 @@ def test_a_failed_run_is_failed_with_its_failure_in_the_status():
 
 
 def test_a_new_failure_limit_reaches_a_live_job_without_recreating_it(spec_dict):
-    live = desired(spec_dict, "trainer", active=True)
+    live = desired(spec_dict, "orchestrator", active=True)
     spec_dict["failurePolicy"] = {"backoffLimit": 9}
-    want = desired(spec_dict, "trainer", active=True)
+    want = desired(spec_dict, "orchestrator", active=True)
     assert workload_plan(want, live) == SCALE
     assert activity_manifest(want)["spec"] == {"suspend": False, "backoffLimit": 9}
+    # the trainers' Job keeps 0: the run's limit counts their restarts together (restarts.py)
+    trainers = desired(spec_dict, "trainer", active=True)
+    assert trainers["spec"]["backoffLimit"] == 0
+
+
+# Hashes the operator before pod layout 2 gave these specs' workloads (git 8c8c80d): a run it
+# started keeps them after an upgrade, so its pods do not roll.
+LAYOUT_1_HASHES = {
+    "0-inference": "aef710993b3a795114a6",
+    "0-orchestrator": "e813751bbcddb21b6d7b",
+    "0-trainer": "49074f704a1fc37b1a3a",
+    "1-inference": "a18538bef0f78544026b",
+    "1-orchestrator": "61cc3a216edc26444959",
+    "1-trainer": "bd1008f379d72cde6da0",
+}
+LAYOUT_1_SPECS = [
+    {
+        "routerReplay": True,
+        "payloads": {"mountPath": "/payloads"},
+        "inference": {"image": "v", "replicas": 2},
+        "orchestrator": {"image": "o"},
+        "trainer": {"image": "t", "replicas": 2},
+    },
+    {
+        "deploymentType": "SingleNode",
+        "payloads": {"mountPath": "/payloads"},
+        "inference": {"image": "v", "args": ["a"], "env": [{"name": "X", "value": "1"}]},
+        "orchestrator": {"image": "o", "command": ["x"]},
+        "trainer": {"image": "t"},
+    },
+]
+
+
+def test_a_run_started_before_pod_templates_keeps_its_hashes():
+    pin = {k: v for k, v in pin_of(OperatorSettings()).items() if k != "podLayout"}
+    got = {
+        f"{i}-{c}": inputs_hash(PayloadRunSpec.model_validate(spec), c, pin)
+        for i, spec in enumerate(LAYOUT_1_SPECS)
+        for c in COMPONENTS
+    }
+    assert got == LAYOUT_1_HASHES
+    # a field of the new layout that such a run sets does change its inputs
+    templated = {**LAYOUT_1_SPECS[0], "trainer": {"image": "t", "replicas": 2, "shmSize": "1Gi"}}
+    assert inputs_hash(PayloadRunSpec.model_validate(templated), TRAINER, pin) != got["0-trainer"]
+    # and a new run hashes its layout too
+    assert (
+        inputs_hash(PayloadRunSpec.model_validate(LAYOUT_1_SPECS[0]), TRAINER, pin_of(OLD))
+        != (got["0-trainer"])
+    )

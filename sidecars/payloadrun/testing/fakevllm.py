@@ -24,6 +24,13 @@ shared with the writer). This one reproduces, from vLLM 0.33.0's source
   ``routed_experts`` on a choice's final event and ``sampling_mask`` rows with their tokens.
 - ``GET /health`` (empty 200), ``GET /v1/models``, errors as ``{"error": {message, type,
   param, code}}``.
+- prime-rl's admin routes (``src/prime_rl/inference/vllm/server.py``), which its orchestrator
+  calls on every replica: ``POST /pause`` (``?mode=keep&clear_cache=false``), ``POST
+  /update_weights`` (``{"weight_dir": ...}``: the directory must exist, as the real server
+  loads from it; 500 otherwise), ``POST /resume``, ``POST /init_broadcaster`` (NCCL's host,
+  port, ...), ``GET /liveness``; each answers ``{"status": ...}`` as prime-rl's does.
+  ``GET /fake/admin`` reports what they did: ``{paused, weight_dir, weight_updates,
+  broadcaster, events}``.
 
 ``tests/writer/test_fake_vllm_contract.py`` holds all of this to a real vLLM (the CPU build of
 ``hack/vllm.sh``, or ``PAYLOADRUN_VLLM_URL``): same fields, same JSON types, on every endpoint.
@@ -57,6 +64,7 @@ import dataclasses
 import gzip
 import hashlib
 import json
+import os
 import time
 import zlib
 from collections import Counter
@@ -760,11 +768,72 @@ def _chat_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
     return chunks
 
 
+@dataclass
+class AdminState:
+    """What prime-rl's admin routes have been asked, for tests to read (``GET /fake/admin``)."""
+
+    paused: bool = False
+    weight_dir: str | None = None
+    weight_updates: int = 0
+    broadcaster: dict[str, Any] | None = None
+    events: list[str] = field(default_factory=list)  # pause, update_weights, resume, ...
+
+
+class AdminRoutes:
+    """prime-rl's admin routes, answered as its server answers them."""
+
+    def __init__(self) -> None:
+        self.state = AdminState()
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.state.paused = True
+        self.state.events.append(f"pause:{request.query.get('mode', 'abort')}")
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, _request: web.Request) -> web.Response:
+        self.state.paused = False
+        self.state.events.append("resume")
+        return web.json_response({"status": "resumed"})
+
+    async def update_weights(self, request: web.Request) -> web.Response:
+        data = await _json_object(request)
+        weight_dir = data.get("weight_dir")
+        if weight_dir is not None and not await asyncio.to_thread(os.path.isdir, weight_dir):
+            return error_response(500, f"cannot load weights: {weight_dir} is not a directory")
+        self.state.weight_dir = weight_dir
+        self.state.weight_updates += 1
+        self.state.events.append("update_weights")
+        return web.json_response({"status": "ok"})
+
+    async def init_broadcaster(self, request: web.Request) -> web.Response:
+        self.state.broadcaster = await _json_object(request)
+        self.state.events.append("init_broadcaster")
+        return web.json_response({"status": "ok"})
+
+    async def liveness(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def report(self, _request: web.Request) -> web.Response:
+        return web.json_response(dataclasses.asdict(self.state))
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return data
+
+
 FAKE_KEY = web.AppKey("fake", FakeVLLM)
+ADMIN_KEY = web.AppKey("admin", AdminRoutes)
 
 
 def build_app(config: FakeConfig | None = None) -> web.Application:
-    """The fake server; ``app[FAKE_KEY]`` is its :class:`FakeVLLM`."""
+    """The fake server; ``app[FAKE_KEY]`` is its :class:`FakeVLLM`, ``app[ADMIN_KEY]`` its
+    prime-rl admin routes."""
     fake = FakeVLLM(config)
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[FAKE_KEY] = fake
@@ -773,6 +842,14 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     app.router.add_get(HEALTH_PATH, fake.health)
     app.router.add_get("/v1/models", fake.models)
     app.router.add_get("/fake/stats", fake.stats)
+    admin = AdminRoutes()
+    app[ADMIN_KEY] = admin
+    app.router.add_post("/pause", admin.pause)
+    app.router.add_post("/resume", admin.resume)
+    app.router.add_post("/update_weights", admin.update_weights)
+    app.router.add_post("/init_broadcaster", admin.init_broadcaster)
+    app.router.add_get("/liveness", admin.liveness)
+    app.router.add_get("/fake/admin", admin.report)
     return app
 
 

@@ -1,0 +1,74 @@
+"""Whether a PayloadRun is accepted, and what it is built with: one answer for the operator's
+reconcile and for ``payloadrun-operator render``, so both refuse the same specs with the same
+messages.
+
+Three layers of checks, each with a message that says what collided and what to do:
+
+1. the schema (pydantic, the same bounds the CRD gives the API server);
+2. the rules the CRD states in CEL (:func:`decisions.validation_errors`, for clusters without
+   CEL);
+3. what needs the payload mode and the operator's settings: the pod templates against the
+   operator's parts (:func:`builders.run_errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from payloadrun_operator import lifecycle
+from payloadrun_operator.builders import RunContext, run_errors
+from payloadrun_operator.decisions import validation_errors
+from payloadrun_operator.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
+from payloadrun_operator.settings import OperatorSettings
+
+
+def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
+    """The parsed spec, or the reasons it is refused (the same rules the CRD's CEL applies)."""
+    name = body["metadata"]["name"]
+    errors = []
+    if len(name) > MAX_NAME_LENGTH:
+        errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
+    try:
+        spec = PayloadRunSpec.model_validate(dict(body.get("spec") or {}))
+    except ValidationError as exc:
+        details = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        return None, [*errors, details]
+    return spec, errors + validation_errors(spec)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A run's verdict: its context and pinned sidecars when accepted, else the errors."""
+
+    ctx: RunContext | None
+    pin: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
+    """Check ``body`` (a PayloadRun as the API server has it) and build its context: the sidecars
+    it was started with (unless its rollout annotation asks for the operator's current ones) and
+    whether its workloads run pods."""
+    spec, errors = spec_errors(body)
+    if errors or spec is None:
+        return Admission(None, errors=errors)
+    meta = body["metadata"]
+    status = body.get("status") or {}
+    pin = lifecycle.current_pin(settings, status, meta.get("annotations") or {})
+    ctx = RunContext.of(
+        meta,
+        spec,
+        lifecycle.pinned_settings(settings, pin),
+        active=lifecycle.runs_pods(spec.suspend, status.get("phase")),
+        layout=lifecycle.layout_of(pin),
+    )
+    errors = run_errors(ctx)
+    if errors:
+        return Admission(None, errors=errors)
+    return Admission(ctx, pin)

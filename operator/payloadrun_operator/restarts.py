@@ -1,0 +1,74 @@
+"""Restarting the trainers together when one rank fails, as JobSet and LeaderWorkerSet do.
+
+A replacement rank alone would join a group whose collectives never complete: the surviving
+ranks wait in theirs until the distributed timeout (prime-rl's default is an hour). So the
+trainers' Job has ``backoffLimit: 0`` (any rank's failure fails it, and the Job controller stops
+the other ranks), and the readiness pass, seeing it failed, restarts the group: it records the
+restart in the run's status (``trainerRestarts``, ``lastTrainerRestart``, a Warning event with
+the failed rank and its exit code), deletes the Job (foreground: its pods go first) and, once it
+is gone, creates it again with the same template, so every rank starts afresh under the same
+names (rank 0 keeps the master's address). A restart counts once against
+``spec.failurePolicy.backoffLimit``, however many ranks failed; past it the run is Failed, with
+the last failed rank kept for its logs.
+
+Runs started before this (pod layout 1) keep a Job that replaces ranks one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from payloadrun_operator import lifecycle
+from payloadrun_operator.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
+
+NONE = "none"  # nothing to do
+RESTART = "restart"  # record a new restart, then delete the failed Job
+DELETE = "delete"  # this failed Job's restart is recorded already: delete it (again)
+FAIL = "fail"  # no restart left: the run fails
+
+
+def plan(status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, layout: int) -> str:
+    """What to do about the trainers' Job of a run whose status is ``status``."""
+    if layout < 2 or job is None or job["metadata"].get("deletionTimestamp"):
+        return NONE
+    if lifecycle.job_outcome(job) != "Failed":
+        return NONE
+    last = status.get("lastTrainerRestart") or {}
+    if last.get("jobUid") == job["metadata"].get("uid"):
+        return DELETE
+    return RESTART if (status.get("trainerRestarts") or 0) < limit else FAIL
+
+
+def restart_record(
+    status: Mapping[str, Any],
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    limit: int,
+    now: str,
+) -> dict[str, Any]:
+    """The status fields of a new restart: the count and what failed."""
+    pods = list(pods)
+    count = (status.get("trainerRestarts") or 0) + 1
+    pod, exit_code = lifecycle.last_failed_container(pods, TRAINER_CONTAINER)
+    rank = next(
+        (
+            p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_ANNOTATION)
+            for p in pods
+            if p["metadata"]["name"] == pod
+        ),
+        None,
+    )
+    if pod is None:
+        what = "a trainer pod failed"
+    else:
+        what = f"trainer rank {rank} (pod {pod}) exited with code {exit_code}"
+    message = (
+        f"{what}: every rank restarts together (restart {count} of at most {limit}, "
+        "spec.failurePolicy.backoffLimit)"
+    )
+    record: dict[str, Any] = {"time": now, "jobUid": job["metadata"]["uid"], "message": message}
+    if pod is not None:
+        record["pod"] = pod
+        record["exitCode"] = exit_code
+    return {"trainerRestarts": count, "lastTrainerRestart": record}

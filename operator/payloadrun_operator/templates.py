@@ -1,0 +1,349 @@
+"""A role's pods: the user's pod template with the operator's parts on top, by written rules.
+
+Pure functions. :func:`compose` takes what the user wrote (``spec.<role>.template`` and the
+short fields) and what the operator adds (:class:`Parts`) and returns the pod template, or the
+list of collisions: a user value is never overridden silently. The rules, as
+``docs/operator.md#pod-templates`` gives them:
+
+1. **The main container** is the one named ``vllm``, ``orchestrator`` or ``trainer``; a template
+   without one gets it (first). The short fields (``image``, ``command``, ``args``,
+   ``resources``, ``env``) fill it: a field the template's container sets too must be equal, and
+   an env name given both ways is refused.
+2. **Operator-owned names** are refused where a template uses them: the sidecars' container
+   names, the operator's volume names, the operator's env names in the main container, its mount
+   paths in the containers it mounts into, its labels (unless equal), the pod fields it sets
+   (unless equal: ``restartPolicy``, ``subdomain``), the sidecars' ports anywhere in the pod.
+3. **Merged**: ``spec.placement`` with the template's node selector (a key set both ways must
+   agree), tolerations, image pull secrets and service account (both set: must agree); a main
+   container port the operator declares is kept when the template declares the same number.
+4. **Added unless the template has its own**: ``/dev/shm`` (not when the template mounts
+   something there or sets ``hostIPC``), the payload volume's ``fsGroup`` (the run's one, see
+   :func:`run_fs_group`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Manifest = dict[str, Any]
+
+SHM_PATH = "/dev/shm"
+SHORT_FIELDS = ("image", "command", "args", "resources")
+
+
+class TemplateConflict(ValueError):
+    """A template collides with what the operator owns; ``errors`` says each collision."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the operator adds to one role's pods (and what the role's short fields say)."""
+
+    role: str  # inference, orchestrator or trainer: errors name spec.<role>
+    main: str  # the main container's name
+    short: Manifest = field(default_factory=dict)  # image, command, args, resources that are set
+    short_env: tuple[Manifest, ...] = ()
+    env: tuple[Manifest, ...] = ()  # the operator's, first in the main container's env
+    mounts: tuple[Manifest, ...] = ()  # into the main container
+    ports: tuple[Manifest, ...] = ()  # declared on the main container
+    sidecars: tuple[Manifest, ...] = ()  # native sidecars (initContainers, after the user's)
+    volumes: tuple[Manifest, ...] = ()
+    pod: Manifest = field(default_factory=dict)  # pod spec fields: absent in the template, or equal
+    pod_unset: tuple[str, ...] = ()  # pod spec fields the template must not set
+    labels: Mapping[str, str] = field(default_factory=dict)
+    placement: Manifest = field(default_factory=dict)  # spec.placement as pod spec fields
+    fs_group: int | None = None  # the run's fsGroup, when the template sets none
+    shm: Manifest | None = None  # the emptyDir of /dev/shm, unless the template has its own
+    reserved_ports: Mapping[int, str] = field(default_factory=dict)  # port -> what uses it
+
+
+def containers_of(pod: Mapping[str, Any]) -> list[Manifest]:
+    return [*pod.get("containers", []), *pod.get("initContainers", [])]
+
+
+def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
+    """The pod template of ``parts.role``; raises :class:`TemplateConflict` on a collision."""
+    where = f"spec.{parts.role}.template"
+    tpl = copy.deepcopy(dict(template or {}))
+    meta = tpl.get("metadata") or {}
+    pod = tpl.get("spec") or {}
+
+    labels, errors = _labels(meta, parts, where)
+    out_meta: Manifest = {"labels": labels}
+    if meta.get("annotations"):
+        out_meta["annotations"] = dict(meta["annotations"])
+    errors += _taken(pod, parts, where)
+
+    containers = list(pod.get("containers") or [])
+    index = next((i for i, c in enumerate(containers) if c.get("name") == parts.main), None)
+    if index is None:
+        containers.insert(0, {"name": parts.main})
+        index = 0
+    main = dict(containers[index])
+    errors += _fill_main(main, parts, f"{where}.spec.containers[{parts.main}]")
+    containers[index] = main
+    pod["containers"] = containers
+
+    for key in parts.pod_unset:
+        if key in pod:
+            errors.append(
+                f"{where}.spec.{key} is set, but the operator names the {parts.role} pods (their "
+                f"DNS names are <run>-{parts.role}-<index>): remove it"
+            )
+    for key, value in parts.pod.items():
+        if key in pod and pod[key] != value:
+            errors.append(
+                f"{where}.spec.{key} is {pod[key]!r}, but the operator sets {value!r} for the "
+                f"{parts.role} pods: remove it"
+            )
+        pod[key] = value
+    errors += _place(pod, parts.placement, where)
+    if parts.fs_group is not None:
+        security = dict(pod.get("securityContext") or {})
+        security.setdefault("fsGroup", parts.fs_group)
+        security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+        pod["securityContext"] = security
+    volumes = [*(pod.get("volumes") or []), *parts.volumes]
+    if parts.shm is not None and not has_shm(pod, main):
+        if any(v.get("name") == parts.shm["name"] for v in volumes):
+            errors.append(
+                f"{where}.spec.volumes has a volume named {parts.shm['name']}, which the "
+                f"operator adds for {SHM_PATH}: rename it, or mount your own at {SHM_PATH}"
+            )
+        volumes.append(parts.shm)
+        main["volumeMounts"] = [
+            *(main.get("volumeMounts") or []),
+            {"name": parts.shm["name"], "mountPath": SHM_PATH},
+        ]
+    if volumes:
+        pod["volumes"] = volumes
+    if parts.sidecars:
+        pod["initContainers"] = [*(pod.get("initContainers") or []), *parts.sidecars]
+    if errors:
+        raise TemplateConflict(errors)
+    return {"metadata": out_meta, "spec": pod}
+
+
+def _labels(meta: Mapping[str, Any], parts: Parts, where: str) -> tuple[dict[str, str], list[str]]:
+    """The template's labels with the operator's (a key set both ways must agree)."""
+    labels, errors = dict(meta.get("labels") or {}), []
+    for key, value in parts.labels.items():
+        if key in labels and labels[key] != value:
+            errors.append(
+                f"{where}.metadata.labels sets {key}={labels[key]!r}, a label the operator sets "
+                f"to {value!r} (it selects the run's pods): remove it"
+            )
+        labels[key] = value
+    return labels, errors
+
+
+def _taken(pod: Mapping[str, Any], parts: Parts, where: str) -> list[str]:
+    """The operator's container names, volume names and ports that the template uses."""
+    errors = []
+    taken_names = {c.get("name") for c in containers_of(pod)}
+    for sidecar in parts.sidecars:
+        if sidecar["name"] in taken_names:
+            errors.append(
+                f"{where} has a container named {sidecar['name']}, the operator's sidecar: "
+                "rename it"
+            )
+    for name in (v["name"] for v in parts.volumes):
+        if name in {v.get("name") for v in pod.get("volumes") or []}:
+            errors.append(
+                f"{where}.spec.volumes has a volume named {name}, which the operator adds: "
+                "rename it"
+            )
+    for port, user in parts.reserved_ports.items():
+        for container in containers_of(pod):
+            if any(p.get("containerPort") == port for p in container.get("ports") or []):
+                errors.append(
+                    f"{where}: container {container.get('name')} declares port {port}, which "
+                    f"the {user} listens on in the same pod: use another port (or change the "
+                    "operator's in the spec)"
+                )
+    return errors
+
+
+def _fill_main(main: Manifest, parts: Parts, where: str) -> list[str]:
+    errors = []
+    short_where = f"spec.{parts.role}"
+    for key in SHORT_FIELDS:
+        if key not in parts.short:
+            continue
+        value = parts.short[key]
+        if main.get(key) not in (None, [], {}) and main[key] != value:
+            errors.append(
+                f"{short_where}.{key} and {where}.{key} are both set, to different values: "
+                "set it in one place"
+            )
+        main[key] = value
+    if not main.get("image"):
+        errors.append(
+            f"{short_where} needs an image: set {short_where}.image, or give the container "
+            f"named {parts.main} in {short_where}.template an image"
+        )
+    user_env = [*(main.get("env") or []), *parts.short_env]
+    names = [e.get("name") for e in user_env]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(
+            f"the {parts.main} container's env names {name} more than once ({short_where}.env "
+            f"and {short_where}.template): keep one"
+        )
+    owned = {e["name"] for e in parts.env}
+    for name in sorted(owned & set(names)):
+        errors.append(
+            f"{short_where} sets env {name} in the {parts.main} container, which the operator "
+            "sets itself (docs/operator.md#what-every-pod-learns): remove it"
+        )
+    main["env"] = [*parts.env, *user_env]
+
+    mounts = list(main.get("volumeMounts") or [])
+    for mount in parts.mounts:
+        clash = next((m for m in mounts if m.get("mountPath") == mount["mountPath"]), None)
+        if clash is not None:
+            errors.append(
+                f"{where} mounts {clash.get('name')} at {mount['mountPath']}, where the "
+                f"operator mounts {mount['name']}: mount it elsewhere"
+            )
+    if parts.mounts:
+        main["volumeMounts"] = [*mounts, *parts.mounts]
+
+    ports = list(main.get("ports") or [])
+    for port in parts.ports:
+        same = [p for p in ports if p.get("containerPort") == port["containerPort"]]
+        named = [p for p in ports if p.get("name") == port["name"]]
+        if named and not same:
+            errors.append(
+                f"{where} names port {named[0].get('containerPort')} {port['name']}, the name "
+                f"of the operator's port {port['containerPort']}: rename it"
+            )
+        if not same:
+            ports.append(port)
+    if ports:
+        main["ports"] = ports
+    return errors
+
+
+def _place(pod: Manifest, placement: Mapping[str, Any], where: str) -> list[str]:
+    """``spec.placement`` merged into the pod spec (refusing a value set both ways to differ)."""
+    errors = []
+    selector = dict(pod.get("nodeSelector") or {})
+    for key, value in (placement.get("nodeSelector") or {}).items():
+        if key in selector and selector[key] != value:
+            errors.append(
+                f"{where}.spec.nodeSelector sets {key}={selector[key]!r} but "
+                f"spec.placement.nodeSelector sets {value!r}: keep one"
+            )
+        selector.setdefault(key, value)
+    if selector:
+        pod["nodeSelector"] = selector
+    for key in ("tolerations", "imagePullSecrets"):
+        merged = list(pod.get(key) or [])
+        merged += [item for item in placement.get(key) or [] if item not in merged]
+        if merged:
+            pod[key] = merged
+    account = placement.get("serviceAccountName")
+    if account:
+        if pod.get("serviceAccountName") not in (None, account):
+            errors.append(
+                f"{where}.spec.serviceAccountName is {pod['serviceAccountName']!r} but "
+                f"spec.placement.serviceAccountName is {account!r}: keep one"
+            )
+        pod["serviceAccountName"] = account
+    return errors
+
+
+def has_shm(pod: Mapping[str, Any], main: Mapping[str, Any]) -> bool:
+    """Whether the pod already has its own /dev/shm (a mount there, or the host's IPC)."""
+    mounted = any(m.get("mountPath") == SHM_PATH for m in main.get("volumeMounts") or [])
+    return mounted or bool(pod.get("hostIPC"))
+
+
+def template_fs_groups(templates: Mapping[str, Mapping[str, Any] | None]) -> dict[str, int]:
+    """The fsGroup each role's template sets, by role."""
+    found = {}
+    for role, template in templates.items():
+        security = ((template or {}).get("spec") or {}).get("securityContext") or {}
+        if security.get("fsGroup") is not None:
+            found[role] = int(security["fsGroup"])
+    return found
+
+
+def run_fs_group(
+    templates: Mapping[str, Mapping[str, Any] | None], default: int
+) -> tuple[int, list[str]]:
+    """The one fsGroup of a by-handle run's pods: the templates' (all that set one must agree)
+    or ``default`` (the sidecars' uid). The volume's group is changed to a pod's fsGroup when the
+    pod starts (on volumes whose driver manages ownership): pods of one run that disagree would
+    change it back and forth on a volume they share."""
+    found = template_fs_groups(templates)
+    values = sorted(set(found.values()))
+    if len(values) > 1:
+        which = ", ".join(f"spec.{role}.template {gid}" for role, gid in sorted(found.items()))
+        return default, [
+            f"the pod templates set different securityContext.fsGroup values ({which}): the "
+            "pods of a run share its payload volume, whose group each pod would change at its "
+            "start: set one value in every template that sets one"
+        ]
+    return (values[0] if values else default), []
+
+
+def read_only_overlays(
+    pod: Mapping[str, Any], claim: str, volume_name: str, mount_path: str, root: str
+) -> tuple[list[tuple[int, Manifest]], list[str]]:
+    """Mounts that make the payload root read-only in every container of ``pod`` that mounts the
+    payload claim read-write above it, as ``(container index, mount)``; and the containers that
+    mount the root itself read-write (refused).
+
+    Each overlay mounts the root alone (``subPath``) read-only at the path where the container
+    sees it: the kernel refuses writes and deletes there even to root, while the rest of the
+    read-write mount (the run directory) stays writable.
+    """
+    claim_volumes = {
+        v["name"]
+        for v in pod.get("volumes") or []
+        if (v.get("persistentVolumeClaim") or {}).get("claimName") == claim
+    } | {volume_name}
+    relative_root = root[len(mount_path) :].strip("/")
+    overlays, errors = [], []
+    for index, container in enumerate(pod.get("containers") or []):
+        mounts = container.get("volumeMounts") or []
+        for mount in mounts:
+            if mount.get("name") not in claim_volumes or mount.get("readOnly"):
+                continue
+            sub = (mount.get("subPath") or "").strip("/")
+            if sub and not (relative_root == sub or relative_root.startswith(sub + "/")):
+                continue
+            inside = relative_root[len(sub) :].strip("/")
+            seen_at = mount["mountPath"].rstrip("/") + ("/" + inside if inside else "")
+            if not inside:
+                errors.append(
+                    f"container {container.get('name')} mounts the payload root {root} "
+                    f"read-write (at {mount['mountPath']}): set spec.trainer.payloadAccess to "
+                    "ReadWrite if the trainers may write and delete payload files"
+                )
+                continue
+            if any(m.get("mountPath") == seen_at for m in mounts):
+                continue
+            overlay = {
+                "name": volume_name,
+                "mountPath": seen_at,
+                "subPath": relative_root,
+                "readOnly": True,
+            }
+            overlays.append((index, overlay))
+    return overlays, errors
+
+
+def with_overlays(pod: Manifest, overlays: Iterable[tuple[int, Manifest]]) -> Manifest:
+    containers = [dict(c) for c in pod.get("containers") or []]
+    for index, mount in overlays:
+        containers[index]["volumeMounts"] = [*containers[index].get("volumeMounts", []), mount]
+    return {**pod, "containers": containers}
