@@ -174,7 +174,7 @@ def main() -> None:
     ):
         print(f"control plane up at {cluster.server}", flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"), check=True)
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", check=True)
+        cluster.wait_established(f"{PLURAL}.{GROUP}")
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         make_namespace(client.CoreV1Api(api_client), "bench-direct")
         direct = bench_direct_apply(cluster.kubeconfig, args.runs)

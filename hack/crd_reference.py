@@ -12,8 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from payloadrun_operator.crd import build_crd
+from payloadrun_operator.kubeschema import kubernetes_version
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "payloadrun-reference.md"
+
+
+def _is_pod_template(path: str) -> bool:
+    return path.endswith(".template") and path.count(".") == 2  # spec.<role>.template
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -64,6 +69,11 @@ def rows(
         if name in required:
             desc = ("**Required.** " + desc).strip()
         cells = [f"`{field}`", _type(child), *([_default(child)] if defaults else [])]
+        if _is_pod_template(field):  # Kubernetes' own type: kubectl explain has its fields
+            cells[1] = f"PodTemplateSpec (Kubernetes {kubernetes_version()})"
+            desc += f" Every field: `kubectl explain payloadrun.{field}`."
+            out.append("| " + " | ".join([*cells, "", _cell(desc)]) + " |")
+            continue
         out.append("| " + " | ".join([*cells, _cell(_rules(child)), _cell(desc)]) + " |")
         target = child.get("items", child) if child.get("type") == "array" else child
         out += rows(
@@ -85,7 +95,8 @@ def cel_rules(node: dict[str, Any], path: str) -> list[str]:
         for rule in node.get("x-kubernetes-validations", [])
     ]
     for name, child in node.get("properties", {}).items():
-        out += cel_rules(child, f"{path}.{name}")
+        if not _is_pod_template(f"{path}.{name}".lstrip(".")):
+            out += cel_rules(child, f"{path}.{name}")
     return out
 
 

@@ -240,6 +240,28 @@ class LocalCluster:
             command, input=input, capture_output=True, text=True, check=check, timeout=timeout
         )
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Wait until the CustomResourceDefinition ``crd`` serves its resources.
+
+        ``kubectl wait --for=condition=Established`` fails at once, instead of waiting, while a
+        new CRD has no conditions yet (a large schema takes about 2 s to install).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.kubectl("get", "crd", crd, "-o", "json")
+            if result.returncode == 0:
+                conditions = json.loads(result.stdout).get("status", {}).get("conditions") or []
+                if any(
+                    c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+                ):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"CustomResourceDefinition {crd} was not Established within {timeout} s: "
+                    f"{result.stdout or result.stderr}"[:2000]
+                )
+            time.sleep(0.2)
+
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> LocalCluster:
         return self.start()

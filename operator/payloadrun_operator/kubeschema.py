@@ -17,6 +17,8 @@ pinned version's document). :func:`pod_template_schema` turns them into a struct
   the API server requires of a CRD;
 - ``metadata`` holds ``labels`` and ``annotations`` only (a template has no name of its own);
 - ``ephemeralContainers`` left out: a pod cannot be created with them;
+- ``containers`` not required: the role's short fields can make the main container alone, and
+  the operator refuses a pod without one (its image missing) with its own message;
 - descriptions kept whole (``kubectl explain`` prints them), each paragraph on one line.
 
 Three templates make the CRD about 800 kB as the API server stores it (measured: 803,024 bytes
@@ -46,6 +48,9 @@ OPENAPI_FILE = "openapi/core-v1-podtemplatespec.json"  # inside this package
 OPENAPI_DOCUMENT = "api/openapi-spec/v3/api__v1_openapi.json"  # in k8s.io/kubernetes
 # Left out of the templates, with the reason (a pod cannot be created with them).
 LEFT_OUT = {"io.k8s.api.core.v1.PodSpec": ("ephemeralContainers",)}
+# Not required in a template: the operator may make the field (the main container from the
+# short fields).
+NOT_REQUIRED = {"io.k8s.api.core.v1.PodSpec": ("containers",)}
 # The extensions a CRD's structural schema takes from Kubernetes' own.
 KEPT_EXTENSIONS = ("x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type")
 TEMPLATE_METADATA = ("labels", "annotations")
@@ -146,7 +151,11 @@ class _Converter:
                 out[key] = {p: self.convert(s) for p, s in value.items() if p not in skipped}
             elif key in ("items", "additionalProperties") and isinstance(value, dict):
                 out[key] = self.convert(value)
-            elif key in KEPT_EXTENSIONS or key in ("type", "format", "required"):
+            elif key == "required":
+                optional = NOT_REQUIRED.get(name or "", ())
+                if required := [r for r in value if r not in optional]:
+                    out[key] = required
+            elif key in KEPT_EXTENSIONS or key in ("type", "format"):
                 out[key] = copy.deepcopy(value)
             # default, x-kubernetes-patch-*, x-kubernetes-unions: not for a CRD (see above)
         if "properties" in out:

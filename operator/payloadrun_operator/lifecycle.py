@@ -206,13 +206,19 @@ def last_failed_container(
 
 
 def failure_of(
-    component: str, job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], container: str
+    component: str,
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    container: str,
+    *,
+    lead: str | None = None,
 ) -> dict[str, Any]:
-    """``status.failure`` for a component whose Job failed."""
+    """``status.failure`` for a component whose Job failed (``lead``: what happened, when the
+    Job's own count of failed pods does not say it)."""
     reason, job_message = job_failure_reason(job)
     pod, exit_code = last_failed_container(pods, container)
     failed = job.get("status", {}).get("failed", 0)
-    message = f"the {component} failed {failed} time(s): {reason}"
+    message = f"{lead or f'the {component} failed {failed} time(s)'}: {reason}"
     if job_message:
         message += f" ({job_message})"
     if pod:

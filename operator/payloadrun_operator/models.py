@@ -135,8 +135,8 @@ class DeletionPolicy(StrEnum):
 
 class EnvVar(Model):
     name: Annotated[str, Field(min_length=1, max_length=256)] = Field(
-        description="The variable's name (the operator's own PAYLOADRUN_* and PAYLOAD_ROOT are "
-        "refused)."
+        description="The variable's name (a name the operator sets in that container, its "
+        "PAYLOADRUN_*, PAYLOAD_ROOT and the trainers' torchrun variables, is refused)."
     )
     value: str | None = Field(default=None, description="The value (or use valueFrom).")
     value_from: dict[str, Any] | None = _preserve("a core/v1 EnvVarSource")
@@ -575,8 +575,8 @@ class PayloadRunStatus(Model):
     )
     claim_name: str | None = Field(
         default=None,
-        description="The ReadWriteMany PersistentVolumeClaim that holds the payload root (by "
-        "handle only).",
+        description="The ReadWriteMany PersistentVolumeClaim of the payload volume (by handle, "
+        "or when it is the run directory).",
     )
     sidecars: PinnedSidecars | None = Field(default=None, description=PinnedSidecars.__doc__)
     start_time: AwareDatetime | None = Field(

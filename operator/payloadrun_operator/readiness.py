@@ -153,12 +153,13 @@ async def follow_active(
             pods = await finishing.job_pods(op, ns, trainers["metadata"]["name"])
             fields |= restarts.restart_record(status, trainers, pods, limit, now)
         restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
-    failure = await failure_of(op, ns, jobs)
-    if failure is not None and failure["component"] == TRAINER and layout >= 2:
-        failure["message"] += (
-            f"; the trainers had been restarted together {status.get('trainerRestarts') or 0}"
-            f" time(s), spec.failurePolicy.backoffLimit is {limit}"
+    together = None
+    if layout >= 2:  # the trainers' Job fails at its first failed rank
+        together = (
+            f"a trainer rank failed after {status.get('trainerRestarts') or 0} restart(s) of "
+            f"every rank (spec.failurePolicy.backoffLimit is {limit})"
         )
+    failure = await failure_of(op, ns, jobs, trainers_lead=together)
     end = lifecycle.end_checks(status, jobs[TRAINER], failure)
     if end:
         checks |= end
@@ -188,13 +189,18 @@ async def recreate_trainers(op: Operator, run: dict[str, Any]) -> None:
 
 
 async def failure_of(
-    op: Operator, namespace: str, jobs: dict[str, dict[str, Any] | None]
+    op: Operator,
+    namespace: str,
+    jobs: dict[str, dict[str, Any] | None],
+    *,
+    trainers_lead: str | None = None,
 ) -> dict[str, Any] | None:
     """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None."""
     for component, job in jobs.items():
         if job is not None and lifecycle.job_outcome(job) == "Failed":
             pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
-            return lifecycle.failure_of(component, job, pods, CONTAINERS[component])
+            lead = trainers_lead if component == TRAINER else None
+            return lifecycle.failure_of(component, job, pods, CONTAINERS[component], lead=lead)
     return None
 
 

@@ -132,3 +132,41 @@ def namespace(kube_cluster: LocalCluster, request: pytest.FixtureRequest):
         )
     yield name
     kube_cluster.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="session")
+def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
+    """The session's cluster, with its node and the project's images in it; the CRD installed."""
+    from pod_helpers import IMAGE, NEXT_IMAGE, REPO
+
+    from payloadrun.testing.images import build_images
+    from payloadrun_operator.crd import CRD_FILE
+    from payloadrun_operator.models import GROUP, PLURAL
+
+    if not kube_cluster.with_node:
+        pytest.skip("these tests need pods: the session's cluster runs no node")
+    for path in build_images(REPO).values():
+        kube_cluster.load_image(path)
+    tagged = kube_cluster.node.ctr(
+        "images", "tag", "--force", f"docker.io/library/{IMAGE}", f"docker.io/library/{NEXT_IMAGE}"
+    )
+    assert tagged.returncode == 0, tagged.stderr
+    applied = kube_cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE)
+    )
+    assert applied.returncode == 0, applied.stderr
+    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
+    return kube_cluster
+
+
+@pytest.fixture
+def operator(node_cluster: LocalCluster, namespace: str, tmp_path: Path):
+    """The operator as a host process watching the test's namespace (restartable)."""
+    from pod_helpers import Operator
+
+    op = Operator(node_cluster, namespace, tmp_path)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()

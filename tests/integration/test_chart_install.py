@@ -11,12 +11,14 @@ as the chart's real pod is in ``test_e2e.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from example_runs import example_run
 
 from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
 
@@ -58,6 +60,15 @@ def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
 def installed(kube_cluster):
     for ns in ("team-a", "team-b"):
         create_namespace(kube_cluster, ns)
+    # the CRD other tests applied with kubectl goes to this release (docs/operations.md)
+    adopt = subprocess.run(
+        ["bash", str(REPO / "hack" / "adopt-crd.sh"), RELEASE, SYSTEM_NS],
+        env={**os.environ, **kube_cluster.env()},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert adopt.returncode == 0, adopt.stderr
     install = run_helm(
         kube_cluster,
         "upgrade",
@@ -126,7 +137,7 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
             denied.stderr,
         )
 
-    run = yaml.safe_load((REPO / "examples" / "multinode-by-handle.yaml").read_text())
+    run = example_run("multinode-by-handle.yaml")
     with LocalOperator(
         sa_config, namespaces=("team-a",), env=env, log_path=tmp_path / "op.log"
     ) as op:
@@ -175,6 +186,8 @@ def test_install_with_renamed_objects_extra_env_and_no_fixed_uid(kube_cluster, t
                 ],
                 "extraArgs": ["--host=0.0.0.0"],
                 "podSecurityContext": {"runAsUser": None, "runAsGroup": None},
+                # a second release beside the first: the CRD is the first one's
+                "crds": {"install": False},
             }
         )
     )

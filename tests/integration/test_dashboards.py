@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from example_runs import example_run
 
 from payloadrun.testing import processes, required
 from payloadrun.testing.processes import SidecarProcess, free_port, wait_http
@@ -85,14 +86,12 @@ def scraped(kube_cluster, tmp_path_factory):
             SidecarProcess(root, "dashboard-test", args=["--scan-interval", "1"]).start()
         )
         kube_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"), check=True)
-        kube_cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/payloadruns.payloadrun.dev", check=True
-        )
+        kube_cluster.wait_established("payloadruns.payloadrun.dev")
         kube_cluster.kubectl("create", "namespace", NAMESPACE)
         operator = stack.enter_context(
             LocalOperator(kube_cluster.kubeconfig, namespaces=(NAMESPACE,), log_path=tmp / "op.log")
         )
-        run = yaml.safe_load((REPO / "examples/multinode-by-handle.yaml").read_text())
+        run = example_run("multinode-by-handle.yaml")
         run["metadata"]["name"] = RUN
         kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(run), check=True)
 

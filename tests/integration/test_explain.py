@@ -37,9 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 def crd(kube_cluster) -> dict[str, Any]:
     result = kube_cluster.kubectl("apply", "--server-side", "-f", str(REPO / CRD_FILE))
     assert result.returncode == 0, result.stderr
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
-    )
+    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 

@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pod_helpers import (
+    IMAGE,
+    NEXT_IMAGE,
+    SLEEP,
+    apply,
+    find,
+    get,
+    kubectl,
+    live_pods,
+    patch_run,
+    pods,
+    running,
+    wait_for,
+    wait_for_phase,
+)
 
-from payloadrun.testing.images import build_images
-from payloadrun_operator.crd import CRD_FILE
-from payloadrun_operator.models import GROUP, PLURAL
+from payloadrun_operator.models import GROUP
 from payloadrun_operator.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
-from payloadrun_operator.testing import LocalOperator
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-IMAGE = "payloadrun:e2e"
-NEXT_IMAGE = "payloadrun:e2e-next"  # the same image under a new tag: an upgrade's new sidecars
-SLEEP = ["python", "-c", "import time; time.sleep(10**9)"]
 # The orchestrator of the end-to-end runs: one request by handle through the writer (a payload
 # file on the volume), policy step 7 to its retention sidecar, then it waits to be stopped.
 ORCHESTRATE = [
@@ -49,77 +55,6 @@ ORCHESTRATE = [
     "RetentionClient().policy_updated(7)\n"
     "time.sleep(10**9)\n",
 ]
-
-
-# --- fixtures -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def node_cluster(kube_cluster):
-    """The session's cluster, with its node and the project's images in it; the CRD installed."""
-    if not kube_cluster.with_node:
-        pytest.skip("the lifecycle tests need pods: the session's cluster runs no node")
-    for path in build_images(REPO).values():
-        kube_cluster.load_image(path)
-    tagged = kube_cluster.node.ctr(
-        "images", "tag", "--force", f"docker.io/library/{IMAGE}", f"docker.io/library/{NEXT_IMAGE}"
-    )
-    assert tagged.returncode == 0, tagged.stderr
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
-    )
-    return kube_cluster
-
-
-class Operator:
-    """The operator as a host process that a test can restart, or upgrade to other settings."""
-
-    def __init__(self, cluster, namespace: str, tmp_path: Path) -> None:
-        self.cluster, self.namespace, self.tmp_path = cluster, namespace, tmp_path
-        self.process: LocalOperator | None = None
-        self.starts = 0
-
-    def start(self, sidecar_image: str = IMAGE) -> LocalOperator:
-        self.stop()
-        self.starts += 1
-        self.process = LocalOperator(
-            self.cluster.kubeconfig,
-            namespaces=(self.namespace,),
-            env={
-                "PAYLOADRUN_SIDECAR_IMAGE": sidecar_image,
-                "PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY": "Never",
-                "PAYLOADRUN_READINESS_CHECK_SECONDS": "1",
-            },
-            log_path=self.tmp_path / f"operator-{self.starts}.log",
-        ).start()
-        return self.process
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-
-    def reconciled(self) -> float:
-        """How many reconciles this operator process has applied (from its /metrics)."""
-        assert self.process is not None
-        import urllib.request
-
-        with urllib.request.urlopen(self.process.metrics_url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith('payloadrun_operator_reconciles_total{result="applied"}'):
-                    return float(line.split()[-1])
-        return 0.0
-
-
-@pytest.fixture
-def operator(node_cluster, namespace, tmp_path) -> Iterator[Operator]:
-    op = Operator(node_cluster, namespace, tmp_path)
-    op.start()
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -151,57 +86,6 @@ def run_manifest(
     }
 
 
-def kubectl(cluster, namespace: str, *args: str, input: str | None = None) -> str:
-    result = cluster.kubectl("-n", namespace, *args, input=input)
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
-
-
-def get(cluster, namespace: str, *what: str) -> dict[str, Any]:
-    return json.loads(kubectl(cluster, namespace, "get", *what, "-o", "json"))
-
-
-def apply(cluster, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(cluster, namespace, "apply", "-f", "-", input=json.dumps(manifest))
-
-
-def patch_run(cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
-    kubectl(
-        cluster, namespace, "patch", "payloadrun", name, "--type=merge", "-p", json.dumps(patch)
-    )
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], Any],
-    timeout: float = 180.0,
-    seen: Callable[[], Any] | None = None,
-) -> Any:
-    """``probe()`` once it is truthy; else fail with ``seen()`` (what there was instead)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := probe():
-            return result
-        time.sleep(1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}; saw {seen() if seen else None}")
-
-
-def wait_for_phase(cluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
-    def run() -> dict[str, Any]:
-        return get(cluster, namespace, "payloadrun", name)
-
-    return wait_for(
-        f"{name} {phase}",
-        lambda: (r := run()).get("status", {}).get("phase") == phase and r,
-        seen=lambda: run().get("status"),
-    )
-
-
-def find(cluster, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
-    out = kubectl(cluster, namespace, "get", kind, name, "--ignore-not-found", "-o", "json")
-    return json.loads(out) if out.strip() else None
-
-
 def templates(cluster, namespace: str, name: str) -> dict[str, Any] | None:
     """Each workload's pod template, generation and uid, as the API server has them (None while
     one of them does not exist)."""
@@ -223,29 +107,12 @@ def templates(cluster, namespace: str, name: str) -> dict[str, Any] | None:
     return out
 
 
-def pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    return get(cluster, namespace, "pods", "-l", f"payloadrun.dev/run={name}")["items"]
-
-
-def live_pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in pods(cluster, namespace, name)
-        if p["status"].get("phase") in ("Pending", "Running")
-        and not p["metadata"].get("deletionTimestamp")
-    ]
-
-
 def sidecar_images(cluster, namespace: str, name: str) -> set[str]:
     images = set()
     for pod in live_pods(cluster, namespace, name):
         for container in pod["spec"].get("initContainers", []):
             images.add(container["image"])
     return images
-
-
-def running(cluster, namespace: str, name: str) -> dict[str, Any]:
-    return wait_for_phase(cluster, namespace, name, "Running")
 
 
 # --- upgrades and rollout ----------------------------------------------------------------------

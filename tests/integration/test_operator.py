@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from example_runs import example_run
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -46,18 +47,14 @@ def install_crd(kube_cluster, crd: dict[str, Any]) -> None:
         "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
     )
     assert result.returncode == 0, result.stderr
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
-    )
+    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
 
 
 @pytest.fixture(scope="module")
 def crd(kube_cluster):
     result = kube_cluster.kubectl("apply", "--server-side", "-f", str(REPO / CRD_FILE))
     assert result.returncode == 0, result.stderr
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s", check=True
-    )
+    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
     return build_crd()
 
 
@@ -87,7 +84,7 @@ def api(kube_api_client):
 
 
 def load_example(name: str) -> dict[str, Any]:
-    return yaml.safe_load((EXAMPLES / name).read_text())
+    return example_run(name)
 
 
 def create_run(api, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +202,7 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
     uid = created["metadata"]["uid"]
     run = reconciled(api, namespace, name)
     status = run["status"]
-    root = f"/payloads/{namespace}/{name}/payloads"
+    root = "/data/outputs/payloads"  # <run dir>/payloads, as the example sets it
     assert status["payloadRoot"] == root
     assert status["claimName"] == f"{name}-payloads"
     assert status["phase"] == "Provisioning"
@@ -236,10 +233,11 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
     assert writer.restart_policy == "Always" and writer.image == "payloadrun:test"
     assert env_of(writer)["PAYLOAD_ROOT"] == root
     assert writer.security_context.run_as_non_root
-    assert (
-        writer.volume_mounts[0].mount_path == "/payloads" and not writer.volume_mounts[0].read_only
-    )
-    assert inference.containers[0].volume_mounts is None
+    # one path for the payload volume in every container: the run directory's
+    assert writer.volume_mounts[0].mount_path == "/data" and not writer.volume_mounts[0].read_only
+    (vllm,) = inference.containers
+    assert {m.mount_path for m in vllm.volume_mounts} == {"/config", "/data", "/dev/shm"}
+    assert inference.runtime_class_name == "nvidia"
 
     orchestrator = kids[("Job", f"{name}-orchestrator")].spec.template.spec
     (retention,) = orchestrator.init_containers
@@ -247,7 +245,9 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
     assert env_of(orchestrator.containers[0])["PAYLOADRUN_RETENTION_URL"] == "http://127.0.0.1:8002"
 
     trainer = kids[("Job", f"{name}-trainer")].spec.template.spec
-    assert trainer.containers[0].volume_mounts[0].read_only is True
+    mounts = {m.mount_path: m for m in trainer.containers[0].volume_mounts}
+    assert not mounts["/data"].read_only  # the run directory, read-write
+    assert mounts[root].read_only is True and mounts[root].sub_path == "outputs/payloads"
 
     settings = kids[("ConfigMap", f"{name}-settings")].data
     assert settings["payloadMode"] == "ByHandle" and settings["payloadRoot"] == root

@@ -177,6 +177,8 @@ def test_each_role_takes_kubernetes_pod_template_schema():
             "hostNetwork",
         } <= set(pod)
         assert "ephemeralContainers" not in pod  # a pod cannot be created with them
+        # the short fields can make the main container alone
+        assert "required" not in template["properties"]["spec"]
         assert template["properties"]["metadata"]["properties"].keys() == {"labels", "annotations"}
     assert kubernetes_version() == read_versions()["KUBERNETES_VERSION"]
 

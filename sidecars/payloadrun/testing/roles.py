@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("dir", help="the weight directory every replica loads")
     u.set_defaults(run=update_weights)
     args = parser.parse_args(argv)
+    # PID 1 of a container ignores a signal it has no handler for: stop at once when the
+    # kubelet asks, instead of after the grace period
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return int(args.run(args))
 
 

@@ -1,0 +1,106 @@
+"""``payloadrun-operator render``: the children of a PayloadRun file, offline, as the operator
+builds them, refusing what the operator refuses. Run as the command users run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_kubernetes_schema import assert_valid
+
+from payloadrun_operator.admission import admit
+from payloadrun_operator.render import PLACEHOLDER_UID
+from payloadrun_operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+REFUSED = {"disaggregated-root-rejected.yaml"}
+
+
+def render(*args, input=None, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "payloadrun_operator", "render", *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def documents(stdout):
+    return [d for d in yaml.safe_load_all(stdout) if d]
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.name not in REFUSED], ids=str)
+def test_every_example_renders_to_children_kubernetes_accepts(example):
+    result = render("-f", str(example))
+    assert result.returncode == 0, result.stderr
+    children = documents(result.stdout)
+    assert children, result.stdout
+    for child in children:
+        assert_valid(child)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == PLACEHOLDER_UID or (
+            child["kind"] == "PersistentVolumeClaim"  # a retained claim has no owner
+        )
+    # in apply order: the claim before the pods that mount it
+    kinds = [c["kind"] for c in children]
+    if "PersistentVolumeClaim" in kinds:
+        assert kinds.index("PersistentVolumeClaim") < kinds.index("StatefulSet")
+
+
+def test_the_refused_example_says_why_and_exits_1():
+    result = render("-f", str(REPO / "examples" / "disaggregated-root-rejected.yaml"))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "PayloadRun default/pd-with-root is refused:" in result.stderr
+    assert (
+        "payloads by handle cannot be combined with prefill/decode-disaggregated" in result.stderr
+    )
+
+
+def test_a_template_collision_gets_the_operators_message(spec_dict):
+    spec_dict["trainer"]["template"] = {
+        "spec": {"containers": [{"name": "trainer", "env": [{"name": "RANK", "value": "0"}]}]}
+    }
+    run = {"apiVersion": "payloadrun.dev/v1alpha1", "kind": "PayloadRun"}
+    run |= {"metadata": {"name": "r", "namespace": "ml"}, "spec": spec_dict}
+    result = render("-f", "-", input=json.dumps(run))
+    assert result.returncode == 1
+    operator_says = admit({**run, "metadata": {**run["metadata"], "uid": "u"}}, OperatorSettings())
+    assert operator_says.errors and all(e in result.stderr for e in operator_says.errors)
+    assert "sets env RANK in the trainer container, which the operator sets itself" in result.stderr
+
+
+def test_the_operators_settings_and_namespace_flag_apply(spec_dict):
+    run = {"apiVersion": "payloadrun.dev/v1alpha1", "kind": "PayloadRun"}
+    run |= {"metadata": {"name": "r"}, "spec": spec_dict}
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}}
+    text = yaml.safe_dump_all([other, run])
+    result = render(
+        "-f", "-", "-n", "team-a", input=text, env={"PAYLOADRUN_SIDECAR_IMAGE": "mine/side:1"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "# skipped ConfigMap cfg from - (document 1): not a PayloadRun" in result.stderr
+    children = documents(result.stdout)
+    assert {c["metadata"]["namespace"] for c in children} == {"team-a"}
+    (sts,) = [c for c in children if c["kind"] == "StatefulSet"]
+    (writer,) = sts["spec"]["template"]["spec"]["initContainers"]
+    assert writer["image"] == "mine/side:1"
+
+
+def test_bad_input_is_said_plainly(tmp_path):
+    missing = render("-f", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read the file" in missing.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    nothing = render("-f", str(empty))
+    assert nothing.returncode == 1 and "no PayloadRun in the given files" in nothing.stderr
+    bad = render("-f", "-", input="spec: [unclosed\n")
+    assert bad.returncode == 2 and "cannot read the file" in bad.stderr
+    help_text = render("--help")
+    assert help_text.returncode == 0 and "--dry-run=server" in help_text.stdout

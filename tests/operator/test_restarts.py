@@ -1,0 +1,71 @@
+"""Restarting the trainers together (restarts.py): when, how often, what is recorded."""
+
+from payloadrun_operator import restarts
+from payloadrun_operator.models import PayloadRunStatus
+
+T0 = "2026-12-01T10:00:00Z"
+
+
+def job(uid="job-1", failed=True, deleting=False):
+    meta = {"name": "run1-trainer", "namespace": "ml", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = T0
+    conditions = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    return {"metadata": meta, "status": {"conditions": conditions if failed else [], "failed": 1}}
+
+
+def failed_pod(name, rank, code):
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": code, "finishedAt": T0}}}
+            ],
+        },
+    }
+
+
+def test_a_failed_trainer_job_restarts_the_group_until_the_limit():
+    assert restarts.plan({}, job(), limit=2, layout=2) == restarts.RESTART
+    assert restarts.plan({"trainerRestarts": 1}, job(), limit=2, layout=2) == restarts.RESTART
+    assert restarts.plan({"trainerRestarts": 2}, job(), limit=2, layout=2) == restarts.FAIL
+    assert restarts.plan({}, job(), limit=0, layout=2) == restarts.FAIL
+
+
+def test_nothing_to_do_before_a_failure_during_a_restart_or_for_old_runs():
+    assert restarts.plan({}, None, limit=3, layout=2) == restarts.NONE
+    assert restarts.plan({}, job(failed=False), limit=3, layout=2) == restarts.NONE
+    assert restarts.plan({}, job(deleting=True), limit=3, layout=2) == restarts.NONE
+    # a run started before pod layout 2: its Job replaces ranks one by one, as it did
+    assert restarts.plan({}, job(), limit=3, layout=1) == restarts.NONE
+
+
+def test_a_recorded_restart_is_counted_once_however_often_it_is_seen():
+    status = {"trainerRestarts": 1, "lastTrainerRestart": {"jobUid": "job-1"}}
+    assert restarts.plan(status, job("job-1"), limit=3, layout=2) == restarts.DELETE
+    # the next attempt's Job fails: a new restart
+    assert restarts.plan(status, job("job-2"), limit=3, layout=2) == restarts.RESTART
+
+
+def test_the_record_names_the_failed_rank_and_fits_the_status_schema():
+    pods = [failed_pod("run1-trainer-1-abcde", 1, 137)]
+    fields = restarts.restart_record({"trainerRestarts": 1}, job(), pods, limit=3, now=T0)
+    assert fields == {
+        "trainerRestarts": 2,
+        "lastTrainerRestart": {
+            "time": T0,
+            "jobUid": "job-1",
+            "pod": "run1-trainer-1-abcde",
+            "exitCode": 137,
+            "message": "trainer rank 1 (pod run1-trainer-1-abcde) exited with code 137: every "
+            "rank restarts together (restart 2 of at most 3, spec.failurePolicy.backoffLimit)",
+        },
+    }
+    PayloadRunStatus.model_validate(fields)
+    unknown = restarts.restart_record({}, job(), [], limit=3, now=T0)["lastTrainerRestart"]
+    assert unknown["message"].startswith("a trainer pod failed: every rank restarts together")
+    assert "pod" not in unknown
