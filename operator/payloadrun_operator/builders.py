@@ -3,7 +3,8 @@
 Children: the ReadWriteMany claim (unless the run names an existing one, or needs none), a
 ConfigMap with the run's effective settings, and three workloads with their Services. Each
 workload's pods are the role's template (``spec.<role>.template``, a PodTemplateSpec) with the
-operator's parts on top (:mod:`templates` has the rules; :func:`role_parts` what is added):
+operator's parts on top (:mod:`templates` has the rules, :func:`common_parts` and the
+``*_parts`` functions what is added):
 
 - inference: a StatefulSet of vLLM pods, ``<run>-inference-<i>`` on its headless Service (every
   replica addressable: :func:`inference_admin_urls`). By handle, the writer sidecar runs beside
@@ -388,95 +389,95 @@ def fs_group(ctx: RunContext) -> int | None:
     return run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[0]
 
 
-def role_parts(ctx: RunContext, component: str) -> Parts:
-    """What the operator adds to ``component``'s pods."""
-    spec = ctx.spec
+# A StatefulSet's pods restart in place; a Job's are replaced (and counted) instead.
+RESTART_POLICY = {INFERENCE: "Always", ORCHESTRATOR: "Never", TRAINER: "Never"}
+
+
+def common_parts(ctx: RunContext, component: str) -> dict[str, Any]:
+    """What the operator adds to every role's pods (the fields of :class:`Parts` they share)."""
+    role = getattr(ctx.spec, component)
     run_dir_mount = run_directory_mount(ctx)
-    common = {
+    payloads = ctx.by_handle or run_dir_on_payload_volume(ctx.spec)
+    return {
+        "role": component,
+        "short": short_fields(role),
+        "short_env": tuple(user_env(role.env)),
+        "mounts": (run_dir_mount,) if run_dir_mount else (),
+        "volumes": tuple(run_volumes(ctx, payloads=payloads)),
         "labels": labels(ctx, component),
         "placement": placement(ctx),
         "fs_group": fs_group(ctx),
-        "pod": {"subdomain": names.headless_name(ctx.name, component)},
+        "pod": {
+            "subdomain": names.headless_name(ctx.name, component),
+            "restartPolicy": RESTART_POLICY[component],
+        },
         # the pods' DNS names are their hostnames, which the StatefulSet or Job gives them
         "pod_unset": ("hostname",),
     }
-    if component == INFERENCE:
-        inference = spec.inference
-        by_handle = ctx.by_handle
-        writer = inference.writer
-        return Parts(
-            role=INFERENCE,
-            main=names.VLLM_CONTAINER,
-            short=short_fields(inference),
-            short_env=tuple(user_env(inference.env)),
-            env=tuple(env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})),
-            mounts=tuple([run_dir_mount] if run_dir_mount else []),
-            ports=({"name": names.HTTP_PORT_NAME, "containerPort": inference.port},),
-            sidecars=(writer_container(ctx),) if by_handle else (),
-            volumes=tuple(run_volumes(ctx, payloads=by_handle or run_dir_on_payload_volume(spec))),
-            shm=shm_volume(inference.shm_size, inference.resources),
-            reserved_ports=(
-                {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
-                if by_handle
-                else {}
-            ),
-            **{**common, "pod": {**common["pod"], "restartPolicy": "Always"}},
-        )
-    if component == ORCHESTRATOR:
-        orch = spec.orchestrator
-        retention = orch.retention
-        env = {
-            **run_env(ctx),
-            Env.INFERENCE_URL: inference_url(ctx),
-            Env.INFERENCE_ADMIN_URLS: inference_admin_urls(ctx),
-            Env.RETENTION_URL: retention_url(ctx),
-            Env.TRAINER_HOST: ctx.host(TRAINER),
-            **step_env(ctx),
-        }
-        return Parts(
-            role=ORCHESTRATOR,
-            main=names.ORCHESTRATOR_CONTAINER,
-            short=short_fields(orch),
-            short_env=tuple(user_env(orch.env)),
-            env=tuple(env_list(env)),
-            mounts=tuple([run_dir_mount] if run_dir_mount else []),
-            sidecars=(retention_container(ctx),) if ctx.by_handle else (),
-            volumes=tuple(
-                run_volumes(ctx, payloads=ctx.by_handle or run_dir_on_payload_volume(spec))
-            ),
-            reserved_ports=(
-                {
-                    retention.port: "retention sidecar",
-                    retention.metrics_port: "retention sidecar's metrics",
-                }
-                if ctx.by_handle
-                else {}
-            ),
-            **{**common, "pod": {**common["pod"], "restartPolicy": "Never"}},
-        )
-    trainer = spec.trainer
-    mounts = [run_dir_mount] if run_dir_mount else []
-    payloads_mounted = run_dir_on_payload_volume(spec)
-    if ctx.by_handle and not payloads_mounted:
-        read_only = trainer.payload_access is PayloadAccess.READ_ONLY
-        mounts.append(volume_mount(ctx, read_only=read_only))
+
+
+def inference_parts(ctx: RunContext) -> Parts:
+    inference, writer = ctx.spec.inference, ctx.spec.inference.writer
+    by_handle = ctx.by_handle
     return Parts(
-        role=TRAINER,
-        main=names.TRAINER_CONTAINER,
-        short=short_fields(trainer),
-        short_env=tuple(user_env(trainer.env)),
-        env=tuple(env_list(run_env(ctx)) + rendezvous_env(ctx)),
-        mounts=tuple(mounts),
-        ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
-        volumes=tuple(run_volumes(ctx, payloads=ctx.by_handle or payloads_mounted)),
-        shm=shm_volume(trainer.shm_size, trainer.resources),
-        **{**common, "pod": {**common["pod"], "restartPolicy": "Never"}},
+        main=names.VLLM_CONTAINER,
+        env=tuple(env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})),
+        ports=({"name": names.HTTP_PORT_NAME, "containerPort": inference.port},),
+        sidecars=(writer_container(ctx),) if by_handle else (),
+        shm=shm_volume(inference.shm_size, inference.resources),
+        reserved_ports=(
+            {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
+            if by_handle
+            else {}
+        ),
+        **common_parts(ctx, INFERENCE),
     )
+
+
+def orchestrator_parts(ctx: RunContext) -> Parts:
+    retention = ctx.spec.orchestrator.retention
+    env = {
+        **run_env(ctx),
+        Env.INFERENCE_URL: inference_url(ctx),
+        Env.INFERENCE_ADMIN_URLS: inference_admin_urls(ctx),
+        Env.RETENTION_URL: retention_url(ctx),
+        Env.TRAINER_HOST: ctx.host(TRAINER),
+        **step_env(ctx),
+    }
+    reserved = {
+        retention.port: "retention sidecar",
+        retention.metrics_port: "retention sidecar's metrics",
+    }
+    return Parts(
+        main=names.ORCHESTRATOR_CONTAINER,
+        env=tuple(env_list(env)),
+        sidecars=(retention_container(ctx),) if ctx.by_handle else (),
+        reserved_ports=reserved if ctx.by_handle else {},
+        **common_parts(ctx, ORCHESTRATOR),
+    )
+
+
+def trainer_parts(ctx: RunContext) -> Parts:
+    trainer = ctx.spec.trainer
+    common = common_parts(ctx, TRAINER)
+    if ctx.by_handle and not run_dir_on_payload_volume(ctx.spec):  # else: the run directory's
+        read_only = trainer.payload_access is PayloadAccess.READ_ONLY
+        common["mounts"] = (*common["mounts"], volume_mount(ctx, read_only=read_only))
+    return Parts(
+        main=names.TRAINER_CONTAINER,
+        env=tuple(env_list(run_env(ctx)) + rendezvous_env(ctx)),
+        ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
+        shm=shm_volume(trainer.shm_size, trainer.resources),
+        **common,
+    )
+
+
+ROLE_PARTS = {INFERENCE: inference_parts, ORCHESTRATOR: orchestrator_parts, TRAINER: trainer_parts}
 
 
 def pod_template(ctx: RunContext, component: str) -> Manifest:
     """``component``'s pod template; raises :class:`TemplateConflict` on a collision."""
-    parts = role_parts(ctx, component)
+    parts = ROLE_PARTS[component](ctx)
     template = ctx.templates()[component]
     pod = compose(template, parts)
     read_only = ctx.spec.trainer.payload_access is PayloadAccess.READ_ONLY

@@ -244,6 +244,7 @@ def test_kubectl_get_shows_ready(kube_cluster, crd, custom, namespace):
         "CLAIM",
         "REASON",
         "ROOT",
+        "RESTARTS",
         "LAST",  # LAST STEP
         "STEP",
         "FINISHED",

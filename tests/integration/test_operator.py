@@ -155,7 +155,7 @@ def test_kubectl_apply_of_each_example(kube_cluster, operator, api, namespace):
     assert "pd-with-root" not in kube_cluster.kubectl("get", "prun", "-n", namespace).stdout
 
     expected = {
-        "qwen3-moe-grpo": ("ByHandle", "MultiNodePerTokenPayloads"),
+        "qwen3-moe-grpo": ("ByHandle", "PayloadRootSet"),
         "small-moe-debug": ("Inline", "SingleNode"),
         "pd-disaggregated": ("Inline", "Disaggregated"),
     }
@@ -306,7 +306,9 @@ def test_inline_run_has_no_volume_and_no_sidecars(operator, api, namespace):
     for (kind, _), obj in kids.items():
         if kind in ("StatefulSet", "Job"):
             assert obj.spec.template.spec.init_containers is None
-            assert obj.spec.template.spec.volumes is None
+            # no claim: at most the memory-backed /dev/shm of inference and trainers
+            volumes = obj.spec.template.spec.volumes or []
+            assert [(v.name, v.empty_dir.medium) for v in volumes] in ([], [("dshm", "Memory")])
 
 
 def test_spec_update_reconciles(operator, api, namespace):

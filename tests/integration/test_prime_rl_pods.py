@@ -233,8 +233,9 @@ def prime_rl_like(name: str) -> dict[str, Any]:
 
 
 def logged(cluster, namespace: str, pod: str) -> list[dict[str, Any]]:
-    out = kubectl(cluster, namespace, "logs", pod, "-c", "trainer")
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    """What a trainer printed so far (nothing while its container is still being created)."""
+    out = cluster.kubectl("-n", namespace, "logs", pod, "-c", "trainer")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
 def admin_state(cluster, namespace: str, orchestrator: str, url: str) -> dict[str, Any]:
