@@ -17,7 +17,9 @@ from payloadrun_operator.testing import LocalOperator
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "payloadrun:e2e"
 NEXT_IMAGE = "payloadrun:e2e-next"  # the same image under a new tag: an upgrade's new sidecars
-SLEEP = ["python", "-c", "import time; time.sleep(10**9)"]
+# An orchestrator or trainer that waits until stopped, and stops at SIGTERM (not after the
+# grace period, as a `python -c "time.sleep(...)"` as PID 1 would)
+SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]
 
 
 class Operator:

@@ -48,7 +48,7 @@ SYSTEM_NS = "payloadrun-system"
 ROOT = f"/payloads/{NAMESPACE}/{RUN}/payloads"
 OPERATOR_METRICS = f"/api/v1/namespaces/{SYSTEM_NS}/services/payloadrun-metrics:9400/proxy/metrics"
 OPERATOR_POD = "app.kubernetes.io/name=payloadrun-operator"  # the chart's selector label
-SLEEP = ["python", "-c", "import time; time.sleep(10**9)"]
+SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]  # stops at SIGTERM
 
 
 def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:

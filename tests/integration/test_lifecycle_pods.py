@@ -39,7 +39,8 @@ pytestmark = pytest.mark.integration
 ORCHESTRATE = [
     "python",
     "-c",
-    "import json, os, time, urllib.request\n"
+    "import json, os, signal, sys, time, urllib.request\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # PID 1: stop when asked\n"
     "from payloadrun.retention.client import RetentionClient\n"
     "root = os.environ['PAYLOAD_ROOT']\n"
     "body = {'model': 'fake', 'token_ids': [1, 2, 3],\n"

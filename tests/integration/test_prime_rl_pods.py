@@ -14,7 +14,17 @@ import uuid
 from typing import Any
 
 import pytest
-from pod_helpers import IMAGE, apply, get, kubectl, live_pods, running, wait_for, wait_for_phase
+from pod_helpers import (
+    IMAGE,
+    SLEEP,
+    apply,
+    get,
+    kubectl,
+    live_pods,
+    running,
+    wait_for,
+    wait_for_phase,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +143,6 @@ def test_a_templated_run_reaches_its_pods_with_the_operators_parts(
         }
 
     exec_probe = {"exec": {"command": ["test", "-d", "/data"]}, "periodSeconds": 2}
-    idle = ["python", "-c", "import time; time.sleep(10**9)"]
     http_probe = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 2}
     apply(
         cluster,
@@ -141,8 +150,8 @@ def test_a_templated_run_reaches_its_pods_with_the_operators_parts(
         run_body(
             "fields",
             inference={"template": template("vllm", FAKE_VLLM, http_probe)},
-            orchestrator={"template": template("orchestrator", idle, exec_probe)},
-            trainer={"template": template("trainer", idle, exec_probe)},
+            orchestrator={"template": template("orchestrator", SLEEP, exec_probe)},
+            trainer={"template": template("trainer", SLEEP, exec_probe)},
         ),
     )
     running(cluster, namespace, "fields")

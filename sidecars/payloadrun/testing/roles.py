@@ -9,6 +9,8 @@ operator injects the way prime-rl does (``python -m payloadrun.testing.roles COM
   ``--fail-file`` does (exit 3, a crashed rank). Each step prints one JSON line.
 - ``orchestrator``: answers TCP connections on ``--port`` (prime-rl's ZMQ ports) with its
   hostname, until stopped.
+- ``idle``: waits, until stopped (SIGTERM exits it at once, not after the grace period) or, with
+  ``--until FILE``, until that file exists (exit 0): an orchestrator or trainer that does nothing.
 - ``update-weights DIR``: what prime-rl's orchestrator does on a weight update
   (``prime_rl/utils/client.py``): ``POST /pause?mode=keep&clear_cache=false`` on every replica of
   ``PAYLOADRUN_INFERENCE_ADMIN_URLS`` (``/v1`` stripped, admin routes are at the root), then
@@ -119,6 +121,12 @@ def orchestrator(args: argparse.Namespace) -> int:
             conn.sendall(b"orchestrator " + name + b"\n")
 
 
+def idle(args: argparse.Namespace) -> int:
+    while not (args.until and Path(args.until).exists()):
+        time.sleep(0.5)
+    return 0
+
+
 def admin_post(base: str, path: str, body: dict[str, Any] | None = None) -> Any:
     request = urllib.request.Request(
         base.rstrip("/").removesuffix("/v1") + path,
@@ -157,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     o = commands.add_parser("orchestrator", help="answer TCP connections with the hostname")
     o.add_argument("--port", type=int, required=True)
     o.set_defaults(run=orchestrator)
+    i = commands.add_parser("idle", help="wait until stopped, or until a file exists")
+    i.add_argument("--until", metavar="FILE", help="exit 0 once this file exists")
+    i.set_defaults(run=idle)
     u = commands.add_parser("update-weights", help="prime-rl's weight update on every replica")
     u.add_argument("dir", help="the weight directory every replica loads")
     u.set_defaults(run=update_weights)
