@@ -44,7 +44,12 @@ from report import Goal, print_goals, print_load
 MIB = 1 << 20
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = yaml.safe_load((REPO / "examples/multinode-by-handle.yaml").read_text())
+# the PayloadRun of the example (its file also holds a ConfigMap of prime-rl's configs)
+(EXAMPLE,) = [
+    d
+    for d in yaml.safe_load_all((REPO / "examples/multinode-by-handle.yaml").read_text())
+    if d and d.get("kind") == "PayloadRun"
+]
 
 
 def rss_mib(pid: int) -> float:
