@@ -224,6 +224,37 @@ def run_env(ctx: RunContext) -> dict[str, str | None]:
     }
 
 
+# What pod layout 2 added to the main containers' env. A run started before (layout 1) is not
+# given them: its spec may set these names itself, as layout 1 allowed; it gets them when rolled.
+LAYOUT_2_ENV = frozenset(
+    {
+        Env.RUN_DIRECTORY,
+        Env.ORCHESTRATOR_HOST,
+        Env.TRAINER_HOST,
+        Env.INFERENCE_ADMIN_URLS,
+        Env.MASTER_ADDR,
+        Env.MASTER_PORT,
+        Env.NNODES,
+        Env.NODE_RANK,
+        Env.NPROC_PER_NODE,
+        Env.WORLD_SIZE,
+        Env.RANK,
+        Env.PET_MASTER_ADDR,
+        Env.PET_MASTER_PORT,
+        Env.PET_NNODES,
+        Env.PET_NODE_RANK,
+        Env.PET_NPROC_PER_NODE,
+    }
+)
+
+
+def main_env(ctx: RunContext, env: list[Manifest]) -> tuple[Manifest, ...]:
+    """The operator's env of a main container, as the run's pod layout has it."""
+    if ctx.layout >= 2:
+        return tuple(env)
+    return tuple(e for e in env if e["name"] not in LAYOUT_2_ENV)
+
+
 def step_env(ctx: RunContext) -> dict[str, str | None]:
     """The step bounds, for the orchestrator and its retention sidecar alike."""
     spec = ctx.spec
@@ -314,16 +345,6 @@ def run_directory_mount(ctx: RunContext) -> Manifest | None:
         return None
     volume = VOLUME_NAME if run_dir.claim_name is None else names.RUN_DIRECTORY_VOLUME
     return {"name": volume, "mountPath": run_dir.mount_path}
-
-
-def shm_volume(size: Any, res: Resources | None) -> Manifest:
-    """A memory-backed /dev/shm, its size the given one, else the main container's memory
-    limit (else none of its own: the node's memory, within the pod's limits)."""
-    limit = size if size is not None else ((res.limits or {}).get("memory") if res else None)
-    empty_dir: Manifest = {"medium": "Memory"}
-    if limit is not None:
-        empty_dir["sizeLimit"] = str(limit)
-    return {"name": names.SHM_VOLUME, "emptyDir": empty_dir}
 
 
 def run_volumes(ctx: RunContext, *, payloads: bool) -> list[Manifest]:
@@ -421,10 +442,13 @@ def inference_parts(ctx: RunContext) -> Parts:
     by_handle = ctx.by_handle
     return Parts(
         main=names.VLLM_CONTAINER,
-        env=tuple(env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})),
+        env=main_env(
+            ctx, env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})
+        ),
         ports=({"name": names.HTTP_PORT_NAME, "containerPort": inference.port},),
         sidecars=(writer_container(ctx),) if by_handle else (),
-        shm=shm_volume(inference.shm_size, inference.resources),
+        shm=True,
+        shm_size=None if inference.shm_size is None else str(inference.shm_size),
         reserved_ports=(
             {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
             if by_handle
@@ -450,7 +474,7 @@ def orchestrator_parts(ctx: RunContext) -> Parts:
     }
     return Parts(
         main=names.ORCHESTRATOR_CONTAINER,
-        env=tuple(env_list(env)),
+        env=main_env(ctx, env_list(env)),
         sidecars=(retention_container(ctx),) if ctx.by_handle else (),
         reserved_ports=reserved if ctx.by_handle else {},
         **common_parts(ctx, ORCHESTRATOR),
@@ -465,9 +489,10 @@ def trainer_parts(ctx: RunContext) -> Parts:
         common["mounts"] = (*common["mounts"], volume_mount(ctx, read_only=read_only))
     return Parts(
         main=names.TRAINER_CONTAINER,
-        env=tuple(env_list(run_env(ctx)) + rendezvous_env(ctx)),
+        env=main_env(ctx, env_list(run_env(ctx)) + rendezvous_env(ctx)),
         ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
-        shm=shm_volume(trainer.shm_size, trainer.resources),
+        shm=True,
+        shm_size=None if trainer.shm_size is None else str(trainer.shm_size),
         **common,
     )
 
@@ -507,7 +532,7 @@ def run_errors(ctx: RunContext) -> list[str]:
             "mounted: choose another path, or drop spec.runDirectory.claimName to make the "
             "payload volume the run directory"
         )
-    if ctx.by_handle:
+    if ctx.by_handle or ctx.spec.run_directory is not None:  # pods that share a volume
         errors += run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[1]
     for component in (INFERENCE, ORCHESTRATOR, TRAINER):
         try:
@@ -528,8 +553,12 @@ def service_ports(pod: Manifest, extra: list[Manifest] = ()) -> list[Manifest]: 
             if key in seen:
                 continue
             seen.add(key)
+            protocol = port.get("protocol", "TCP")
+            unnamed = f"port-{port['containerPort']}" + (
+                "" if protocol == "TCP" else "-" + protocol
+            )
             entry = {
-                "name": port.get("name") or f"port-{port['containerPort']}",
+                "name": port.get("name") or unnamed.lower(),
                 "port": port["containerPort"],
                 "targetPort": port["containerPort"],
             }
@@ -767,9 +796,11 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
     # Any rank's failure fails the Job (backoffLimit 0): the operator then restarts every rank
     # together (readiness.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
     # would join a group whose collective hangs.
+    # (A run started before pod layout 2 keeps a Job that replaces ranks one by one.)
+    backoff = 0 if ctx.layout >= 2 else ctx.spec.failure_policy.backoff_limit
     return [
         headless_service(ctx, TRAINER, service_ports(pod, dist)),
-        job(ctx, TRAINER, trainer.replicas, pod, backoff_limit=0),
+        job(ctx, TRAINER, trainer.replicas, pod, backoff_limit=backoff),
     ]
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from payloadrun_operator.names import SHM_VOLUME
+
 Manifest = dict[str, Any]
 
 SHM_PATH = "/dev/shm"
@@ -60,7 +62,8 @@ class Parts:
     labels: Mapping[str, str] = field(default_factory=dict)
     placement: Manifest = field(default_factory=dict)  # spec.placement as pod spec fields
     fs_group: int | None = None  # the run's fsGroup, when the template sets none
-    shm: Manifest | None = None  # the emptyDir of /dev/shm, unless the template has its own
+    shm: bool = False  # a memory-backed /dev/shm, unless the template has its own
+    shm_size: str | None = None  # its size limit (default: the main container's memory limit)
     reserved_ports: Mapping[int, str] = field(default_factory=dict)  # port -> what uses it
 
 
@@ -111,16 +114,21 @@ def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
         security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
         pod["securityContext"] = security
     volumes = [*(pod.get("volumes") or []), *parts.volumes]
-    if parts.shm is not None and not has_shm(pod, main):
-        if any(v.get("name") == parts.shm["name"] for v in volumes):
+    if parts.shm and has_shm(pod, main) and parts.shm_size is not None:
+        errors.append(
+            f"spec.{parts.role}.shmSize is set, but {where} has its own {SHM_PATH} (a mount "
+            "there, or hostIPC): remove one"
+        )
+    elif parts.shm and not has_shm(pod, main):
+        if any(v.get("name") == SHM_VOLUME for v in volumes):
             errors.append(
-                f"{where}.spec.volumes has a volume named {parts.shm['name']}, which the "
-                f"operator adds for {SHM_PATH}: rename it, or mount your own at {SHM_PATH}"
+                f"{where}.spec.volumes has a volume named {SHM_VOLUME}, which the operator adds "
+                f"for {SHM_PATH}: rename it, or mount your own at {SHM_PATH}"
             )
-        volumes.append(parts.shm)
+        volumes.append(shm_volume(parts.shm_size, main))
         main["volumeMounts"] = [
             *(main.get("volumeMounts") or []),
-            {"name": parts.shm["name"], "mountPath": SHM_PATH},
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         ]
     if volumes:
         pod["volumes"] = volumes
@@ -160,6 +168,19 @@ def _taken(pod: Mapping[str, Any], parts: Parts, where: str) -> list[str]:
                 f"{where}.spec.volumes has a volume named {name}, which the operator adds: "
                 "rename it"
             )
+    owned_names = {p["name"] for p in parts.ports} | {
+        p["name"] for c in parts.sidecars for p in c.get("ports") or [] if p.get("name")
+    }
+    for container in containers_of(pod):
+        if container.get("name") == parts.main:
+            continue  # the main container's own ports merge with the operator's (_fill_main)
+        for port in container.get("ports") or []:
+            if port.get("name") in owned_names:
+                errors.append(
+                    f"{where}: container {container.get('name')} names a port "
+                    f"{port['name']}, the name of one of the operator's ports in the same pod "
+                    "(port names are unique in a pod): rename it"
+                )
     for port, user in parts.reserved_ports.items():
         for container in containers_of(pod):
             if any(p.get("containerPort") == port for p in container.get("ports") or []):
@@ -260,6 +281,17 @@ def _place(pod: Manifest, placement: Mapping[str, Any], where: str) -> list[str]
     return errors
 
 
+def shm_volume(size: str | None, main: Mapping[str, Any]) -> Manifest:
+    """A memory-backed /dev/shm of ``size``, else of the main container's memory limit (however
+    it was set), else with no limit of its own (the node's memory, within the pod's limits)."""
+    limits = (main.get("resources") or {}).get("limits") or {}
+    limit = size if size is not None else limits.get("memory")
+    empty_dir: Manifest = {"medium": "Memory"}
+    if limit is not None:
+        empty_dir["sizeLimit"] = str(limit)
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}
+
+
 def has_shm(pod: Mapping[str, Any], main: Mapping[str, Any]) -> bool:
     """Whether the pod already has its own /dev/shm (a mount there, or the host's IPC)."""
     mounted = any(m.get("mountPath") == SHM_PATH for m in main.get("volumeMounts") or [])
@@ -297,10 +329,11 @@ def run_fs_group(
 
 def read_only_overlays(
     pod: Mapping[str, Any], claim: str, volume_name: str, mount_path: str, root: str
-) -> tuple[list[tuple[int, Manifest]], list[str]]:
-    """Mounts that make the payload root read-only in every container of ``pod`` that mounts the
-    payload claim read-write above it, as ``(container index, mount)``; and the containers that
-    mount the root itself read-write (refused).
+) -> tuple[list[tuple[str, int, Manifest]], list[str]]:
+    """Mounts that make the payload root read-only in every container of ``pod`` (init
+    containers too) that mounts the payload claim read-write above it, as ``(list, index,
+    mount)``; and what makes that impossible (a mount of the root itself read-write, a
+    ``subPathExpr`` the operator cannot resolve): refused.
 
     Each overlay mounts the root alone (``subPath``) read-only at the path where the container
     sees it: the kernel refuses writes and deletes there even to root, while the rest of the
@@ -313,37 +346,49 @@ def read_only_overlays(
     } | {volume_name}
     relative_root = root[len(mount_path) :].strip("/")
     overlays, errors = [], []
-    for index, container in enumerate(pod.get("containers") or []):
-        mounts = container.get("volumeMounts") or []
-        for mount in mounts:
-            if mount.get("name") not in claim_volumes or mount.get("readOnly"):
-                continue
-            sub = (mount.get("subPath") or "").strip("/")
-            if sub and not (relative_root == sub or relative_root.startswith(sub + "/")):
-                continue
-            inside = relative_root[len(sub) :].strip("/")
-            seen_at = mount["mountPath"].rstrip("/") + ("/" + inside if inside else "")
-            if not inside:
-                errors.append(
-                    f"container {container.get('name')} mounts the payload root {root} "
-                    f"read-write (at {mount['mountPath']}): set spec.trainer.payloadAccess to "
-                    "ReadWrite if the trainers may write and delete payload files"
-                )
-                continue
-            if any(m.get("mountPath") == seen_at for m in mounts):
-                continue
-            overlay = {
-                "name": volume_name,
-                "mountPath": seen_at,
-                "subPath": relative_root,
-                "readOnly": True,
-            }
-            overlays.append((index, overlay))
+    for kind in ("containers", "initContainers"):
+        for index, container in enumerate(pod.get(kind) or []):
+            mounts = container.get("volumeMounts") or []
+            for mount in mounts:
+                if mount.get("name") not in claim_volumes or mount.get("readOnly"):
+                    continue
+                name = container.get("name")
+                if mount.get("subPathExpr"):
+                    errors.append(
+                        f"container {name} mounts the payload volume read-write with subPathExpr "
+                        f"(at {mount['mountPath']}): the operator cannot tell where the payload "
+                        "root is there to make it read-only; use subPath, mount it read-only, or "
+                        "set spec.trainer.payloadAccess to ReadWrite"
+                    )
+                    continue
+                sub = (mount.get("subPath") or "").strip("/")
+                if sub and not (relative_root == sub or relative_root.startswith(sub + "/")):
+                    continue
+                inside = relative_root[len(sub) :].strip("/")
+                seen_at = mount["mountPath"].rstrip("/") + ("/" + inside if inside else "")
+                if not inside:
+                    errors.append(
+                        f"container {name} mounts the payload root {root} read-write (at "
+                        f"{mount['mountPath']}): set spec.trainer.payloadAccess to ReadWrite if "
+                        "the trainers may write and delete payload files"
+                    )
+                    continue
+                if any(m.get("mountPath") == seen_at for m in mounts):
+                    continue
+                overlay = {
+                    "name": volume_name,
+                    "mountPath": seen_at,
+                    "subPath": relative_root,
+                    "readOnly": True,
+                }
+                overlays.append((kind, index, overlay))
     return overlays, errors
 
 
-def with_overlays(pod: Manifest, overlays: Iterable[tuple[int, Manifest]]) -> Manifest:
-    containers = [dict(c) for c in pod.get("containers") or []]
-    for index, mount in overlays:
+def with_overlays(pod: Manifest, overlays: Iterable[tuple[str, int, Manifest]]) -> Manifest:
+    out = {**pod}
+    for kind, index, mount in overlays:
+        containers = [dict(c) for c in out[kind]]
         containers[index]["volumeMounts"] = [*containers[index].get("volumeMounts", []), mount]
-    return {**pod, "containers": containers}
+        out[kind] = containers
+    return out

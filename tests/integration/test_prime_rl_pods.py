@@ -10,6 +10,7 @@ port; fans a weight update out to every replica) and trainers (rendezvous at
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -18,6 +19,7 @@ from pod_helpers import (
     IMAGE,
     SLEEP,
     apply,
+    find,
     get,
     kubectl,
     live_pods,
@@ -396,8 +398,26 @@ def test_a_prime_rl_run_addresses_every_replica_rendezvous_and_restarts_together
         trainer_uids
     )
 
-    # one rank fails: every rank restarts together, counted once against the limit
+    # one rank fails: every rank restarts together, counted once against the limit. Rank 0's pod
+    # holds the failed attempt's deletion (a finalizer, as a slow node would), so the passes that
+    # see the failed Job while it is deleted must neither restart it again nor fail the run.
+    hold = json.dumps({"metadata": {"finalizers": ["test.payloadrun.dev/hold"]}})
+    kubectl(cluster, namespace, "patch", "pod", rank0, "--type=merge", "-p", hold)
     sh(cluster, namespace, trainers[1]["metadata"]["name"], "trainer", "touch /tmp/fail")
+
+    def being_deleted() -> Any:
+        job = find(cluster, namespace, "job", "prl-trainer")
+        return job and job["metadata"].get("deletionTimestamp") and job
+
+    wait_for("the failed trainers' Job being deleted", being_deleted, timeout=60)
+    time.sleep(5)  # five readiness passes (PAYLOADRUN_READINESS_CHECK_SECONDS=1) see it
+    held = get(cluster, namespace, "payloadrun", "prl")["status"]
+    assert held["phase"] != "Failed", held.get("failure")
+    assert held["trainerRestarts"] == 1  # counted once
+    kubectl(
+        cluster, namespace, "patch", "pod", rank0, "--type=json",
+        "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]',
+    )  # fmt: skip
 
     def restarted() -> Any:
         live = pods_of(cluster, namespace, "prl", "trainer")

@@ -500,3 +500,107 @@ def test_trainers_rendezvous_at_rank_0(spec_dict, per_node):
     } == expected
     service = children_of(spec_dict)[("Service", "run1-trainer-headless")]
     assert service["spec"]["ports"][0] == {"name": "dist", "port": 29500, "targetPort": 29500}
+
+
+# --- what a review found ---------------------------------------------------------------------
+
+
+def test_dev_shm_follows_a_memory_limit_set_in_the_template(spec_dict):
+    memory = {"limits": {"memory": "64Gi"}}
+    spec_dict["trainer"]["template"] = {
+        "spec": {"containers": [{"name": "trainer", "resources": memory}]}
+    }
+    volumes = {v["name"]: v for v in pod_of(spec_dict, "trainer")["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+
+
+def test_a_shm_size_the_template_overrides_is_refused_not_dropped(spec_dict):
+    spec_dict["trainer"]["shmSize"] = "32Gi"
+    spec_dict["trainer"]["template"] = {"spec": {"hostIPC": True}}
+    assert refused(spec_dict) == [
+        "spec.trainer.shmSize is set, but spec.trainer.template has its own /dev/shm (a mount "
+        "there, or hostIPC): remove one"
+    ]
+
+
+def test_an_init_container_of_the_trainers_sees_the_payload_root_read_only(spec_dict):
+    spec_dict["trainer"]["template"] = {
+        "spec": {
+            "initContainers": [
+                {
+                    "name": "side",
+                    "image": "x",
+                    "restartPolicy": "Always",
+                    "volumeMounts": [{"name": "mine", "mountPath": "/w"}],
+                }
+            ],
+            "volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "run1-payloads"}}],
+        }
+    }
+    (side,) = pod_of(spec_dict, "trainer")["spec"]["initContainers"]
+    assert mounts_of(side)["/w/ml/run1/payloads"] == {
+        "name": "payloads",
+        "mountPath": "/w/ml/run1/payloads",
+        "subPath": "ml/run1/payloads",
+        "readOnly": True,
+    }
+
+
+def test_a_sub_path_expr_mount_of_the_payload_claim_is_refused(spec_dict):
+    spec_dict["trainer"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "volumeMounts": [{"name": "mine", "mountPath": "/x", "subPathExpr": "$(NS)"}],
+                }
+            ],
+            "volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "run1-payloads"}}],
+        }
+    }
+    (error,) = refused(spec_dict)
+    assert "mounts the payload volume read-write with subPathExpr (at /x)" in error
+
+
+def test_another_containers_port_named_like_the_operators_is_refused(spec_dict):
+    ports = [{"name": "dist", "containerPort": 1234}]
+    spec_dict["trainer"]["template"] = {
+        "spec": {"containers": [{"name": "helper", "image": "x", "ports": ports}]}
+    }
+    assert refused(spec_dict) == [
+        "spec.trainer.template: container helper names a port dist, the name of one of the "
+        "operator's ports in the same pod (port names are unique in a pod): rename it"
+    ]
+
+
+def test_unnamed_ports_of_two_protocols_get_two_service_port_names(spec_dict):
+    ports = [{"containerPort": 5555}, {"containerPort": 5555, "protocol": "UDP"}]
+    spec_dict["orchestrator"]["template"] = {
+        "spec": {"containers": [{"name": "orchestrator", "ports": ports}]}
+    }
+    service = children_of(spec_dict)[("Service", "run1-orchestrator-headless")]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["port-5555", "port-5555-udp"]
+
+
+def test_fs_groups_must_agree_when_a_run_directory_is_shared_inline_too(spec_dict):
+    spec_dict["deploymentType"] = "SingleNode"
+    spec_dict["runDirectory"] = {"mountPath": "/data"}
+    spec_dict["inference"]["template"] = {"spec": {"securityContext": {"fsGroup": 1000}}}
+    spec_dict["trainer"]["template"] = {"spec": {"securityContext": {"fsGroup": 2000}}}
+    assert refused(spec_dict)[0].startswith("the pod templates set different securityContext")
+
+
+def test_a_run_started_before_pod_templates_keeps_its_env_and_rank_replacement(spec_dict):
+    """Layout 1: no names it may set itself are injected, and its trainers' Job still replaces
+    ranks one by one (the operator restarts no group for it)."""
+    spec_dict["trainer"]["env"] = [{"name": "MASTER_ADDR", "value": "mine"}]
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    ctx = RunContext("run1", "ml", "uid-123", spec, decide_payload_mode(spec), SETTINGS, layout=1)
+    assert run_errors(ctx) == []
+    children = {(c["kind"], c["metadata"]["name"]): c for c in build_children(ctx)}
+    job = children[("Job", "run1-trainer")]
+    assert job["spec"]["backoffLimit"] == 3
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    env = env_of(trainer)
+    assert env["MASTER_ADDR"] == "mine" and "NNODES" not in env
+    assert "PAYLOADRUN_ORCHESTRATOR_HOST" not in env and env["PAYLOADRUN_RUN"] == "run1"
