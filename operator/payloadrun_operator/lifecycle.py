@@ -187,22 +187,37 @@ def job_failure_reason(job: Mapping[str, Any]) -> tuple[str, str]:
     return "Failed", ""
 
 
-def last_failed_container(
+def failed_containers(
     pods: Iterable[Mapping[str, Any]], container: str
-) -> tuple[str | None, int | None]:
-    """The most recent failed pod of a Job and its container's exit code."""
-    latest: tuple[str, str, int | None] | None = None
+) -> list[tuple[str, str, int | None]]:
+    """``(finishedAt, pod, exit code)`` of every failed pod of a Job, in the order they ended."""
+    found = []
     for pod in pods:
         if pod.get("status", {}).get("phase") != "Failed":
             continue
         for status in pod["status"].get("containerStatuses") or []:
             terminated = (status.get("state") or {}).get("terminated")
-            if status.get("name") != container or not terminated:
-                continue
-            when = terminated.get("finishedAt") or ""
-            if latest is None or when > latest[0]:
-                latest = (when, pod["metadata"]["name"], terminated.get("exitCode"))
-    return (latest[1], latest[2]) if latest else (None, None)
+            if status.get("name") == container and terminated:
+                when = terminated.get("finishedAt") or ""
+                found.append((when, pod["metadata"]["name"], terminated.get("exitCode")))
+    return sorted(found)
+
+
+def last_failed_container(
+    pods: Iterable[Mapping[str, Any]], container: str
+) -> tuple[str | None, int | None]:
+    """The most recent failed pod of a Job and its container's exit code."""
+    found = failed_containers(pods, container)
+    return (found[-1][1], found[-1][2]) if found else (None, None)
+
+
+def first_failed_container(
+    pods: Iterable[Mapping[str, Any]], container: str
+) -> tuple[str | None, int | None]:
+    """The pod of a Job that failed first, and its container's exit code: in a group whose Job
+    fails at its first failure (the trainers), the cause; the others were stopped after it."""
+    found = failed_containers(pods, container)
+    return (found[0][1], found[0][2]) if found else (None, None)
 
 
 def failure_of(
@@ -212,18 +227,23 @@ def failure_of(
     container: str,
     *,
     lead: str | None = None,
+    first: bool = False,
 ) -> dict[str, Any]:
     """``status.failure`` for a component whose Job failed (``lead``: what happened, when the
-    Job's own count of failed pods does not say it)."""
+    Job's own count of failed pods does not say it; ``first``: name the pod that failed first,
+    the cause, rather than the last)."""
     reason, job_message = job_failure_reason(job)
-    pod, exit_code = last_failed_container(pods, container)
+    pick = first_failed_container if first else last_failed_container
+    pod, exit_code = pick(pods, container)
     failed = job.get("status", {}).get("failed", 0)
     message = f"{lead or f'the {component} failed {failed} time(s)'}: {reason}"
     if job_message:
         message += f" ({job_message})"
     if pod:
         namespace = job["metadata"]["namespace"]
-        message += f"; the last failed pod {pod} exited with code {exit_code}"
+        message += (
+            f"; the {'first' if first else 'last'} failed pod {pod} exited with code {exit_code}"
+        )
         message += f" (kubectl logs -n {namespace} {pod} -c {container})"
     failure: dict[str, Any] = {"component": component, "reason": reason, "message": message}
     if pod:

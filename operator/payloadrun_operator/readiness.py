@@ -205,7 +205,9 @@ async def failure_of(
         if job is not None and lifecycle.job_outcome(job) == "Failed":
             pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
             lead = trainers_lead if component == TRAINER else None
-            return lifecycle.failure_of(component, job, pods, CONTAINERS[component], lead=lead)
+            return lifecycle.failure_of(
+                component, job, pods, CONTAINERS[component], lead=lead, first=lead is not None
+            )
     return None
 
 

@@ -50,7 +50,8 @@ def restart_record(
     """The status fields of a new restart: the count and what failed."""
     pods = list(pods)
     count = (status.get("trainerRestarts") or 0) + 1
-    pod, exit_code = lifecycle.last_failed_container(pods, TRAINER_CONTAINER)
+    # the first rank to fail is the cause: the Job controller stopped the others after it
+    pod, exit_code = lifecycle.first_failed_container(pods, TRAINER_CONTAINER)
     rank = next(
         (
             p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_ANNOTATION)

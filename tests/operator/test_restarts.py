@@ -14,7 +14,7 @@ def job(uid="job-1", failed=True, deleting=False):
     return {"metadata": meta, "status": {"conditions": conditions if failed else [], "failed": 1}}
 
 
-def failed_pod(name, rank, code):
+def failed_pod(name, rank, code, finished=T0):
     return {
         "metadata": {
             "name": name,
@@ -23,7 +23,10 @@ def failed_pod(name, rank, code):
         "status": {
             "phase": "Failed",
             "containerStatuses": [
-                {"name": "trainer", "state": {"terminated": {"exitCode": code, "finishedAt": T0}}}
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": code, "finishedAt": finished}},
+                }
             ],
         },
     }
@@ -69,3 +72,12 @@ def test_the_record_names_the_failed_rank_and_fits_the_status_schema():
     unknown = restarts.restart_record({}, job(), [], limit=3, now=T0)["lastTrainerRestart"]
     assert unknown["message"].startswith("a trainer pod failed: every rank restarts together")
     assert "pod" not in unknown
+
+
+def test_the_record_names_the_rank_that_failed_first_not_one_stopped_after_it():
+    pods = [
+        failed_pod("run1-trainer-0-aaaaa", 0, 143, finished="2026-12-01T10:00:05Z"),  # stopped
+        failed_pod("run1-trainer-1-bbbbb", 1, 3, finished="2026-12-01T10:00:01Z"),  # the cause
+    ]
+    record = restarts.restart_record({}, job(), pods, limit=3, now=T0)["lastTrainerRestart"]
+    assert (record["pod"], record["exitCode"]) == ("run1-trainer-1-bbbbb", 3)
