@@ -34,10 +34,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from payloadrun_devcluster import node_unsupported_reason
+from payloadrun_devcluster import node_unsupported_reason, running_node_state_dir
 from payloadrun_devcluster.binaries import BinariesMissing, find_binaries, run_build
 from payloadrun_devcluster.cluster import LocalCluster
-from payloadrun_devcluster.node import running_node_owner
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "payloadrun"
@@ -139,8 +138,12 @@ class Demo:
             run_build()
             binaries = find_binaries()
         why_not = node_unsupported_reason(binaries)
-        if why_not is None and running_node_owner() is not None:
-            why_not = "another local cluster's node runs on this machine (one node per machine)"
+        other = running_node_state_dir() if why_not is None else None
+        if other is not None:
+            why_not = (
+                f"another local cluster's node runs on this machine (state {other}); one node"
+                " per machine"
+            )
         self.with_node = why_not is None
         self.cluster = LocalCluster(self.tmp / "cluster", node=self.with_node)
         self.stack.callback(self.cluster.stop)

@@ -17,7 +17,7 @@ from .binaries import (
     read_versions,
 )
 from .certs import CertificateError
-from .cluster import ClusterError, LocalCluster
+from .cluster import ClusterError, LocalCluster, running_node_state_dir
 from .node import NodeError, node_unsupported_reason
 
 __all__ = [
@@ -32,4 +32,5 @@ __all__ = [
     "find_binaries",
     "node_unsupported_reason",
     "read_versions",
+    "running_node_state_dir",
 ]

@@ -112,6 +112,18 @@ def _node_still_running(node_dir: Path) -> bool:
     return any(ManagedProcess.from_json(p).running() for p in data.get("processes", []))
 
 
+def running_node_state_dir() -> Path | None:
+    """The state directory of the local cluster whose node runs on this machine, if one does.
+
+    A node that crashed or was killed leaves its owner record behind; that one does not count
+    (the next cluster to start a node cleans up after it).
+    """
+    owner = node_module.running_node_owner()
+    if owner and _node_still_running(Path(owner)):
+        return Path(owner).parent
+    return None
+
+
 class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager (+ a node), in a state directory.
 
@@ -309,11 +321,11 @@ class LocalCluster:
         if reason:
             raise ClusterError(f"cannot run a node here: {reason}")
         owner = node_module.running_node_owner()
-        if owner and Path(owner) != self.node_dir and _node_still_running(Path(owner)):
+        other = running_node_state_dir()
+        if other is not None and other != self.node_dir.parent:
             raise ClusterError(
-                f"a node of another local cluster (state {Path(owner).parent}) runs on this "
-                "machine; only one can: stop it with python -m payloadrun_devcluster "
-                f"--state-dir {Path(owner).parent} down"
+                f"a node of another local cluster (state {other}) runs on this machine; only "
+                f"one can: stop it with python -m payloadrun_devcluster --state-dir {other} down"
             )
         # whatever a crashed earlier node left behind (its own or another state dir's)
         for stale in {self.node_dir, *([Path(owner)] if owner else [])}:

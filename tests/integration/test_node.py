@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun_devcluster import Binaries
+from payloadrun_devcluster import Binaries, running_node_state_dir
 from payloadrun_devcluster.images import pause_image_name
-from payloadrun_devcluster.node import BRIDGE, RUN_DIR, SYSCTLS
+from payloadrun_devcluster.node import BRIDGE, RUN_DIR, SYSCTLS, running_node_owner
 
 pytestmark = [pytest.mark.integration, pytest.mark.node_lifecycle]
 
@@ -99,6 +99,7 @@ def test_up_runs_pods_and_down_leaves_the_host_as_it_was(node_binaries, tmp_path
         up = cli(state, "up", "--node")
         assert up.returncode == 0, up.stderr
         assert host_snapshot()["bridge"]
+        assert running_node_state_dir() == state
         created = kubectl(binaries, state, "apply", "-f", "-", input=json.dumps(PAUSE_POD))
         assert created.returncode == 0, created.stderr
         wait("a pod running on the node", lambda: pod_running(binaries, state, "sandbox-only"))
@@ -107,6 +108,9 @@ def test_up_runs_pods_and_down_leaves_the_host_as_it_was(node_binaries, tmp_path
         recorded = json.loads((state / "state.json").read_text())["processes"]
         for process in recorded:
             os.killpg(process["pid"], signal.SIGKILL)
+        # the owner record is left behind, and a node that no longer runs is nobody's
+        assert running_node_owner() is not None
+        wait("the killed processes reaped", lambda: running_node_state_dir() is None, timeout=30)
         again = cli(state, "up", "--node")
         assert again.returncode == 0, again.stderr
         assert "stale" in again.stderr
