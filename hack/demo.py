@@ -133,7 +133,7 @@ class Demo:
             binaries = find_binaries()
         except BinariesMissing:
             say("building the control plane, the node's kubelet, kube-proxy, kube-scheduler,")
-            say("CoreDNS and helm from the Go module proxy (the first time only: about 20 minutes")
+            say("CoreDNS and helm from the Go module proxy (the first time only: about 13 minutes")
             say("on 2 cores)...")
             run_build()
             binaries = find_binaries()
