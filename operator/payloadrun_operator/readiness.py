@@ -140,14 +140,12 @@ async def follow_active(
     checks[VOLUME_READY] = claim_check(claim, claim_name)
     checks[READY] = lifecycle.ready_check(active, workloads_check(workloads))
     checks |= lifecycle.suspend_check(suspend, status)
-    jobs = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
+    listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
-    jobs = {c: None if j and j["metadata"].get("deletionTimestamp") else j for c, j in jobs.items()}
-    deleting = (
-        children.get((ns, "Job", child_name(name, TRAINER))) is not None and not jobs[TRAINER]
-    )
+    deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
+    jobs = {c: None if c in deleting else j for c, j in listed.items()}
     limit, layout = backoff_limit(run), lifecycle.layout_of(status.get("sidecars") or {})
-    if jobs[TRAINER] is None and not deleting and layout >= 2:
+    if listed[TRAINER] is None and layout >= 2:
         await recreate_trainers(op, run)
     restart = None
     plan = restarts.plan(status, jobs[TRAINER], limit, layout)

@@ -346,43 +346,48 @@ def read_only_overlays(
     } | {volume_name}
     relative_root = root[len(mount_path) :].strip("/")
     overlays, errors = [], []
+    for kind, index, container in _indexed_containers(pod):
+        name, mounts = container.get("name"), container.get("volumeMounts") or []
+        for mount in mounts:
+            if mount.get("name") not in claim_volumes or mount.get("readOnly"):
+                continue
+            if mount.get("subPathExpr"):
+                errors.append(
+                    f"container {name} mounts the payload volume read-write with subPathExpr "
+                    f"(at {mount['mountPath']}): the operator cannot tell where the payload "
+                    "root is there to make it read-only; use subPath, mount it read-only, or "
+                    "set spec.trainer.payloadAccess to ReadWrite"
+                )
+                continue
+            sub = (mount.get("subPath") or "").strip("/")
+            if sub and not (relative_root == sub or relative_root.startswith(sub + "/")):
+                continue
+            inside = relative_root[len(sub) :].strip("/")
+            seen_at = mount["mountPath"].rstrip("/") + ("/" + inside if inside else "")
+            if not inside:
+                errors.append(
+                    f"container {name} mounts the payload root {root} read-write (at "
+                    f"{mount['mountPath']}): set spec.trainer.payloadAccess to ReadWrite if "
+                    "the trainers may write and delete payload files"
+                )
+                continue
+            if any(m.get("mountPath") == seen_at for m in mounts):
+                continue
+            overlay = {
+                "name": volume_name,
+                "mountPath": seen_at,
+                "subPath": relative_root,
+                "readOnly": True,
+            }
+            overlays.append((kind, index, overlay))
+    return overlays, errors
+
+
+def _indexed_containers(pod: Mapping[str, Any]) -> Iterable[tuple[str, int, Manifest]]:
+    """``(list, index, container)`` of every container of ``pod``, init containers too."""
     for kind in ("containers", "initContainers"):
         for index, container in enumerate(pod.get(kind) or []):
-            mounts = container.get("volumeMounts") or []
-            for mount in mounts:
-                if mount.get("name") not in claim_volumes or mount.get("readOnly"):
-                    continue
-                name = container.get("name")
-                if mount.get("subPathExpr"):
-                    errors.append(
-                        f"container {name} mounts the payload volume read-write with subPathExpr "
-                        f"(at {mount['mountPath']}): the operator cannot tell where the payload "
-                        "root is there to make it read-only; use subPath, mount it read-only, or "
-                        "set spec.trainer.payloadAccess to ReadWrite"
-                    )
-                    continue
-                sub = (mount.get("subPath") or "").strip("/")
-                if sub and not (relative_root == sub or relative_root.startswith(sub + "/")):
-                    continue
-                inside = relative_root[len(sub) :].strip("/")
-                seen_at = mount["mountPath"].rstrip("/") + ("/" + inside if inside else "")
-                if not inside:
-                    errors.append(
-                        f"container {name} mounts the payload root {root} read-write (at "
-                        f"{mount['mountPath']}): set spec.trainer.payloadAccess to ReadWrite if "
-                        "the trainers may write and delete payload files"
-                    )
-                    continue
-                if any(m.get("mountPath") == seen_at for m in mounts):
-                    continue
-                overlay = {
-                    "name": volume_name,
-                    "mountPath": seen_at,
-                    "subPath": relative_root,
-                    "readOnly": True,
-                }
-                overlays.append((kind, index, overlay))
-    return overlays, errors
+            yield kind, index, container
 
 
 def with_overlays(pod: Manifest, overlays: Iterable[tuple[str, int, Manifest]]) -> Manifest:

@@ -276,6 +276,24 @@ def update_weights(cluster, namespace: str, orchestrator: str, weight_dir: str) 
     return sorted({line["url"] for line in lines})
 
 
+def weights_reach_every_replica(
+    cluster, namespace: str, orchestrator: str, replicas: int, weight_dir: str
+) -> list[dict[str, Any]]:
+    """A weight update reaches each of the run's ``replicas`` by its own address, and each
+    reports the new weight directory; their fake admin states."""
+    urls = [
+        f"http://prl-inference-{i}.prl-inference-headless.{namespace}.svc:8000/v1"
+        for i in range(replicas)
+    ]
+    assert update_weights(cluster, namespace, orchestrator, weight_dir) == urls
+    states = [
+        admin_state(cluster, namespace, orchestrator, url.removesuffix("/v1") + "/fake/admin")
+        for url in urls
+    ]
+    assert [state["weight_dir"] for state in states] == [weight_dir] * replicas
+    return states
+
+
 def test_a_prime_rl_run_addresses_every_replica_rendezvous_and_restarts_together(
     operator, namespace
 ):
@@ -344,14 +362,8 @@ def test_a_prime_rl_run_addresses_every_replica_rendezvous_and_restarts_together
     assert refused.count("Read-only file system") == 2 and refused.endswith("w\n"), refused
 
     # a weight update reaches every replica through the injected list, and each loads it
-    replicas = [
-        f"http://prl-inference-{i}.prl-inference-headless.{namespace}.svc:8000/v1" for i in range(2)
-    ]
-    assert update_weights(cluster, namespace, orch, "/data/broadcasts/step_1") == replicas
-    for url in replicas:
-        state = admin_state(cluster, namespace, orch, url.removesuffix("/v1") + "/fake/admin")
-        assert state["weight_dir"] == "/data/broadcasts/step_1"
-        assert state["events"] == ["pause:keep", "update_weights", "resume"]
+    states = weights_reach_every_replica(cluster, namespace, orch, 2, "/data/broadcasts/step_1")
+    assert all(s["events"] == ["pause:keep", "update_weights", "resume"] for s in states)
 
     # three replicas: the list follows (a new orchestrator), the other roles keep their pods
     before = {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "prl", "inference")}
@@ -385,13 +397,7 @@ def test_a_prime_rl_run_addresses_every_replica_rendezvous_and_restarts_together
     ]["name"]
     running(cluster, namespace, "prl")
     sh(cluster, namespace, rank0, "trainer", "mkdir -p /data/broadcasts/step_2")
-    three = [
-        f"http://prl-inference-{i}.prl-inference-headless.{namespace}.svc:8000/v1" for i in range(3)
-    ]
-    assert update_weights(cluster, namespace, orch, "/data/broadcasts/step_2") == three
-    for url in three:
-        state = admin_state(cluster, namespace, orch, url.removesuffix("/v1") + "/fake/admin")
-        assert state["weight_dir"] == "/data/broadcasts/step_2"
+    weights_reach_every_replica(cluster, namespace, orch, 3, "/data/broadcasts/step_2")
     after = {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "prl", "inference")}
     assert before < after  # replicas 0 and 1 kept, replica 2 added
     assert {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "prl", "trainer")} == (
