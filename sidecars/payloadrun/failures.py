@@ -9,7 +9,22 @@ import errno
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-_GONE = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.ENODEV, errno.EIO})
+# the volume, or its server, is not there: a local disk that went, NFS's stale handles and
+# timeouts, a GlusterFS client whose brick is down (ENOTCONN)
+_GONE = frozenset(
+    {
+        errno.ENOENT,
+        errno.ESTALE,
+        errno.ENOTDIR,
+        errno.ENODEV,
+        errno.EIO,
+        errno.ENOTCONN,
+        errno.ETIMEDOUT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ECONNREFUSED,
+    }
+)
 
 
 def failure_reason(exc: OSError) -> str:

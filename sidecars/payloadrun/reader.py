@@ -7,13 +7,17 @@ dtype already match the output are read straight into it (``preadv`` into the ou
 intermediate buffer).
 
 A shared filesystem may show a file shorter than it is for a moment after another node wrote it
-(attribute caches, close-to-open visibility). A short read therefore closes the file, waits,
-reopens it and reads again, 4 times with backoff 0.1, 0.2, 0.4, 0.8 s, before it raises
-:class:`ShortReadError` with the file, the offset and the byte counts.
+(attribute caches, close-to-open visibility), and fails calls while its server is away
+(``ENOTCONN`` from a GlusterFS client whose brick restarts, ``ESTALE``, ``EIO`` or ``ETIMEDOUT``
+from NFS). A short read or such an error therefore closes the file, waits, reopens it and reads
+again, 4 times with backoff 0.1, 0.2, 0.4, 0.8 s, before it raises :class:`ShortReadError` with the
+file, the offset, the byte counts and the last error. Bytes are never returned from a read that
+failed: a segment counts as read only once every one of its bytes came back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -38,6 +42,22 @@ _FILL_CACHE_SIZE = 256
 _BY_POS = attrgetter("pos")
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # np.dtype(str) costs a microsecond
 
+# What a network file system answers while its server is away or a handle went stale: tried
+# again like a short read (on a local disk these do not come back, and cost 1.5 s to report).
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+    }
+)
+
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECTORY
 
@@ -45,17 +65,34 @@ _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECTORY
 class ShortReadError(OSError):
     """A payload file held fewer bytes than a segment needs, after every retry."""
 
-    def __init__(self, file: str, offset: int, expected: int, received: int, attempts: int):
-        what = "was missing" if received < 0 else f"gave {received} bytes"
+    def __init__(
+        self,
+        file: str,
+        offset: int,
+        expected: int,
+        received: int,
+        attempts: int,
+        error: OSError | None = None,
+    ):
+        if error is not None:
+            what = f"could not be read ({error.strerror or error})"
+            hint = "the shared volume's server may be away (check its mount on this node)"
+        else:
+            what = "was missing" if received < 0 else f"gave {received} bytes"
+            hint = (
+                "the writer may have failed, or the file was deleted before the trainer read it "
+                "(check the retention sidecar's log)"
+            )
         super().__init__(
+            error.errno if error is not None else None,
             f"short read of payload file {file!r}: at offset {offset} expected {expected} bytes, "
-            f"the file {what} after {attempts} attempts; the writer may have failed, or the "
-            "file was deleted before the trainer read it (check the retention sidecar's log)"
+            f"the file {what} after {attempts} attempts; {hint}",
         )
         self.file = file
         self.offset = offset
         self.expected = expected
         self.received = max(received, 0)
+        self.error = error
 
 
 class SegmentOverlapError(ValueError):
@@ -294,6 +331,10 @@ class PayloadReader:
             is_link = S_ISLNK(os.lstat(parent).st_mode)
         except FileNotFoundError:
             return  # the file's open will say it is missing, and retry
+        except OSError as e:
+            if e.errno in TRANSIENT_ERRNOS:
+                return  # so will its failing open, which is retried
+            raise
         if is_link:
             self.root.check_version_dir(parent, file)  # raises, naming the symlink
 
@@ -363,6 +404,8 @@ class PayloadReader:
         except FileNotFoundError:
             return None  # its files are missing: their opens say so, and are retried
         except OSError as e:
+            if e.errno in TRANSIENT_ERRNOS:
+                return None  # its files are opened by path, and their failures retried
             if e.errno not in (errno.ELOOP, errno.ENOTDIR) or not os.path.islink(path):
                 raise
             raise PayloadRoot.symlink_refused(path, given, "payload file") from None
@@ -399,17 +442,22 @@ class PayloadReader:
                 view = flat[start : start + nbytes]
                 try:
                     fd = open_(name, _OPEN_FLAGS, dir_fd=dfd)
+                    try:
+                        got = preadv(fd, [view], seg.offset)
+                        if got < nbytes:
+                            got = _pread_rest(fd, view, seg.offset, got)
+                    finally:
+                        close(fd)
                 except FileNotFoundError:
-                    self._retry(name, dfd, [(seg, view, None)], (seg, -1))
+                    self._retry(name, dfd, [(seg, view, None)], (seg, -1, None))
                     continue
-                try:
-                    got = preadv(fd, [view], seg.offset)
-                    if got < nbytes:
-                        got = _pread_rest(fd, view, seg.offset, got)
-                finally:
-                    close(fd)
+                except OSError as e:
+                    if e.errno not in TRANSIENT_ERRNOS:
+                        raise
+                    self._retry(name, dfd, [(seg, view, None)], (seg, -1, e))
+                    continue
                 if got < nbytes:
-                    self._retry(name, dfd, [(seg, view, None)], (seg, got))
+                    self._retry(name, dfd, [(seg, view, None)], (seg, got, None))
             return
         target = plan.target
         for item, name, dfd in jobs:
@@ -418,17 +466,16 @@ class PayloadReader:
             if pending:
                 self._retry(name, dfd, pending, short)
 
-    def _retry(
-        self, name: str, dfd: int | None, pending: list[_Target], short: tuple[Segment, int]
-    ) -> None:
+    def _retry(self, name: str, dfd: int | None, pending: list[_Target], short: _Short) -> None:
         """After a first pass left ``pending`` short: back off, reopen, read again; then raise."""
         for delay in self.retry_delays:
             self._sleep(delay)
             pending, short = _read_once(name, dfd, pending)
             if not pending:
                 return
-        seg, received = short
-        raise ShortReadError(seg.file, seg.offset, seg.nbytes, received, len(self.retry_delays) + 1)
+        seg, received, error = short
+        attempts = len(self.retry_delays) + 1
+        raise ShortReadError(seg.file, seg.offset, seg.nbytes, received, attempts, error)
 
 
 class _Plan:
@@ -464,31 +511,47 @@ class _Plan:
 _Job = tuple[Any, str, int | None]
 # (segment, the bytes to read it into, and for staged rows (cells of the output, staging array))
 _Target = tuple[Segment, memoryview, tuple[np.ndarray, np.ndarray] | None]
+# (the first segment left short, the bytes it got (-1: not opened), the transient error if any)
+_Short = tuple[Segment, int, OSError | None]
 
 
-def _read_once(
-    path: str, dfd: int | None, targets: list[_Target]
-) -> tuple[list[_Target], tuple[Segment, int] | None]:
-    """One open-read-close pass; the targets still short, and the first short one."""
+def _read_once(path: str, dfd: int | None, targets: list[_Target]) -> tuple[list[_Target], _Short]:
+    """One open-read-close pass; the targets still short, and the first short one.
+
+    A transient error (:data:`TRANSIENT_ERRNOS`) leaves the target it struck and every one
+    after it pending: the retry reads them again, whatever bytes came in before the error.
+    """
     try:
         fd = os.open(path, _OPEN_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
-        return targets, (targets[0][0], -1)
-    short: tuple[Segment, int] | None = None
+        return targets, (targets[0][0], -1, None)
+    except OSError as e:
+        if e.errno not in TRANSIENT_ERRNOS:
+            raise
+        return targets, (targets[0][0], -1, e)
+    short: _Short | None = None
     left = []
     try:
-        for target in targets:
+        for i, target in enumerate(targets):
             seg, view, staged = target
-            got = _pread_into(fd, view, seg.offset)
+            try:
+                got = _pread_into(fd, view, seg.offset)
+            except OSError as e:
+                if e.errno not in TRANSIENT_ERRNOS:
+                    raise
+                left += targets[i:]
+                short = short or (seg, -1, e)
+                break
             if got < len(view):
                 left.append(target)
-                short = short or (seg, got)
+                short = short or (seg, got, None)
             elif staged is not None:
                 cells, buf = staged
                 cells[...] = buf
     finally:
-        os.close(fd)
-    return left, short
+        with contextlib.suppress(OSError):  # a read-only close has nothing left to report
+            os.close(fd)
+    return left, short  # type: ignore[return-value]  # short is set whenever left is not empty
 
 
 def read_field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -21,3 +22,12 @@ def make_files(root: Path, version: int, n: int, size: int = 100) -> list[str]:
 
 def existing(files: list[str]) -> list[str]:
     return [f for f in files if Path(f).exists()]
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    """Poll ``predicate`` until it returns something true, and return that; fail on timeout."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+    return value

@@ -6,13 +6,12 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from retention_helpers import existing, make_files
+from retention_helpers import existing, make_files, wait_for
 
 from payloadrun.retention.client import (
     AsyncRetentionClient,
@@ -42,14 +41,6 @@ def scrape(url: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
-
-
-def wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-    return value
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:

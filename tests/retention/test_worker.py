@@ -235,7 +235,8 @@ def test_retries_count_the_same_whether_the_size_was_known(root, known):
 def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
     service_factory, root
 ):
-    svc = service_factory(chunk_files=50)
+    # no later round in this service's life: what it left is the next start's to delete
+    svc = service_factory(chunk_files=50, retry=Retry(later_s=3600))
     files = make_files(root, 0, 400)
     svc.record_batch(1, files)
     while svc.status()["sizing_files"]:  # measured: the chunks below are the worker's only calls
@@ -251,6 +252,6 @@ def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
     assert svc.metrics.worker_restarts._value.get() == 1  # the chunks not sent yet went on
     assert len(existing(files)) >= 50  # what the dead worker never answered is still there
     svc.close()
-    again = service_factory()  # same run id: the journal keeps the given-up files
+    again = service_factory()  # same run id: the journal keeps the deferred files
     assert again.wait_idle(20)
     assert existing(files) == []

@@ -4,7 +4,8 @@ Every path is opened relative to a descriptor of the payload root, one level at 
 ``O_NOFOLLOW``: a ``v<k>`` that is (or became) a symlink is refused at the moment of deletion, so
 no race between a check and the unlink can lead outside the root. A file already gone counts as
 done. Other errors are retried with exponential backoff, reported to ``on_error`` with a bounded
-reason, and given up after the last attempt (the version-sweep backstop gets another chance).
+reason, and left after the last attempt: the deletion queue defers such files and tries them again
+in later rounds until they are gone (:class:`Retry` says when).
 """
 
 from __future__ import annotations
@@ -32,13 +33,25 @@ ErrorHook = Callable[[str, str, OSError, int, bool], None]
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """How often, and how patiently, a failing unlink is tried again."""
+    """How often, and how patiently, a failing unlink is tried again.
+
+    ``attempts`` tries one after the other, ``backoff_s`` apart and doubling; a file still there
+    after them is deferred, and the deferred files go again in a later round, ``later_s`` after
+    the failure, doubling up to ``later_max_s`` while rounds keep failing (a server that is away
+    for minutes is not hammered, and is noticed within ``later_max_s`` once it is back).
+    """
 
     attempts: int = 5
     backoff_s: float = 0.05
+    later_s: float = 1.0
+    later_max_s: float = 30.0
 
     def delay(self, attempt: int) -> float:
         return self.backoff_s * (2 ** (attempt - 1))
+
+    def later(self, failed_rounds: int) -> float:
+        """Seconds before the next round of deferred files, after ``failed_rounds`` (>= 1)."""
+        return min(self.later_max_s, self.later_s * (2 ** (failed_rounds - 1)))
 
 
 @dataclass(slots=True)
@@ -139,7 +152,7 @@ def _unlink_one(
     stop: threading.Event | None,
     failed: OSError | None = None,
 ) -> int | None:
-    """The size of the file removed, or None (already gone, a directory, or given up).
+    """The size of the file removed, or None (already gone, a directory, or left for later).
 
     ``failed`` is the error of a first attempt made by the caller: it counts as attempt 1.
     """

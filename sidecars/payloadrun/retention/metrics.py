@@ -60,6 +60,10 @@ class RetentionMetrics:
         self.pending_batches = gauge("pending_batches", "Recorded batches not yet consumed.")
         self.pending_files = gauge("pending_files", "Files of recorded batches not yet consumed.")
         self.queue_files = gauge("delete_queue_files", "Files queued for deletion.")
+        self.deferred_files = gauge(
+            "delete_deferred_files",
+            "Files whose deletion failed after every attempt, waiting for the next round.",
+        )
         self.journal_bytes = gauge("journal_bytes", "Size of the retention journal.")
         self.deleted_files = Counter(
             p + "deleted_files",
@@ -81,7 +85,7 @@ class RetentionMetrics:
         )
         self.delete_given_up = Counter(
             p + "delete_given_up_files",
-            "Files left in place after the last retry (the backstop tries again).",
+            "Files still there after the last attempt of a round (deferred: tried again).",
             registry=registry,
         )
         self.refused = Counter(

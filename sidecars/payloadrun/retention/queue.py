@@ -10,7 +10,12 @@ deleted, whatever order the events came in.
 Files are measured when their batch is recorded (:meth:`DeletionQueue.measure`, in the
 background): a step later, when they are deleted, their sizes are known and the unlink needs no
 ``stat`` before it. The queue also keeps the directory figures the metrics show: a periodic
-:meth:`scan` sets them, each deletion subtracts what it removed. Methods marked "lock held" run
+:meth:`scan` sets them, each deletion subtracts what it removed.
+
+A file whose unlink still fails after the deleter's attempts (a network file system whose server
+is away answers ``ENOTCONN``, ``ESTALE`` or ``EIO`` for as long as it is away) is deferred, never
+dropped: it stays in the journal, and a round of every deferred file runs again after
+:meth:`~deleter.Retry.later` until each is gone. Methods marked "lock held" run
 under the service's lock, which the queue shares so that the journal's order is the queue's order.
 """
 
@@ -89,6 +94,7 @@ class DeletionQueue:
         protected: Callable[[Iterable[str]], set[str]],
         settled: Callable[[], None],
         make_deleter: Callable[[], deleter.Deleter],
+        retry: deleter.Retry | None = None,
     ) -> None:
         self.root = root
         self.metrics = metrics
@@ -111,7 +117,11 @@ class DeletionQueue:
         self.version_dirs = 0
         self.scans = 0
         self.deleted = {r: [0, 0] for r in Reason}
-        self._given_up: dict[Reason, set[str]] = {r: set() for r in Reason}
+        # files whose deletion failed after every attempt, tried again in later rounds
+        self._deferred: dict[Reason, set[str]] = {r: set() for r in Reason}
+        self._retry = retry
+        self._failed_rounds = 0
+        self._retrier: threading.Thread | None = None
         # directories a sweep is listing or deleting (its listing and chunks not yet done, each
         # counted), and those a later sweep found so and wants listed again once they are
         self._sweeping: dict[str, int] = {}
@@ -127,12 +137,18 @@ class DeletionQueue:
         self._root_fd = os.open(self.root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._deleter = self._make_deleter()
         self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="retention-delete")
+        self._retrier = threading.Thread(
+            target=self._retry_deferred, name="retention-retry", daemon=True
+        )
+        self._retrier.start()
 
     def close(self) -> None:
         """Drop what is queued (the journal replays it); wait for the tasks running now."""
         with self._lock:
             self._closing = True
         self.stopping.set()
+        if self._retrier is not None:
+            self._retrier.join()
         if self._deleter is not None:
             self._deleter.stop()
         if self._executor is not None:
@@ -152,13 +168,14 @@ class DeletionQueue:
     def unsettled(self, policy_step: int | None) -> Released:
         """Deletions released and not done, for a compacted journal (lock held).
 
-        Files given up on stay in it (retried at the next start), except those the backstop will
-        sweep anyway; a wipe is never journaled (the trash directory is emptied at every start).
+        Deferred files stay in it (retried in later rounds, and at the next start), except those
+        the backstop will sweep anyway; a wipe is never journaled (the trash directory is emptied
+        at every start).
         """
         out: Released = []
         for job in self.jobs.values():
             out += [(r, keys) for r, keys in job.entries if keys and r is not Reason.WIPE]
-        for reason, keys in self._given_up.items():
+        for reason, keys in self._deferred.items():
             if policy_step is not None:
                 keys.difference_update(_swept(keys, backstop_bound(policy_step, self._m)))
             if keys and reason is not Reason.WIPE:
@@ -215,6 +232,36 @@ class DeletionQueue:
             if finished:
                 self._settled()
 
+    @property
+    def deferred_files(self) -> int:
+        """Files whose deletion failed after every attempt, waiting for their next round."""
+        return sum(map(len, self._deferred.values()))
+
+    def _retry_deferred(self) -> None:
+        """Submit the deferred files again after :meth:`~deleter.Retry.later`, until closed.
+
+        The files of a round leave the deferred set when it is submitted: a failure in it puts
+        them back, and the wait before the next round doubles; a round that finds nothing
+        deferred resets it.
+        """
+        while not self.stopping.wait(self._retry.later(max(1, self._failed_rounds))):
+            with self._lock:
+                entries = [(r, sorted(keys)) for r, keys in self._deferred.items() if keys]
+                if not entries:
+                    self._failed_rounds = 0
+                    continue
+                for keys in self._deferred.values():
+                    keys.clear()
+                self._failed_rounds += 1
+                files = sum(len(keys) for _, keys in entries)
+                self.submit(entries, timed=False)
+            log.info("deleting %d deferred file(s) again (round %d)", files, self._failed_rounds)
+
+    def _defer(self, reason: Reason, keys: Iterable[str]) -> None:
+        if reason is not Reason.WIPE:  # a wipe's trash is emptied again at every start
+            with self._lock:
+                self._deferred[reason].update(keys)
+
     def _finish(self, job: Job) -> None:
         del self.jobs[job.seq]
         if job.timed:
@@ -235,7 +282,11 @@ class DeletionQueue:
                 keys = [k for k in keys if k not in held]
             sizes = list(map(self._sizes.pop, keys, itertools.repeat(-1)))
         removed = self._unlink(reason, dir_name, names, sizes) if names else deleter.Removed()
-        gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
+        try:
+            gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
+        except OSError as exc:  # the directory goes with a later sweep
+            log.debug("removing %s failed: %s", dir_name, exc)
+            gone = False
         with self._lock:
             self._count(reason, removed)
             self.dir_bytes = max(0, self.dir_bytes - removed.bytes)
@@ -251,22 +302,28 @@ class DeletionQueue:
         try:
             out = self._deleter.unlink(dir_name, names, sizes)
         except WorkerGoneError as exc:
-            self._chunk_given_up(reason, dir_name, names, exc)
+            self._chunk_deferred(reason, dir_name, names, exc)
             return deleter.Removed()
         for failure in out.failures:
-            failure.report(lambda *error: self._on_error(*error, reason=reason))
+            if failure.final and failure.where == dir_name:  # the directory itself failed
+                self._chunk_deferred(reason, dir_name, names, failure.error(), failure.label)
+            else:
+                failure.report(lambda *error: self._on_error(*error, reason=reason))
         return out.removed
 
-    def _chunk_given_up(
-        self, reason: Reason, dir_name: str, names: list[str], exc: Exception
+    def _chunk_deferred(
+        self,
+        reason: Reason,
+        dir_name: str,
+        names: list[str],
+        exc: Exception,
+        label: str = "worker_gone",
     ) -> None:
-        self.metrics.delete_errors.labels("worker_gone").inc()
+        self.metrics.delete_errors.labels(label).inc()
         self.metrics.delete_given_up.inc(len(names))
-        if reason is not Reason.WIPE:
-            with self._lock:
-                self._given_up[reason].update(f"{dir_name}/{n}" for n in names)
+        self._defer(reason, (f"{dir_name}/{n}" for n in names))
         log.warning(
-            "could not delete %d file(s) in %s: %s; they stay journaled for the next start",
+            "could not delete %d file(s) in %s: %s; they stay journaled and are tried again",
             len(names),
             self.root.path / dir_name,
             exc,
@@ -401,15 +458,15 @@ class DeletionQueue:
         final: bool,
         reason: Reason = Reason.WIPE,
     ) -> None:
-        """Count and log; a file given up stays in the journal (retried at the next start)."""
+        """Count and log; a file still there after its attempts is deferred (tried again)."""
         self.metrics.delete_errors.labels(label).inc()
         if final:
             self.metrics.delete_given_up.inc()
-            if "/" in where and reason is not Reason.WIPE:
-                with self._lock:
-                    self._given_up[reason].add(where)
+            if "/" in where:
+                self._defer(reason, (where,))
             log.warning(
-                "could not delete %s after %d attempt(s) (%s): %s; the backstop tries again",
+                "could not delete %s after %d attempt(s) (%s): %s; it stays journaled and is "
+                "tried again",
                 self.root.path / where,
                 attempt,
                 label,

@@ -120,6 +120,7 @@ class RetentionService:
             protected=self._state.protected,
             settled=self._maybe_compact,
             make_deleter=lambda: self._make_deleter(unlink),
+            retry=config.retry,
         )
         q = self.queue
         self.metrics.bind(
@@ -132,6 +133,7 @@ class RetentionService:
             pending_batches=lambda: len(self._state.pending),
             pending_files=lambda: self._state.pending_files,
             queue_files=lambda: q.queue_files,
+            deferred_files=lambda: q.deferred_files,
             journal_bytes=lambda: self._journal.size if self._journal else 0,
         )
         self.metrics.max_off_policy_steps.set(config.max_off_policy_steps)
@@ -171,7 +173,7 @@ class RetentionService:
         with self._lock:
             self.queue.submit([], timed=False, trash=True)
             if self.mode is StartMode.RESTARTED:
-                # given-up files included: the journal keeps them until they are gone
+                # deferred files included: the journal keeps them until they are gone
                 for reason, keys in journal.replay(records[1:], self._state):
                     self.queue.submit([(reason, keys)], timed=False)
                 if self._state.policy_step is not None:
