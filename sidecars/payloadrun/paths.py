@@ -83,7 +83,16 @@ class PayloadRoot:
         if not given:
             raise PayloadPathError("payload root is empty: set it to the shared volume's mount")
         real = os.path.realpath(given)
-        if not os.path.isdir(real):
+        try:
+            is_dir = stat.S_ISDIR(os.stat(real).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            is_dir = False
+        except OSError as exc:  # there, but its server does not answer (or it cannot be read)
+            raise PayloadPathError(
+                f"payload root {given!r} cannot be checked: {exc.strerror or exc}; is the shared "
+                "volume's server reachable from this node?"
+            ) from exc
+        if not is_dir:
             raise PayloadPathError(
                 f"payload root {given!r} is not a directory: mount the shared volume there or "
                 "create the directory"

@@ -25,6 +25,7 @@ from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadRoot
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR})
 
 # (reason label, path, exception, attempt number from 1, final attempt?)
@@ -314,20 +315,44 @@ class LocalDeleter:
     The retention sidecar runs one inside its deletion worker process (:mod:`worker`), so that
     its per-file work never competes with the API for the sidecar's interpreter; tests run one
     in-process to inject failures through ``unlink``. ``stop`` cuts retries short.
+
+    The root is opened at the first call that needs it, and again at the next call when that
+    failed: a worker started while the volume's server is away reports each call's directory as
+    failed (and the queue defers its files) instead of exiting at start, once per call.
     """
 
     def __init__(self, root: Path, retry: Retry, unlink: Callable[..., None] = os.unlink) -> None:
-        self.root = PayloadRoot(root)
+        self._root_path = Path(root)
+        self._payload_root: PayloadRoot | None = None
         self.retry = retry
         self._unlink = unlink
-        self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_fd = -1
+        self._opening = threading.Lock()
         self.stopping = threading.Event()
+
+    @property
+    def root(self) -> PayloadRoot:
+        if self._payload_root is None:
+            self._payload_root = PayloadRoot(self._root_path)
+        return self._payload_root
+
+    def _root(self) -> int:
+        """The root's descriptor, opened now if it is not yet (``OSError`` when it cannot be)."""
+        with self._opening:
+            if self._root_fd < 0:
+                self._root_fd = os.open(self._root_path, _ROOT_FLAGS)
+            return self._root_fd
 
     def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome:
         """:func:`unlink_names`; ``sizes[i]`` is -1 where the size is not known."""
         out = Outcome()
+        try:
+            root_fd = self._root()
+        except OSError as exc:
+            out.hook(error_reason(exc), dir_name, exc, 1, True)
+            return out
         out.removed = unlink_names(
-            self._root_fd,
+            root_fd,
             dir_name,
             names,
             sizes=sizes,
@@ -341,7 +366,7 @@ class LocalDeleter:
     def measure(self, dir_name: str, names: Sequence[str]) -> list[int]:
         """Each regular file's size, -1 for anything else (gone, a directory, a symlink...)."""
         try:
-            dfd = open_dir(self._root_fd, dir_name)
+            dfd = open_dir(self._root(), dir_name)
         except OSError:
             dfd = None
         if dfd is None:
@@ -362,7 +387,12 @@ class LocalDeleter:
     def remove_tree(self, dir_name: str) -> Outcome:
         """:func:`remove_tree` of ``root/dir_name``."""
         out = Outcome()
-        out.removed = remove_tree(self._root_fd, dir_name, retry=self.retry, on_error=out.hook)
+        try:
+            root_fd = self._root()
+        except OSError as exc:
+            out.hook(error_reason(exc), dir_name, exc, 1, True)
+            return out
+        out.removed = remove_tree(root_fd, dir_name, retry=self.retry, on_error=out.hook)
         return out
 
     def scan(self) -> Census:

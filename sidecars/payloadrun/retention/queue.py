@@ -121,6 +121,7 @@ class DeletionQueue:
         self._deferred: dict[Reason, set[str]] = {r: set() for r in Reason}
         self._retry = retry
         self._failed_rounds = 0
+        self._trash_left = False  # emptying the trash failed: a later round empties it again
         self._retrier: threading.Thread | None = None
         # directories a sweep is listing or deleting (its listing and chunks not yet done, each
         # counted), and those a later sweep found so and wants listed again once they are
@@ -247,15 +248,21 @@ class DeletionQueue:
         while not self.stopping.wait(self._retry.later(max(1, self._failed_rounds))):
             with self._lock:
                 entries = [(r, sorted(keys)) for r, keys in self._deferred.items() if keys]
-                if not entries:
+                trash, self._trash_left = self._trash_left, False
+                if not entries and not trash:
                     self._failed_rounds = 0
                     continue
                 for keys in self._deferred.values():
                     keys.clear()
                 self._failed_rounds += 1
                 files = sum(len(keys) for _, keys in entries)
-                self.submit(entries, timed=False)
-            log.info("deleting %d deferred file(s) again (round %d)", files, self._failed_rounds)
+                self.submit(entries, timed=False, trash=trash)
+            log.info(
+                "deleting %d deferred file(s)%s again (round %d)",
+                files,
+                f" and {TRASH_DIR}" if trash else "",
+                self._failed_rounds,
+            )
 
     def _defer(self, reason: Reason, keys: Iterable[str]) -> None:
         if reason is not Reason.WIPE:  # a wipe's trash is emptied again at every start
@@ -337,7 +344,16 @@ class DeletionQueue:
         cheap): that sweep lists it once more when its last chunk is done, for anything written
         there since it looked.
         """
-        dirs = self.root.version_dirs()
+        try:
+            dirs = self.root.version_dirs()
+        except OSError as exc:  # the volume's server away: the next policy update sweeps again
+            log.warning(
+                "the backstop sweep at step %d could not list %s: %s",
+                policy_step,
+                self.root.path,
+                exc,
+            )
+            return
         for k in backstop_versions(dirs, policy_step, self._m):
             name = dirs[k].name
             with self._lock:
@@ -407,12 +423,16 @@ class DeletionQueue:
         try:
             out = self._deleter.remove_tree(TRASH_DIR)
         except WorkerGoneError as exc:
-            log.warning("emptying %s stopped: %s; the next start goes on", TRASH_DIR, exc)
+            log.warning("emptying %s stopped: %s; a later round goes on", TRASH_DIR, exc)
+            with self._lock:
+                self._trash_left = True
             return
         for failure in out.failures:
             failure.report(self._on_error)
         with self._lock:
             self._count(Reason.WIPE, out.removed)
+            if any(f.final for f in out.failures):
+                self._trash_left = True
 
     # ------------------------------------------------------------------------------ measuring
 

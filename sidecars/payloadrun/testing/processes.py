@@ -68,9 +68,11 @@ class ChildProcess:
         log_path: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         start_timeout: float = 30.0,
+        wrap: Sequence[str] = (),
     ) -> None:
         self.args = list(args)
         self.env = env
+        self.wrap = list(wrap)  # a command that execs the rest (``unshare ...``, ``nice``)
         self.start_timeout = start_timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="payloadrun-child-")
         self.log_path = Path(log_path) if log_path else Path(self._tmp.name) / "child.log"
@@ -83,7 +85,7 @@ class ChildProcess:
         return self.proc.pid
 
     def spawn(self, args: Sequence[str]) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "payloadrun.cli", *args]
+        cmd = [*self.wrap, sys.executable, "-m", "payloadrun.cli", *args]
         env = None if self.env is None else {**os.environ, **self.env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -279,8 +281,9 @@ class SidecarProcess(ChildProcess):
         args: Sequence[str] = (),
         log_path: str | os.PathLike[str] | None = None,
         start_timeout: float = 30.0,
+        wrap: Sequence[str] = (),
     ) -> None:
-        super().__init__(args, log_path=log_path, start_timeout=start_timeout)
+        super().__init__(args, log_path=log_path, start_timeout=start_timeout, wrap=wrap)
         self.root = Path(root)
         self.run_id = run_id
         self.url = ""

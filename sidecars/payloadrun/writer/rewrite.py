@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from payloadrun.codec import CodecError
+from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError
 from payloadrun.store import PayloadStore, PayloadWriteError
 from payloadrun.vllm import dumps
@@ -34,7 +35,7 @@ from payloadrun.writer.transform import (
 FALLBACK_REASONS = (
     "no_space",  # ENOSPC / EDQUOT
     "permission",  # EACCES / EPERM / EROFS
-    "volume_gone",  # the payload root is missing, stale or unmounted
+    "volume_gone",  # the payload root is missing, stale, unmounted or its server away
     "io_error",  # any other write error
     "bad_payload",  # an inline array could not be decoded or placed
     "bad_response",  # the upstream body is not a JSON completion
@@ -75,6 +76,10 @@ def admit_request(
             store.root.version_dir(plan.payload_dir)
         except PayloadPathError as exc:
             raise RequestError(str(exc), plan.payload_dir) from exc
+        except OSError:
+            # the volume cannot be asked now (its server is away, say): vLLM still answers,
+            # and the write checks the path again, or sends the answer back inline
+            pass
     return plan
 
 
@@ -140,8 +145,8 @@ def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: Body) 
         return _inline(body, exc.reason, str(exc))
     except PayloadPathError as exc:  # v<k> was replaced by a symlink since the request came in
         return _inline(body, "permission", str(exc))
-    except OSError as exc:
-        return _inline(body, "io_error", str(exc))
+    except OSError as exc:  # checking payload_dir on a volume whose server is away, say
+        return _inline(body, failure_reason(exc), str(exc))
     elapsed = time.perf_counter() - started
     apply_segments(response, payload, segments)
     return RewriteResult(

@@ -1,0 +1,271 @@
+"""Real faults of a network filesystem, each ending with nothing lost and the service still up.
+
+The brick (the volume's server process) is killed and started again, or stopped with SIGSTOP for
+longer than the clients' ping timeout (``network.ping-timeout``), while the writer writes, the
+reader reads and the retention sidecar deletes; and a volume fills up while the writer writes.
+While the brick is away every client call fails with ``ENOTCONN`` (after hanging for the ping
+timeout when the brick is stopped rather than dead).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sharedfs_helpers import (
+    GEN,
+    check_by_handle_equals_inline,
+    files_on,
+    generate_request,
+    get,
+    make_nodes,
+    metric,
+    payload_segments,
+    post,
+    wait_for,
+)
+
+from payloadrun.codec import decode_npy_base64
+from payloadrun.reader import PayloadReader, ShortReadError
+from payloadrun.retention.client import RetentionClient
+from payloadrun.segments import ROUTED_EXPERTS
+from payloadrun.testing.processes import SidecarProcess, fake_vllm, writer
+
+pytestmark = pytest.mark.sharedfs
+FAULTS = ["killed", "stopped"]
+HEADERS = {"x-fake-layers": "48", "x-fake-top-k": "8"}
+
+
+class BrickFault:
+    """The brick away, then back: killed and started again, or stopped and continued."""
+
+    def __init__(self, nodes, kind: str) -> None:
+        self.volume = nodes.volume
+        self.kind = kind
+        self._pid: int | None = None
+
+    def begin(self) -> None:
+        if self.kind == "killed":
+            self.volume.kill_brick()
+        else:
+            self._pid = self.volume.pause_brick()
+
+    def end(self) -> None:
+        if self.kind == "killed":
+            self.volume.start_brick()
+        else:
+            assert self._pid is not None
+            self.volume.resume_brick(self._pid)
+        self.volume.clients_reconnected()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with fake_vllm("--created", "1764460800") as proc:  # byte-stable answers
+        yield proc
+
+
+@pytest.fixture
+def run_root(faulty) -> Path:
+    root = faulty.root / "run"
+    root.mkdir()
+    return root
+
+
+def _ask(proc, fake, run_root: Path, version: int = 1, prompt_len: int = 200):
+    body = json.dumps(generate_request(f"{run_root}/v{version}", prompt_len=prompt_len)).encode()
+    via = post(proc.url + GEN, body, HEADERS, timeout=120)
+    direct = post(fake.url + GEN, body, HEADERS)
+    assert via[0] == 200 and direct[0] == 200, f"{via}\nthe writer's log:\n{proc.log()}"
+    return via, direct, prompt_len
+
+
+def _by_handle_again(proc, fake, run_root: Path, timeout: float = 60):
+    """The first answer by handle after a fault (asked every half second)."""
+
+    def attempt():
+        via, direct, prompt_len = _ask(proc, fake, run_root)
+        if via[1]["x-payloadrun-mode"] != "handle":
+            time.sleep(0.5)
+            return None
+        return via, direct, prompt_len
+
+    return wait_for("the writer to write by handle again", attempt, timeout)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
+    faulty, run_root, fake, kind
+):
+    fault = BrickFault(faulty, kind)
+    with writer(fake.url, run_root, wrap=faulty.on_inference()) as proc:
+        via, _, _ = _ask(proc, fake, run_root)
+        assert via[1]["x-payloadrun-mode"] == "handle"
+        fault.begin()
+        try:
+            for _ in range(3):
+                via, direct, _ = _ask(proc, fake, run_root)
+                assert via[1]["x-payloadrun-mode"] == "inline"
+                assert via[1]["x-payloadrun-fallback"] == "volume_gone"
+                assert via[2] == direct[2], "the inline answer is vLLM's own, nothing lost"
+            status, body = get(proc.url + "/readyz", timeout=60)
+            assert status == 503 and b"not writable" in body
+        finally:
+            fault.end()
+        via, direct, prompt_len = _by_handle_again(proc, fake, run_root)
+        with PayloadReader(run_root) as reader:
+            files = check_by_handle_equals_inline(
+                reader, json.loads(via[2]), json.loads(direct[2]), prompt_len
+            )
+        fallbacks = metric(
+            proc.metrics_url, "payloadrun_writer_fallbacks_total", reason="volume_gone"
+        )
+        assert fallbacks >= 3
+        wait_for("the writer to be ready again", lambda: get(proc.url + "/readyz")[0] == 200, 30)
+    on_server = {str(faulty.root / p) for p in files_on(faulty.brick)}
+    assert files <= on_server
+    # every file on the server is a whole one some answer named: the failed writes left none
+    for path in files_on(faulty.brick):
+        assert (faulty.brick / path).stat().st_size > 0
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_lasts(
+    faulty, run_root, fake, kind
+):
+    with writer(fake.url, run_root, wrap=faulty.on_inference()) as proc:
+        via, direct, _ = _ask(proc, fake, run_root)
+    (segments,) = payload_segments(json.loads(via[2]))
+    routing = next(s for s in segments if s.field == ROUTED_EXPERTS)
+    fault = BrickFault(faulty, kind)
+
+    # the brick stays away through every retry: the error names the file, offset and bytes
+    with PayloadReader(run_root) as reader:
+        fault.begin()
+        try:
+            with pytest.raises(ShortReadError) as info:
+                reader.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
+        finally:
+            fault.end()
+    err = info.value
+    assert (err.file, err.offset, err.expected, err.received) == (
+        routing.file,
+        routing.offset,
+        routing.nbytes,
+        0,
+    )
+    assert "Transport endpoint is not connected" in str(err) and "after 5 attempts" in str(err)
+
+    # the brick comes back while the reader backs off: the read returns vLLM's exact bytes
+    back: dict[str, object] = {}
+    reader = PayloadReader(run_root, retry_delays=(0.5, 1, 2, 4, 8, 8))  # a trainer's, at start
+
+    def read() -> None:
+        try:
+            back["rows"] = reader.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
+        except Exception as exc:  # surfaced below
+            back["error"] = exc
+
+    fault.begin()
+    reading = threading.Thread(target=read)
+    reading.start()
+    time.sleep(1.0)
+    fault.end()
+    reading.join(60)
+    reader.close()
+    assert "error" not in back, back.get("error")
+    inline = decode_npy_base64(json.loads(direct[2])["choices"][0]["routed_experts"])
+    assert np.asarray(back["rows"]).tobytes() == inline.tobytes()
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_retention_defers_deletions_while_the_brick_is_away_and_finishes_them(
+    faulty, run_root, fake, kind, tmp_path
+):
+    """Journaled deletions that fail are counted, deferred and retried until done, never dropped.
+
+    The journal is on the orchestrator's local disk here (``--state-dir``), so the calls are
+    acknowledged while the volume is away; on the volume itself they would be refused (503,
+    not recorded) and the orchestrator's client would retry them.
+    """
+    sidecar = SidecarProcess(
+        run_root,
+        "run-faults",
+        args=["--state-dir", str(tmp_path / "journal"), "--scan-interval", "1"],
+        wrap=faulty.on_orchestrator(),
+        log_path=tmp_path / "retention.log",
+    )
+    fault = BrickFault(faulty, kind)
+    with sidecar:  # first: a fresh run's wipe finds the root empty
+        with writer(fake.url, run_root, wrap=faulty.on_inference()) as proc:
+            answers = [_ask(proc, fake, run_root, prompt_len=50)[0] for _ in range(12)]
+        files = [payload_segments(json.loads(via[2]))[0][0].file for via in answers]
+        client = RetentionClient(sidecar.url)
+        client.record_batch(1, files)
+        fault.begin()
+        try:
+            client.policy_updated(1)
+            wait_for(
+                "deletions to fail and be deferred",
+                lambda: (
+                    metric(sidecar.metrics_url, "payloadrun_retention_delete_deferred_files")
+                    == len(files)
+                ),
+                60,
+            )
+            errors = metric(
+                sidecar.metrics_url, "payloadrun_retention_delete_errors_total", error="volume_gone"
+            )
+            assert errors >= 1, get(sidecar.metrics_url)[1].decode() + sidecar.log()
+            time.sleep(2)  # a further round fails too: nothing is dropped meanwhile
+            assert len(files_on(faulty.brick)) == len(files)
+        finally:
+            fault.end()
+        try:
+            wait_for("the deferred deletions to be done", lambda: not files_on(faulty.brick), 60)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nthe sidecar's log:\n{sidecar.log()}") from None
+        wait_for(
+            "nothing deferred any more",
+            lambda: metric(sidecar.metrics_url, "payloadrun_retention_delete_deferred_files") == 0,
+            30,
+        )
+        deleted = metric(
+            sidecar.metrics_url, "payloadrun_retention_deleted_files_total", reason="consumed"
+        )
+        assert deleted == len(files)
+        assert client.status()["pending_batches"] == 0
+        client.close()
+
+
+def test_the_writer_answers_inline_when_the_volume_is_full_then_by_handle_again(
+    gluster, fake, tmp_path
+):
+    full = make_nodes(gluster, tmp_path, size_bytes=16 << 20)
+    try:
+        run_root = full.root / "run"
+        run_root.mkdir()
+        filler = full.inference.path / "filler"
+        with open(filler, "wb") as f:  # leave about 2 MiB free
+            f.write(b"\0" * (13 << 20))
+        with writer(fake.url, run_root, wrap=full.on_inference()) as proc:
+            # 3,000 tokens x 48 layers x 8 = 1.1 MiB, x 4 choices: 4.4 MiB for one file
+            body = json.dumps(generate_request(f"{run_root}/v1", prompt_len=3_000, n=4)).encode()
+            via = post(proc.url + GEN, body, HEADERS)
+            direct = post(fake.url + GEN, body, HEADERS)
+            assert via[0] == 200 and via[1]["x-payloadrun-mode"] == "inline"
+            assert via[1]["x-payloadrun-fallback"] == "no_space"
+            assert via[2] == direct[2], "the inline answer is vLLM's own, nothing lost"
+            assert files_on(full.brick) == set(), "a failed write leaves no file behind"
+            filler.unlink()
+            via, direct, prompt_len = _by_handle_again(proc, fake, run_root)
+        with PayloadReader(run_root) as reader:
+            check_by_handle_equals_inline(
+                reader, json.loads(via[2]), json.loads(direct[2]), prompt_len
+            )
+    finally:
+        gluster.delete_volume(full.volume.name)
