@@ -230,28 +230,7 @@ class Volume:
 
     def mount(self, path: Path, *, coherent: bool = False, subdir: str | None = None) -> Mount:
         """A new FUSE client of this volume at ``path``, ready when this returns."""
-        path.mkdir(parents=True, exist_ok=True)
-        logs = RUN_DIR / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        tag = re.sub(r"[^A-Za-z0-9]+", "-", str(path)).strip("-")
-        pid_file = RUN_DIR / "clients" / f"{tag}.pid"
-        pid_file.parent.mkdir(parents=True, exist_ok=True)
-        command = mount_command(
-            self.name,
-            path,
-            log_file=logs / f"client-{tag}.log",
-            pid_file=pid_file,
-            coherent=coherent,
-            subdir=subdir,
-        )
-        result = _run(*command, timeout=60)
-        if result.returncode != 0:
-            raise GlusterError(
-                f"mounting {self.name} at {path} failed ({result.returncode}): "
-                f"{(result.stderr or result.stdout).strip()}; see {logs / f'client-{tag}.log'}"
-            )
-        _wait(f"{self.name} mounted at {path}", lambda: _mounted(path), 30)
-        mount = Mount(self.name, path, int(pid_file.read_text().strip()), coherent, subdir)
+        mount = mount_client(self.name, path, coherent=coherent, subdir=subdir)
         self.mounts.append(mount)
         return mount
 
@@ -311,6 +290,31 @@ class Volume:
         """Wait until every mount of this volume answers a ``statvfs`` again."""
         for mount in self.mounts:
             _wait(f"{mount.path} to answer again", lambda m=mount: _answers(m.path), timeout, 0.2)
+
+
+def mount_client(
+    volume: str, path: Path, *, coherent: bool = False, subdir: str | None = None
+) -> Mount:
+    """A new FUSE client of ``volume`` (or of its directory ``subdir``) at ``path``, ready when
+    this returns; its log under ``/run/payloadrun-gluster/logs``."""
+    path.mkdir(parents=True, exist_ok=True)
+    logs = RUN_DIR / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", str(path)).strip("-")[-120:]
+    pid_file = RUN_DIR / "clients" / f"{tag}.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"client-{tag}.log"
+    command = mount_command(
+        volume, path, log_file=log_file, pid_file=pid_file, coherent=coherent, subdir=subdir
+    )
+    result = _run(*command, timeout=60)
+    if result.returncode != 0:
+        raise GlusterError(
+            f"mounting {volume} at {path} failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()}; see {log_file}"
+        )
+    _wait(f"{volume} mounted at {path}", lambda: _mounted(path), 30)
+    return Mount(volume, path, int(pid_file.read_text().strip()), coherent, subdir)
 
 
 def _answers(path: Path) -> bool:

@@ -1,5 +1,7 @@
 """A real node beside the local control plane, so pods run: containerd + runc, kubelet,
-kube-scheduler, kube-proxy, CoreDNS, a bridge pod network and a ReadWriteMany provisioner.
+kube-scheduler, kube-proxy, CoreDNS, a bridge pod network and a ReadWriteMany storage class on a
+real network filesystem (GlusterFS: a volume of the node's, a FUSE client per pod, see
+:mod:`glusterfs` and :mod:`flexvolume`).
 
 Linux and root only (bridges, iptables, mounts, cgroups). What it changes on the host is listed
 here, recorded in ``<state>/node/host.json`` before it is changed, and undone by
@@ -12,6 +14,9 @@ new ``up`` trips over):
 - sysctls ``net.ipv4.ip_forward=1`` and ``net.bridge.bridge-nf-call-iptables=1`` (Service
   traffic between pods on one bridge goes through kube-proxy's iptables rules); the previous
   values are restored.
+- the GlusterFS volume ``prnode`` (its brick under ``<state>/node/shared-volume``), on the
+  machine's glusterd (started if none runs, stopped when no volume is left), and every client
+  mount of it;
 - kube-proxy's and the kubelet's iptables chains (every ``KUBE-`` chain and rule, IPv4 and
   IPv6; the host's other rules are restored as they were).
 - containerd's and kubelet's state under ``<state>/node`` and ``/run/payloadrun-node`` (sockets
@@ -38,8 +43,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import glusterfs
 from .binaries import NODE_NAMES, Binaries
 from .certs import ClusterPKI, issue_client_cert, issue_serving_cert
+from .flexvolume import install as install_volume_driver
 from .images import pause_image_name, pause_image_tarball
 from .processes import ManagedProcess
 
@@ -126,6 +133,9 @@ def node_unsupported_reason(binaries: Binaries) -> str | None:
         missing.append(str(CNI_BIN_DIR / "bridge"))
     if missing:
         return f"missing on this machine: {', '.join(missing)}; {NODE_PACKAGES_HINT}"
+    shared = glusterfs.unsupported_reason()
+    if shared:
+        return f"the node's storage class needs GlusterFS: {shared}"
     not_built = [name for name in NODE_NAMES if not os.access(binaries.path(name), os.X_OK)]
     if not_built:
         return f"not built: {', '.join(not_built)}; run: bash cluster/build.sh"
@@ -487,6 +497,7 @@ def teardown_host(node_dir: Path) -> list[str]:
     problems: list[str] = []
     kill_pod_processes()
     time.sleep(0.2)
+    problems.extend(_delete_shared_volume())
     for point in _mounts_under([node_dir, RUN_DIR]):
         _unmount(point)
     for directory in _cgroup_dirs():
@@ -519,6 +530,20 @@ def teardown_host(node_dir: Path) -> list[str]:
     if left:
         problems.append(f"still mounted: {', '.join(left[:5])}")
     return problems
+
+
+def _delete_shared_volume() -> list[str]:
+    """Delete the node's GlusterFS volume (its pods' clients first); stop glusterd if idle."""
+    server = glusterfs.GlusterServer()
+    if not server.running():
+        return []
+    try:
+        if glusterfs.NODE_VOLUME in server.volume_names():
+            server.delete_volume(glusterfs.NODE_VOLUME)
+        server.stop_if_idle()
+    except (glusterfs.GlusterError, OSError, subprocess.SubprocessError) as error:
+        return [f"deleting the node's GlusterFS volume: {error}"]
+    return []
 
 
 def running_node_owner() -> str | None:
@@ -591,6 +616,16 @@ class LocalNode:
         (cni_dir / "10-payloadrun.conflist").write_text(
             json.dumps(cni_config(node / "cni-ipam"), indent=2)
         )
+        # the shared volume: the provisioner makes each claim's directory through a client of
+        # its own, the kubelet mounts each pod's through the driver
+        gluster = glusterfs.GlusterServer.ensure()
+        if glusterfs.NODE_VOLUME in gluster.volume_names():  # a crashed node's
+            gluster.delete_volume(glusterfs.NODE_VOLUME)
+        shared = gluster.create_volume(node / "shared-volume", name=glusterfs.NODE_VOLUME)
+        shared.mount(node / "volumes")
+        plugin_dir = node / "volume-plugins"
+        install_volume_driver(plugin_dir)
+
         containerd_toml = configs / "containerd.toml"
         containerd_toml.write_text(containerd_config(node, RUN_DIR, cni_dir))
         spawn("containerd", ["containerd", "--config", str(containerd_toml)])
@@ -624,6 +659,7 @@ class LocalNode:
                 f"--cert-dir={node / 'kubelet-certs'}",
                 f"--hostname-override={NODE_NAME}",
                 f"--node-ip={NODE_IP}",
+                f"--volume-plugin-dir={plugin_dir}",
                 "--v=1",
             ],
         )
@@ -677,6 +713,7 @@ class LocalNode:
                 "payloadrun_devcluster.provisioner",
                 f"--kubeconfig={provisioner_kubeconfig}",
                 f"--volumes-dir={node / 'volumes'}",
+                f"--gluster-volume={glusterfs.NODE_VOLUME}",
             ],
         )
 

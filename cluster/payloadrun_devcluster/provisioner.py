@@ -1,13 +1,17 @@
 """A dynamic provisioner of ReadWriteMany volumes for the local node (one directory per claim).
 
 Users' runs need a ReadWriteMany claim (NFS, CephFS, EFS, Filestore in real clusters). This
-kernel has no NFS client, so the local node stands in with host directories, provisioned the way
-an external CSI provisioner does it, which is what makes the same manifests work run after run:
+kernel has no NFS client, so the local node serves claims from a GlusterFS volume, provisioned
+the way an external CSI provisioner does it, which is what makes the same manifests work run
+after run:
 
 - a claim of the storage class ``standard`` (the node's default class, provisioner
-  ``payloadrun.dev/local-rwx``) that is not bound gets a ``hostPath`` PersistentVolume
-  ``pvc-<claim uid>`` pre-bound to it (``claimRef``), backed by a fresh directory
-  ``<volumes dir>/pvc-<claim uid>`` (mode 0777, so non-root pods can write, as on an NFS export);
+  ``payloadrun.dev/local-rwx``) that is not bound gets a PersistentVolume ``pvc-<claim uid>``
+  pre-bound to it (``claimRef``), backed by a fresh directory ``pvc-<claim uid>`` of the volume
+  (mode 0777, so non-root pods can write, as on an NFS export), made through the provisioner's
+  own client mount (``--volumes-dir``). The volume's source is the node's FlexVolume driver
+  (:mod:`flexvolume`): each pod mounts the directory as a client of its own. Without
+  ``--gluster-volume`` the source is a ``hostPath`` of the directory instead;
 - a volume of ours that is ``Released`` with reclaim policy ``Delete`` loses its directory and
   is deleted; ``Retain`` keeps both, as the policy says.
 
@@ -29,17 +33,24 @@ import time
 from pathlib import Path
 
 from .api import api_request
+from .flexvolume import volume_source
 from .node import PROVISIONER_NAME, STORAGE_CLASS
 
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 STORAGE_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
 
 
-def volume_for_claim(claim: dict, volumes_dir: Path, reclaim_policy: str) -> dict:
+def volume_for_claim(
+    claim: dict, volumes_dir: Path, reclaim_policy: str, gluster_volume: str | None = None
+) -> dict:
     """The PersistentVolume that serves ``claim`` (pure: no I/O)."""
     meta = claim["metadata"]
     spec = claim["spec"]
     name = f"pvc-{meta['uid']}"
+    if gluster_volume:
+        source = {"flexVolume": volume_source(gluster_volume, name)}
+    else:
+        source = {"hostPath": {"path": str(volumes_dir / name), "type": "Directory"}}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -50,7 +61,7 @@ def volume_for_claim(claim: dict, volumes_dir: Path, reclaim_policy: str) -> dic
             "persistentVolumeReclaimPolicy": reclaim_policy,
             "storageClassName": spec.get("storageClassName") or STORAGE_CLASS,
             "volumeMode": spec.get("volumeMode", "Filesystem"),
-            "hostPath": {"path": str(volumes_dir / name), "type": "Directory"},
+            **source,
             "claimRef": {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
@@ -115,14 +126,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] provisioner: {message}", flush=True)
 
 
-def reconcile_once(api: Api, volumes_dir: Path) -> None:
+def reconcile_once(api: Api, volumes_dir: Path, gluster_volume: str | None = None) -> None:
     _, classes_body = api.call("GET", "/apis/storage.k8s.io/v1/storageclasses")
     classes = {c["metadata"]["name"]: c for c in classes_body.get("items", [])}
     _, claims_body = api.call("GET", "/api/v1/persistentvolumeclaims")
     for claim in claims_to_provision(claims_body.get("items", []), classes):
         klass = classes[claim["spec"]["storageClassName"]]
-        volume = volume_for_claim(claim, volumes_dir, klass.get("reclaimPolicy", "Delete"))
-        directory = Path(volume["spec"]["hostPath"]["path"])
+        policy = klass.get("reclaimPolicy", "Delete")
+        volume = volume_for_claim(claim, volumes_dir, policy, gluster_volume)
+        directory = volumes_dir / volume["metadata"]["name"]
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o777)
         status, body = api.call("POST", "/api/v1/persistentvolumes", volume)
@@ -136,9 +148,8 @@ def reconcile_once(api: Api, volumes_dir: Path) -> None:
     _, volumes_body = api.call("GET", "/api/v1/persistentvolumes")
     for volume in volumes_to_delete(volumes_body.get("items", [])):
         name = volume["metadata"]["name"]
-        path = Path(volume["spec"]["hostPath"]["path"])
-        if path.parent == volumes_dir:  # never delete anything we did not make
-            shutil.rmtree(path, ignore_errors=True)
+        if name.startswith("pvc-") and "/" not in name:  # a directory of ours, nothing else
+            shutil.rmtree(volumes_dir / name, ignore_errors=True)
         status, body = api.call("DELETE", f"/api/v1/persistentvolumes/{name}")
         if status in (200, 202, 404):
             log(f"deleted {name} and its directory (claim released, policy Delete)")
@@ -152,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--volumes-dir", type=Path, required=True, help="where directories go")
+    parser.add_argument(
+        "--gluster-volume",
+        help="the GlusterFS volume whose client --volumes-dir is: claims get the node's "
+        "FlexVolume driver as their source (default: hostPath directories)",
+    )
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between passes")
     args = parser.parse_args(argv)
     args.volumes_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"serving storage class {STORAGE_CLASS} from {args.volumes_dir}")
     while True:
         try:
-            reconcile_once(api, args.volumes_dir.resolve())
+            reconcile_once(api, args.volumes_dir.resolve(), args.gluster_volume)
         except (OSError, ValueError) as error:  # API not reachable for a moment: try again
             log(f"pass failed: {error}")
         time.sleep(args.interval)

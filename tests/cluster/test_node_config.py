@@ -4,9 +4,12 @@ decisions of its volume provisioner (what to provision, what to delete)."""
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
+import subprocess
 from pathlib import Path
 
-from payloadrun_devcluster import node, provisioner
+from payloadrun_devcluster import flexvolume, node, provisioner
 from payloadrun_devcluster.node import NodePKI
 
 
@@ -92,6 +95,30 @@ def test_a_volume_is_a_fresh_directory_pre_bound_to_its_claim(tmp_path):
     assert spec["accessModes"] == ["ReadWriteMany"]
     assert spec["capacity"] == {"storage": "1Gi"}
     assert spec["persistentVolumeReclaimPolicy"] == "Delete"
+
+
+def test_on_the_shared_volume_a_claim_is_a_directory_each_pod_mounts_through_the_driver(tmp_path):
+    volume = provisioner.volume_for_claim(claim("data"), tmp_path, "Retain", "prnode")
+    spec = volume["spec"]
+    assert "hostPath" not in spec
+    assert spec["flexVolume"] == {
+        "driver": "payloadrun.dev/glusterfs",
+        "options": {"volume": "prnode", "subdir": "pvc-uid-data"},
+    }
+    assert spec["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_the_volume_driver_answers_the_kubelet_without_attach_or_ownership_changes(tmp_path):
+    reply, code = flexvolume.answer(["init"])
+    assert code == 0 and reply["status"] == "Success"
+    assert reply["capabilities"] == {"attach": False, "fsGroup": False, "selinuxRelabel": False}
+    reply, code = flexvolume.answer(["attach", "{}", "node"])
+    assert code == 1 and reply["status"] == "Not supported"
+    driver = flexvolume.install(tmp_path)
+    assert driver == tmp_path / "payloadrun.dev~glusterfs" / "glusterfs"
+    assert os.access(driver, os.X_OK)
+    out = subprocess.run([driver, "init"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["status"] == "Success"
 
 
 def test_only_released_volumes_of_ours_with_policy_delete_are_deleted():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -256,7 +255,9 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
     run = running(cluster, namespace, "done")
     claim = run["status"]["claimName"]
     volume = get(cluster, namespace, "pvc", claim)["spec"]["volumeName"]
-    host_dir = Path(get(cluster, namespace, "pv", volume)["spec"]["hostPath"]["path"])
+    source = get(cluster, namespace, "pv", volume)["spec"]["flexVolume"]
+    assert source["options"] == {"volume": "prnode", "subdir": volume}  # the node's GlusterFS
+    host_dir = cluster.node_dir / "shared-volume" / "brick" / volume  # the server's own copy
     root_on_host = host_dir / run["status"]["payloadRoot"].removeprefix("/payloads/")
     wait_for("a payload file", lambda: list(root_on_host.glob("v0/*.bin")))
 
