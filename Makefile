@@ -43,10 +43,10 @@ vllm: ## a CPU vLLM and a tiny MoE it serves, for the writer's real-vLLM tests (
 	@bash hack/vllm.sh >/dev/null
 
 test: lint cluster-binaries node prometheus dashboard-schema vllm ## every test: lint, unit, integration, e2e with pods (CI)
-	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest
+	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest --durations=30
 
-unit: ## the tests that need no control plane
-	@$(PY) -m pytest -m "not integration"
+unit: ## the tests that need no control plane and no GlusterFS (no root)
+	@$(PY) -m pytest -m "not integration and not sharedfs"
 
 demo: cluster-binaries node ## the main job: cluster, chart, operator, runs, data path (ARGS=--keep)
 	@$(PY) hack/demo.py $(ARGS)
@@ -54,8 +54,9 @@ demo: cluster-binaries node ## the main job: cluster, chart, operator, runs, dat
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 	@$(PY) bench/dataplane.py
 
-bench-all: cluster-binaries ## every benchmark (docs/benchmarks.md): data plane, writer, retention, operator
+bench-all: cluster-binaries ## every benchmark (docs/benchmarks.md): data plane, writer, retention, shared filesystem, operator
 	@-$(PY) bench/dataplane.py
 	@-$(PY) bench/writer.py
 	@-$(PY) bench/retention.py
+	@-$(PY) bench/sharedfs.py
 	@-$(PY) bench/operator.py

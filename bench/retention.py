@@ -44,17 +44,21 @@ RAW_THREADS = (1, 2, 4, 8)
 
 
 def make_files(directory: Path, n: int, size: int = 4096) -> list[str]:
+    """``n`` new files of ``size`` bytes (on 8 threads: on a network file system every create is
+    a round trip; the creation is not what is measured)."""
     directory.mkdir(parents=True, exist_ok=True)
     data = b"x" * size
-    paths = []
-    for _ in range(n):
-        path = directory / f"{uuid.uuid4().hex}.bin"
+    paths = [str(directory / f"{uuid.uuid4().hex}.bin") for _ in range(n)]
+
+    def create(path: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, data)
         finally:
             os.close(fd)
-        paths.append(str(path))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, paths))
     return paths
 
 
@@ -373,10 +377,15 @@ def main() -> None:
         type=int,
         help="the sidecar's deletion threads (default: the sidecar's own default)",
     )
+    parser.add_argument("--unlink-files", type=int, help="files per unlink round (5,000 / 15,000)")
+    parser.add_argument("--latency-files", type=int, help="files being deleted in case 3 (15,000)")
+    parser.add_argument("--metrics-files", type=int, help="files under the root in case 4")
     args = parser.parse_args()
     workload = Workload(batch_size=128 if args.quick else 512, steps=40, seed=args.seed)
     unlink_files, rounds = (5_000, 3) if args.quick else (15_000, 7)
-    metrics_files = 20_000 if args.quick else 100_000
+    unlink_files = args.unlink_files or unlink_files
+    latency_files = args.latency_files or 15_000
+    metrics_files = args.metrics_files or (20_000 if args.quick else 100_000)
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="payloadrun-bench-", dir=args.dir) as tmp_name:
         tmp = Path(tmp_name)
@@ -395,12 +404,14 @@ def main() -> None:
         ):
             print(f"2. unlink rate, {unlink_files} files x {rounds} ...", flush=True)
             unlink = unlink_rate_case(sidecar, client, unlink_files, rounds)
-            print("3. policy_updated latency while deleting 15,000 files ...", flush=True)
-            call = policy_latency_case(root, client, 15_000, 2 if args.quick else 5)
+            print(f"3. policy_updated latency while deleting {latency_files} files ...", flush=True)
+            call = policy_latency_case(root, client, latency_files, 2 if args.quick else 5)
             print("   the floor: status while another process unlinks raw ...", flush=True)
-            call["status_floor"] = floor_case(root, 15_000, 2 if args.quick else 5, client.status)
+            call["status_floor"] = floor_case(
+                root, latency_files, 2 if args.quick else 5, client.status
+            )
         print("   the file system's floor: appends + fdatasync while a raw unlink runs ...")
-        floor = journal_floor_case(tmp, 15_000, 2 if args.quick else 5)
+        floor = journal_floor_case(tmp, latency_files, 2 if args.quick else 5)
         print(f"4. /metrics latency with {metrics_files} files ...", flush=True)
         metrics = metrics_latency_case(tmp, metrics_files, 200)
     goals = print_report(doc, sweep, unlink, call, floor, metrics)

@@ -48,6 +48,9 @@ from payloadrun_devcluster.glusterfs import (  # noqa: E402
 
 MASK_ROWS = (1024, 50)  # 200 KiB of int32 per file, as in bench/dataplane.py's batch
 MICRO_BATCH = 100
+# every create, fsync and unlink is a round trip here (about 100 creates/s on one thread): the
+# retention benchmark's quick load, smaller still
+RETENTION_LOAD = ["--unlink-files", "2000", "--latency-files", "4000", "--metrics-files", "5000"]
 
 
 def write_files(store: PayloadStore, version: str, count: int) -> list[Segment]:
@@ -168,8 +171,8 @@ def main() -> int:
     print_load("start")
     server = GlusterServer.ensure()
     codes = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="payloadrun-sharedfs-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="payloadrun-sharedfs-bench-") as tmp:
+        try:  # the volume and its mounts go before the directory they are in
             base = Path(tmp)
             volume = server.create_volume(base / "server")
             writer_mount = volume.mount(base / "writer")
@@ -177,20 +180,17 @@ def main() -> int:
             print(f"GlusterFS volume {volume.name}: default client settings, brick {volume.brick}")
             if not args.skip_dataplane:
                 print("1. the store and the reader on one client", flush=True)
-                codes.append(
-                    run_bench("dataplane.py", ["--quick", "--dir", str(writer_mount.path)])
-                )
+                dataplane = ["--quick", "--dir", str(writer_mount.path)]
+                codes.append(run_bench("dataplane.py", dataplane))
             goal = cross_client_reads(server, base / "reads", args.files, args.rounds)
             if not args.skip_retention:
                 print("3. retention on the orchestrator's client", flush=True)
-                codes.append(
-                    run_bench("retention.py", ["--quick", "--dir", str(orchestrator_mount.path)])
-                )
+                retention = ["--quick", "--dir", str(orchestrator_mount.path), *RETENTION_LOAD]
+                codes.append(run_bench("retention.py", retention))
             print_goals([goal])
-            server.delete_volume(volume.name)
-    finally:
-        teardown(server)
-        print_load("end")
+        finally:
+            teardown(server)
+            print_load("end")
     return max(codes, default=0)
 
 

@@ -245,12 +245,17 @@ class Volume:
                 return pid if pid > 0 else None
         return None
 
-    def kill_brick(self) -> int:
-        """SIGKILL the brick server (every client's calls fail until it is back); its pid."""
+    def signal_brick(self, sig: int) -> int:
+        """Send ``sig`` to the running brick server; its pid."""
         pid = self.brick_pid()
         if pid is None:
             raise GlusterError(f"the brick of {self.name} is not running")
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
+        return pid
+
+    def kill_brick(self) -> int:
+        """SIGKILL the brick server (every client's calls fail until it is back); its pid."""
+        pid = self.signal_brick(signal.SIGKILL)
         _wait(f"brick {pid} of {self.name} to die", lambda: not process_alive(pid), 10)
         return pid
 
@@ -272,11 +277,7 @@ class Volume:
 
     def pause_brick(self) -> int:
         """SIGSTOP the brick server: clients' calls hang until their ping timeout; its pid."""
-        pid = self.brick_pid()
-        if pid is None:
-            raise GlusterError(f"the brick of {self.name} is not running")
-        os.kill(pid, signal.SIGSTOP)
-        return pid
+        return self.signal_brick(signal.SIGSTOP)
 
     @staticmethod
     def resume_brick(pid: int) -> None:

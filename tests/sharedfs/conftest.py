@@ -9,7 +9,8 @@ sidecar run in mount namespaces of their own (:func:`~payloadrun_devcluster.glus
 and this test process is the trainer. ``nodes.brick`` is the server's own directory, the ground
 truth a check reads (never a client's cached view).
 
-``faulty`` (function): the same on a volume of its own whose brick a test kills, stops or fills,
+``faulty`` (module): the same on a volume of its own whose brick a test kills or stops (and
+brings back before it ends),
 with a short client ping timeout (``network.ping-timeout``, 42 s by default) so that a stopped
 server is noticed within seconds.
 
@@ -66,9 +67,10 @@ def nodes(gluster: GlusterServer, tmp_path_factory: pytest.TempPathFactory) -> I
         gluster.delete_volume(made.volume.name)
 
 
-@pytest.fixture
-def faulty(gluster: GlusterServer, tmp_path: Path) -> Iterator[Nodes]:
-    made = make_nodes(gluster, tmp_path, {"network.ping-timeout": str(PING_TIMEOUT_S)})
+@pytest.fixture(scope="module")
+def faulty(gluster: GlusterServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    base = tmp_path_factory.mktemp("faulty")
+    made = make_nodes(gluster, base, {"network.ping-timeout": str(PING_TIMEOUT_S)})
     try:
         yield made
     finally:

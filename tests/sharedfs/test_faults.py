@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def fake():
 
 @pytest.fixture
 def run_root(faulty) -> Path:
-    root = faulty.root / "run"
+    root = faulty.root / f"run-{uuid.uuid4().hex[:8]}"
     root.mkdir()
     return root
 
@@ -126,11 +127,11 @@ def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
         )
         assert fallbacks >= 3
         wait_for("the writer to be ready again", lambda: get(proc.url + "/readyz")[0] == 200, 30)
-    on_server = {str(faulty.root / p) for p in files_on(faulty.brick)}
-    assert files <= on_server
+    on_server = files_on(faulty.brick / run_root.name)
+    assert files <= {str(run_root / p) for p in on_server}
     # every file on the server is a whole one some answer named: the failed writes left none
-    for path in files_on(faulty.brick):
-        assert (faulty.brick / path).stat().st_size > 0
+    for path in on_server:
+        assert (faulty.brick / run_root.name / path).stat().st_size > 0
 
 
 @pytest.mark.parametrize("kind", FAULTS)
@@ -222,11 +223,15 @@ def test_retention_defers_deletions_while_the_brick_is_away_and_finishes_them(
             )
             assert errors >= 1, get(sidecar.metrics_url)[1].decode() + sidecar.log()
             time.sleep(2)  # a further round fails too: nothing is dropped meanwhile
-            assert len(files_on(faulty.brick)) == len(files)
+            assert len(files_on(faulty.brick / run_root.name)) == len(files)
         finally:
             fault.end()
         try:
-            wait_for("the deferred deletions to be done", lambda: not files_on(faulty.brick), 60)
+            wait_for(
+                "the deferred deletions to be done",
+                lambda: not files_on(faulty.brick / run_root.name),
+                60,
+            )
         except AssertionError as error:
             raise AssertionError(f"{error}\nthe sidecar's log:\n{sidecar.log()}") from None
         wait_for(
