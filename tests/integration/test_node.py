@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun_devcluster import Binaries, running_node_state_dir
+from payloadrun_devcluster import Binaries, glusterfs, running_node_state_dir
 from payloadrun_devcluster.images import pause_image_name
 from payloadrun_devcluster.node import BRIDGE, RUN_DIR, SYSCTLS, running_node_owner
 
@@ -41,6 +41,9 @@ def host_snapshot() -> dict:
             if str(RUN_DIR) in line or "/kubelet/" in line
         ],
         "run dir": RUN_DIR.exists(),
+        # the node's GlusterFS volume, its clients (the provisioner's, every pod's) and glusterd
+        "gluster mounts": [point for _, point in glusterfs.fuse_mounts()],
+        "glusterd": glusterfs.GlusterServer.pid() is not None,
         "kubepods": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")),
     }  # fmt: skip
 
@@ -99,6 +102,7 @@ def test_up_runs_pods_and_down_leaves_the_host_as_it_was(node_binaries, tmp_path
         up = cli(state, "up", "--node")
         assert up.returncode == 0, up.stderr
         assert host_snapshot()["bridge"]
+        assert glusterfs.NODE_VOLUME in glusterfs.GlusterServer().volume_names()
         assert running_node_state_dir() == state
         created = kubectl(binaries, state, "apply", "-f", "-", input=json.dumps(PAUSE_POD))
         assert created.returncode == 0, created.stderr
