@@ -270,7 +270,7 @@ class Volume:
                 gluster("volume", "start", self.name, "force", timeout=30)
             return self.brick_pid() is not None
 
-        _wait(f"the brick of {self.name} to serve again", online, timeout, interval=0.5)
+        _wait(f"the brick of {self.name} to serve again", online, timeout, interval=0.2)
         pid = self.brick_pid()
         assert pid is not None
         return pid

@@ -144,14 +144,29 @@ def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_l
     routing = next(s for s in segments if s.field == ROUTED_EXPERTS)
     fault = BrickFault(faulty, kind)
 
-    # the brick stays away through every retry: the error names the file, offset and bytes
+    back: dict[str, object] = {}
+    patient = PayloadReader(run_root, retry_delays=(0.5, 1, 2, 4, 8, 8))  # a trainer's, at start
+
+    def read() -> None:
+        try:
+            back["rows"] = patient.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
+        except Exception as exc:  # surfaced below
+            back["error"] = exc
+
     with PayloadReader(run_root) as reader:
         fault.begin()
         try:
+            # the brick stays away through every retry: the error names the file, offset, bytes
             with pytest.raises(ShortReadError) as info:
                 reader.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
+            # a reader that backs off longer is still reading when the brick comes back
+            reading = threading.Thread(target=read)
+            reading.start()
+            time.sleep(1.0)
         finally:
             fault.end()
+    reading.join(60)
+    patient.close()
     err = info.value
     assert (err.file, err.offset, err.expected, err.received) == (
         routing.file,
@@ -160,24 +175,7 @@ def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_l
         0,
     )
     assert "Transport endpoint is not connected" in str(err) and "after 5 attempts" in str(err)
-
-    # the brick comes back while the reader backs off: the read returns vLLM's exact bytes
-    back: dict[str, object] = {}
-    reader = PayloadReader(run_root, retry_delays=(0.5, 1, 2, 4, 8, 8))  # a trainer's, at start
-
-    def read() -> None:
-        try:
-            back["rows"] = reader.read(segments, ROUTED_EXPERTS, routing.pos, routing.end)
-        except Exception as exc:  # surfaced below
-            back["error"] = exc
-
-    fault.begin()
-    reading = threading.Thread(target=read)
-    reading.start()
-    time.sleep(1.0)
-    fault.end()
-    reading.join(60)
-    reader.close()
+    # ... and returns vLLM's exact bytes
     assert "error" not in back, back.get("error")
     inline = decode_npy_base64(json.loads(direct[2])["choices"][0]["routed_experts"])
     assert np.asarray(back["rows"]).tobytes() == inline.tobytes()
