@@ -211,10 +211,10 @@ class Mount:
     subdir: str | None = None
 
     def unmount(self) -> None:
+        """Unmount, and wait (up to 10 s) for the client process to exit."""
         if os.path.ismount(self.path):
             unmount(self.path)
-        with contextlib.suppress(ProcessLookupError):
-            _wait(f"the client of {self.path} to exit", lambda: not process_alive(self.pid), 10)
+        _wait(f"the client of {self.path} to exit", lambda: not process_alive(self.pid), 10)
 
 
 @dataclass
