@@ -119,7 +119,7 @@ class DeletionQueue:
         self.deleted = {r: [0, 0] for r in Reason}
         # files whose deletion failed after every attempt, tried again in later rounds
         self._deferred: dict[Reason, set[str]] = {r: set() for r in Reason}
-        self._retry = retry
+        self._retry = retry or deleter.Retry()
         self._failed_rounds = 0
         self._trash_left = False  # emptying the trash failed: a later round empties it again
         self._retrier: threading.Thread | None = None
