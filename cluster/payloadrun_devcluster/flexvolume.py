@@ -59,11 +59,11 @@ def answer(args: list[str]) -> tuple[dict, int]:
         capabilities = {"attach": False, "fsGroup": False, "selinuxRelabel": False}
         return {"status": "Success", "capabilities": capabilities}, 0
     if operation == "mount" and len(args) == 3:
-        directory, options = Path(args[1]), json.loads(args[2])
         try:  # read-only containers (the trainers) get a read-only bind of it from the kubelet
-            mount_client(options["volume"], directory, subdir=options["subdir"])
-        except (GlusterError, KeyError, OSError) as error:
-            return {"status": "Failure", "message": f"mounting {options}: {error}"}, 1
+            options = json.loads(args[2])
+            mount_client(options["volume"], Path(args[1]), subdir=options["subdir"])
+        except (GlusterError, KeyError, OSError, ValueError) as error:
+            return {"status": "Failure", "message": f"mounting {args[2]} at {args[1]}: {error}"}, 1
         return {"status": "Success"}, 0
     if operation == "unmount" and len(args) == 2:
         if os.path.ismount(args[1]):

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .processes import process_start_time
+
 RUN_DIR = Path("/run/payloadrun-gluster")
 GLUSTERD_PORT = 24007
 COMMANDS = ("glusterd", "gluster", "glusterfs")
@@ -155,11 +157,7 @@ def gluster(*args: str, timeout: float = 120) -> str:
 
 def process_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie does not: orphans here may be reaped late, or never)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    return process_start_time(pid) is not None
 
 
 def _wait(what: str, condition, timeout: float, interval: float = 0.05) -> None:

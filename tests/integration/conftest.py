@@ -16,16 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-try:
-    import payloadrun_devcluster  # noqa: F401
-except ImportError:  # the project is not installed (pip install -e .): use the checkout's cluster/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster"))
 from payloadrun.testing.required import required, skip_or_fail
 from payloadrun_devcluster import (
     CONTROL_PLANE_NAMES,

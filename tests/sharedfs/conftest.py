@@ -20,16 +20,9 @@ without them these tests skip, or fail under ``PAYLOADRUN_REQUIRE_CLUSTER`` (``m
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-try:
-    import payloadrun_devcluster  # noqa: F401
-except ImportError:  # the project is not installed (pip install -e .): use the checkout's cluster/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster"))
 from sharedfs_helpers import Nodes, make_nodes
 
 from payloadrun.testing.required import skip_or_fail

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from payloadrun.codec import decode_npy_base64
 from payloadrun.reader import PayloadReader
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK, Segment, segments_from_json
@@ -140,17 +142,10 @@ def check_by_handle_equals_inline(
 def metric(url: str, name: str, **labels: str) -> float:
     """The value of one sample on a Prometheus text page (0 when it is not there)."""
     _, text = get(url)
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.decode().splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        sample, _, label_text = key.partition("{")
-        if sample != name:
-            continue
-        found = ",".join(sorted(label_text.rstrip("}").split(","))) if label_text else ""
-        if found == want:
-            return float(value)
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
     return 0.0
 
 
