@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
+from pathlib import Path
 
 import kopf
 from prometheus_client import start_http_server
@@ -15,8 +18,9 @@ from prometheus_client import start_http_server
 from payloadrun import logs, settings
 from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
-from payloadrun_operator import render
-from payloadrun_operator.handlers import register
+from payloadrun_operator import credentials, election, render
+from payloadrun_operator.handlers import QuietWatchHandlers, register
+from payloadrun_operator.health import HealthServer
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
 from payloadrun_operator.runtime import Operator
@@ -62,6 +66,49 @@ def operator_identity() -> str:
     return f"payloadrun-operator@{socket.gethostname()}/{os.getpid()}"
 
 
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+log = logging.getLogger("payloadrun.operator")
+
+
+def lease_namespace(config: OperatorSettings, namespaces: tuple[str, ...]) -> str:
+    """Where the election's Lease lives: as set, else the pod's own namespace, else the first
+    watched one (an operator outside a pod), else ``default``."""
+    if config.lease_namespace:
+        return config.lease_namespace
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except OSError:
+        return namespaces[0] if namespaces else "default"
+
+
+def login() -> kopf.ConnectionInfo | None:
+    """The credentials kopf's login handler uses (handlers.py), for the election's own calls."""
+    how = {"logger": log, "settings": kopf.OperatorSettings()}
+    return kopf.login_with_service_account(**how) or credentials.login_with_kubeconfig(**how)
+
+
+def elector_of(
+    config: OperatorSettings, namespaces: tuple[str, ...], identity: str
+) -> election.Elector:
+    timing = election.Timing(
+        config.lease_duration_seconds,
+        config.lease_renew_deadline_seconds,
+        config.lease_retry_seconds,
+    )
+    api = election.LeaseApi(
+        login, lease_namespace(config, namespaces), config.lease_name, timeout=timing.retry_period
+    )
+    return election.Elector(api, identity, timing)
+
+
+def lost(why: str) -> None:
+    """A leader that cannot renew stops at once, before any standby can take over (client-go's
+    managers exit too): the next start campaigns again from scratch."""
+    log.error("leader election lost: %s; exiting so that no two operators act", why)
+    logging.shutdown()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "render":
@@ -79,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.log_format != "plain":
         logs.use_format(config.log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers())
     op = Operator(config, KubeClient(), OperatorMetrics(), namespaces)
     registry = kopf.OperatorRegistry()
     register(registry, op)
@@ -94,15 +142,48 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    liveness = f"http://{args.host}:{config.health_port}/healthz" if config.health_port else None
-    kopf.run(
-        registry=registry,
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=liveness,
-        identity=operator_identity(),
-    )
+    identity = operator_identity()
+    heartbeat = op.heartbeat
+    health = None
+    if config.health_port:
+        try:
+            health = HealthServer(args.host, config.health_port, heartbeat).start()
+        except OSError as exc:
+            print(
+                f"payloadrun-operator: cannot serve /healthz on {args.host}:{config.health_port} "
+                f"({exc.strerror}): set {env_of(OperatorSettings, 'health_port')} to a free "
+                "port, or 0 to turn it off",
+                file=sys.stderr,
+            )
+            return 2
+    elector = None
+    stop = threading.Event()
+    if config.leader_election:
+        elector = elector_of(config, namespaces, identity)
+        # a standby told to stop stops (kopf installs its own handlers once it runs)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        if not elector.acquire(stop):
+            return 0
+        op.metrics.leader.set(1)
+        threading.Thread(
+            target=elector.keep, args=(stop, heartbeat, lost), name="lease-renewal", daemon=True
+        ).start()
+    if health is not None:
+        health.role = "leader" if elector else "alone"
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            identity=identity,
+        )
+    finally:
+        stop.set()
+        if elector is not None:
+            elector.release()
+            op.metrics.leader.set(0)
     return 0
 
 

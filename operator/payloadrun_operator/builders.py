@@ -37,6 +37,7 @@ from typing import Any
 
 from payloadrun.settings import Env
 from payloadrun_operator import lifecycle, names
+from payloadrun_operator import networkpolicy as netpol
 from payloadrun_operator.decisions import (
     DEFAULT_CLAIM_SIZE,
     ModeDecision,
@@ -804,14 +805,48 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
     ]
 
 
+def build_network_policies(ctx: RunContext) -> list[Manifest]:
+    """The run's NetworkPolicies (:mod:`networkpolicy`), unless the operator makes none."""
+    if not ctx.settings.network_policies:
+        return []
+    inference, retention = ctx.spec.inference, ctx.spec.orchestrator.retention
+    scrapers = list(ctx.settings.metrics_scrapers)
+    orchestrator_pod = pod_template(ctx, ORCHESTRATOR)
+    rules = {
+        INFERENCE: netpol.inference_rules(
+            ctx.name,
+            by_handle=ctx.by_handle,
+            vllm_port=inference.port,
+            writer_port=inference.writer.port,
+            writer_metrics_port=inference.writer.metrics_port,
+            scrapers=scrapers,
+        ),
+        ORCHESTRATOR: netpol.orchestrator_rules(
+            ctx.name,
+            declared=netpol.declared_ports(orchestrator_pod, skip=[names.RETENTION_CONTAINER]),
+            metrics_port=retention.metrics_port if ctx.by_handle else None,
+            scrapers=scrapers,
+        ),
+        TRAINER: netpol.trainer_rules(ctx.name),
+    }
+    return [
+        netpol.network_policy(
+            ctx.name, ctx.namespace, c, labels(ctx, c), owner_reference(ctx), component_rules
+        )
+        for c, component_rules in rules.items()
+    ]
+
+
 def build_children(ctx: RunContext) -> list[Manifest]:
-    """Every child, in the order to apply them (the claim before the pods that mount it).
+    """Every child, in the order to apply them (the claim before the pods that mount it; the
+    network policies before the pods they admit traffic to).
 
     Raises :class:`TemplateConflict` when a template collides (see :func:`run_errors`)."""
     claim = build_claim(ctx)
     return [
         *([claim] if claim else []),
         build_config_map(ctx),
+        *build_network_policies(ctx),
         *build_inference(ctx),
         *build_orchestrator(ctx),
         *build_trainer(ctx),

@@ -14,30 +14,31 @@ from typing import Any
 
 import kopf
 
-from payloadrun_operator import credentials, lifecycle, readiness
+from payloadrun_operator import credentials, lifecycle
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import GROUP, PLURAL, VERSION
+from payloadrun_operator.following import Follower
+from payloadrun_operator.kube import ChildRefused, KubeApiError
+from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
+    CHILD_KINDS,
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
+    LABEL_MANAGED_BY,
     WORKLOADS,
 )
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.status import (
+    APPLIED,
     READY,
     VALIDATED,
-    VOLUME_READY,
     Check,
-    claim_check,
     rfc3339,
     status_update,
-    workloads_check,
 )
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
@@ -46,6 +47,22 @@ SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
 SPEC_REJECTED = Check(
     False, "SpecRejected", "the spec was refused (see the Validated condition): not applied"
 )
+CHILDREN_APPLIED = Check(True, "ChildrenApplied", "every child was applied")
+# kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
+CHILD_PLURALS = {
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "StatefulSet": "statefulsets",
+    "Job": "jobs",
+}
+
+
+class QuietWatchHandlers(logging.Filter):
+    """Drops kopf's "Handler ... succeeded" line for the watch handlers: one per event of every
+    child would drown the log; a failure is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("_event' succeeded" in message and ".follow_" in message)
 
 
 def utc_now() -> str:
@@ -122,25 +139,29 @@ async def reconcile(
         applied, waiting = await apply_children(op, ctx, final=final)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
-        # observedGeneration stays behind: readiness is followed only after a complete reconcile
+        # observedGeneration stays behind: the status follows the children only once every
+        # one of them is applied
+        refused = Check(False, "ApplyFailed", refusal_message(exc), warning=True)
         report(
             op,
             body,
             patch,
-            {VALIDATED: SPEC_VALID, READY: Check(False, "ApplyFailed", str(exc), warning=True)},
+            {
+                VALIDATED: SPEC_VALID,
+                APPLIED: refused,
+                READY: Check(False, "ApplyFailed", refused.message),
+            },
             {},
         )
         raise kopf.TemporaryError(f"{exc}; retrying", delay=15) from exc
     if waiting:
         raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=5)
-    checks = {VALIDATED: SPEC_VALID, **lifecycle.suspend_check(spec.suspend, status)}
-    if not final:
-        claim = applied.get(("PersistentVolumeClaim", ctx.claim or ""))
-        if ctx.claim and claim is None:  # a claim the run brings: read it
-            claim = await op.client.get("v1", "PersistentVolumeClaim", ctx.namespace, ctx.claim)
-        workloads = [applied.get((kind, ctx.child_name(c))) for _, kind, c in WORKLOADS]
-        checks[VOLUME_READY] = claim_check(claim, ctx.claim)
-        checks[READY] = lifecycle.ready_check(ctx.active, workloads_check(workloads))
+    # VolumeReady and Ready come from the children's watch events (following.py)
+    checks = {
+        VALIDATED: SPEC_VALID,
+        APPLIED: CHILDREN_APPLIED,
+        **lifecycle.suspend_check(spec.suspend, status),
+    }
     fields: dict[str, Any] = {"observedGeneration": generation}
     if not final:  # a finished run keeps what it ran with
         fields |= {
@@ -161,6 +182,15 @@ async def reconcile(
         decision.mode,
         decision.reason,
         "" if ctx.active else ", without pods (suspended or finished)",
+    )
+
+
+def refusal_message(exc: KubeApiError) -> str:
+    """What the API server said of a child it refused, for the Applied condition."""
+    child = f"{exc.child} " if isinstance(exc, ChildRefused) else ""
+    return (
+        f"the API server refused {child}(HTTP {exc.status} {exc.reason}): {exc.message}; the "
+        "operator retries every 15 s"
     )
 
 
@@ -229,8 +259,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
-        for task in follower:
+        for task in beating:
             task.cancel()
+        await follower.stop()
         await op.client.close()
 
     @kopf.on.resume(**RESOURCE, registry=registry)
@@ -239,17 +270,37 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         await reconcile(op, body, patch, logger)
 
-    follower: list[asyncio.Task[None]] = []
+    follower = Follower(op, utc_now)
+    beating: list[asyncio.Task[None]] = []
 
     @kopf.on.startup(registry=registry)
     async def start_following(**_: Any) -> None:
-        # A task, not a kopf timer: timers put a finalizer on every run.
-        follower.append(
-            asyncio.create_task(
-                readiness.follow(op, op.namespaces, op.settings.readiness_check_seconds, utc_now)
-            )
-        )
+        follower.start(op.namespaces)
+        beating.append(asyncio.create_task(op.heartbeat.beat_forever()))
+
+    # Watch handlers: no finalizer, no annotation; each event feeds the follower's cache.
+    @kopf.on.event(**RESOURCE, registry=registry)
+    async def follow_run_event(event: kopf.RawEvent, **_: Any) -> None:  # async: no thread
+        follower.observe(KIND, event)
+
+    for api_version, kind in CHILD_KINDS:
+        follow_kind(registry, follower, api_version, kind)
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
         op.metrics.forget_run(namespace, name)
+
+
+def follow_kind(
+    registry: kopf.OperatorRegistry, follower: Follower, api_version: str, kind: str
+) -> None:
+    """Feed the follower every event of ``kind`` among the operator's children."""
+
+    @kopf.on.event(
+        *api_version.split("/"),
+        CHILD_PLURALS[kind],
+        labels={LABEL_MANAGED_BY: FIELD_MANAGER},
+        registry=registry,
+    )
+    async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
+        follower.observe(kind, event)

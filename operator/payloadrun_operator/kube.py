@@ -34,7 +34,16 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
     ("v1", "Pod"): "pods",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
 }
+
+
+# Refusals worth a second try within one reconcile: the server is busy, restarting, or lost its
+# etcd leader for a moment. Anything else (a quota, an admission webhook, an invalid object, a
+# full Service range) stands until someone acts, and is reported at once.
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+APPLY_ATTEMPTS = 3
+APPLY_BACKOFF_SECONDS = (0.25, 1.0)
 
 
 class KubeApiError(Exception):
@@ -45,6 +54,14 @@ class KubeApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+class ChildRefused(KubeApiError):
+    """Applying a child failed; ``child`` names it (``Service ns/name``)."""
+
+    def __init__(self, error: KubeApiError, child: str) -> None:
+        super().__init__(error.status, error.reason, error.message, f"applying {child}")
+        self.child = child
 
 
 def object_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -67,6 +84,7 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._closing: asyncio.Task[None] | None = None
         self._server = ""
+        self._logged_in = asyncio.Event()
 
     def login(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from now on (kopf calls its login handler again on expiry)."""
@@ -77,10 +95,15 @@ class KubeClient:
             headers=info.as_http_headers(),
             timeout=self._timeout,
         )
+        self._logged_in.set()
         if old is not None and not old.closed:
             # close in the background: calls in flight keep their session until they finish
             with contextlib.suppress(RuntimeError):  # no running loop: nothing to close on
                 self._closing = asyncio.get_running_loop().create_task(old.close())
+
+    async def logged_in(self) -> None:
+        """Return once :meth:`login` has been called (kopf logs in after its startup handlers)."""
+        await self._logged_in.wait()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -126,15 +149,26 @@ class KubeClient:
         path = object_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
         )
-        result = await self._request(
-            "PATCH",
-            path,
-            f"applying {manifest['kind']} {meta['namespace']}/{meta['name']}",
-            body=manifest,
-            params={"fieldManager": manager, "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
-        return result or {}
+        child = f"{manifest['kind']} {meta['namespace']}/{meta['name']}"
+        for attempt in range(1, APPLY_ATTEMPTS + 1):
+            try:
+                result = await self._request(
+                    "PATCH",
+                    path,
+                    f"applying {child}",
+                    body=manifest,
+                    params={"fieldManager": manager, "force": "true"},
+                    content_type="application/apply-patch+yaml",
+                )
+                return result or {}
+            except KubeApiError as exc:
+                if exc.status not in TRANSIENT_STATUSES or attempt == APPLY_ATTEMPTS:
+                    raise ChildRefused(exc, child) from exc
+            except (aiohttp.ClientConnectionError, TimeoutError):
+                if attempt == APPLY_ATTEMPTS:
+                    raise
+            await asyncio.sleep(APPLY_BACKOFF_SECONDS[attempt - 1])
+        raise AssertionError("unreachable")
 
     async def list_objects(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""

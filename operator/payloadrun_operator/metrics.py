@@ -34,9 +34,23 @@ class OperatorMetrics:
             ["phase", "mode"],
             registry=self.registry,
         )
+        self.status_refreshes = Counter(
+            "payloadrun_operator_status_refreshes",
+            "Runs whose status was recomputed after a watch event, by outcome (written, "
+            "unchanged).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "payloadrun_operator_leader",
+            "1 while this operator holds the leader election's Lease and acts, 0 on standby.",
+            registry=self.registry,
+        )
         self._run_labels: dict[tuple[str, str], tuple[str, str]] = {}
         for result in RESULTS:
             self.reconciles.labels(result)
+        for outcome in ("written", "unchanged"):
+            self.status_refreshes.labels(outcome)
 
     def observe_run(self, namespace: str, name: str, phase: str, mode: str) -> None:
         """Record a run's phase and mode (it leaves its previous label pair)."""

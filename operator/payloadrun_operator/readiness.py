@@ -1,33 +1,24 @@
-"""Following each run's volume, workloads and end after its reconcile, without a finalizer.
+"""A run's status from its children: the one function that computes it (:func:`refresh_run`).
 
-kopf's timers and daemons put a finalizer on every object, so a run could not be deleted while
-the operator is down. Instead, one background task per operator lists, every few seconds and per
-watched namespace, the runs and their children (three list calls whatever the number of runs),
-recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end (``Complete``, ``Failed``:
-:mod:`lifecycle`) with pure functions, and writes what changed (guarded by the run's
-resourceVersion) with an event per transition. A run that has ended is stopped and its payloads
-released (:mod:`finishing`) by the same passes, and a failed rank restarts every trainer
-(:mod:`restarts`).
+:func:`refresh_run` recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end
+(``Complete``, ``Failed``: :mod:`lifecycle`) from the run and its children with pure functions,
+and writes what changed (guarded by the run's resourceVersion) with an event per transition. A
+run that has ended is stopped and its payloads released (:mod:`finishing`), and a failed rank
+restarts every trainer (:mod:`restarts`). :mod:`following` calls it whenever a watch event
+touches the run or one of its children, from a cache of what the watches delivered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
 
 from payloadrun_operator import finishing, lifecycle, restarts
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import build_trainer
-from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import KIND, FailurePolicy
+from payloadrun_operator.models import FailurePolicy
 from payloadrun_operator.names import (
-    API_VERSION,
-    CHILD_KINDS,
-    MANAGED_SELECTOR,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
     TRAINER,
@@ -52,6 +43,15 @@ CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
 FINISHED = Check(False, "Finished", "the run has finished: its workloads have no pods")
 
 
+@dataclass(frozen=True)
+class Refreshed:
+    """What a refresh did: ``written`` the status; ``recheck``: look again soon, for what no
+    watch reports (a claim the run brings carries no label of ours, so nothing watches it)."""
+
+    written: bool
+    recheck: bool = False
+
+
 def follows(run: dict[str, Any]) -> bool:
     """Only runs whose current generation was reconciled and accepted have children to follow."""
     status = run.get("status") or {}
@@ -60,30 +60,10 @@ def follows(run: dict[str, Any]) -> bool:
     ) not in (None, PHASE_REJECTED)
 
 
-async def refresh(op: Operator, namespace: str | None, now: str) -> int:
-    """One pass over the runs of ``namespace`` (None: every namespace); runs updated."""
-    client = op.client
-    runs = await client.list_objects(API_VERSION, KIND, namespace)
-    children: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for api, kind in CHILD_KINDS:
-        for obj in await client.list_objects(api, kind, namespace, MANAGED_SELECTOR):
-            meta = obj["metadata"]
-            children[(meta["namespace"], kind, meta["name"])] = {"kind": kind, **obj}
-    updated = 0
-    for run in runs:
-        if not follows(run):
-            continue
-        run.setdefault("apiVersion", API_VERSION)
-        run.setdefault("kind", KIND)
-        if await refresh_run(op, run, children, now):
-            updated += 1
-    return updated
-
-
 async def refresh_run(
     op: Operator, run: dict[str, Any], children: finishing.Children, now: str
-) -> bool:
-    """Recompute one run's conditions from its children; act on its end. True if written."""
+) -> Refreshed:
+    """Recompute one run's conditions from its children; act on its end."""
     client = op.client
     meta, status = run["metadata"], run["status"]
     ns, name = meta["namespace"], meta["name"]
@@ -99,7 +79,7 @@ async def refresh_run(
     op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
     if update.fields is not None:
         if await client.patch_status(run, update.fields) is None:
-            return False  # the run changed since the list: the next pass sees the new one
+            return Refreshed(False)  # the run changed since it was read: its event follows
         for event_type, reason, message in update.events:
             await client.post_event(run, event_type, reason, message, now)
     if restart is not None:  # recorded: now the failed Job goes, and its pods with it
@@ -115,7 +95,17 @@ async def refresh_run(
     # checked at every pass, it costs no write when everything is stopped already.
     if lifecycle.is_final(update.phase):
         await finishing.stop(op, run, children)
-    return update.fields is not None
+    volume = checks.get(VOLUME_READY)
+    brought = (
+        bool(status.get("claimName"))
+        and (
+            ns,
+            "PersistentVolumeClaim",
+            status["claimName"],
+        )
+        not in children
+    )
+    return Refreshed(update.fields is not None, recheck=brought and not (volume and volume.ok))
 
 
 async def follow_active(
@@ -207,19 +197,3 @@ async def failure_of(
                 component, job, pods, CONTAINERS[component], lead=lead, first=lead is not None
             )
     return None
-
-
-async def follow(
-    op: Operator, namespaces: Sequence[str], interval: float, clock: Callable[[], str]
-) -> None:
-    """Refresh forever, every ``interval`` seconds; errors are logged and retried."""
-    scopes: Sequence[str | None] = namespaces or (None,)
-    while True:
-        await asyncio.sleep(interval)
-        for namespace in scopes:
-            try:
-                await refresh(op, namespace, clock())
-            except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.warning(
-                    "readiness pass over %s failed: %s", namespace or "every namespace", exc
-                )

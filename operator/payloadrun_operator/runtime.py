@@ -6,8 +6,9 @@ A module of its own so that :mod:`handlers` and :mod:`readiness` both take a typ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from payloadrun_operator.election import Heartbeat
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
 from payloadrun_operator.settings import OperatorSettings
@@ -19,3 +20,4 @@ class Operator:
     client: KubeClient
     metrics: OperatorMetrics
     namespaces: tuple[str, ...] = ()  # empty: every namespace
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # beaten by the event loop

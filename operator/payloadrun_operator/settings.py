@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from payloadrun import settings
-from payloadrun.settings import SettingsError, parse_int, setting
+from payloadrun.settings import SettingsError, parse_bool, parse_int, setting
 from payloadrun_operator import __version__
 
 DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
@@ -27,6 +27,14 @@ DEFAULT_RETENTION_RESOURCES = {
     "limits": {"memory": "1Gi"},
 }
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# Prometheus as the Prometheus Operator runs it (the chart's PodMonitor), in any namespace.
+DEFAULT_METRICS_SCRAPERS: tuple[dict[str, Any], ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+)
+PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}
 
 __all__ = ["DEFAULT_SIDECAR_IMAGE", "OperatorSettings", "SettingsError"]
 
@@ -39,6 +47,23 @@ def _json_object(raw: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object")
     return value
+
+
+def _peers(raw: str) -> tuple[dict[str, Any], ...]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, list) or not all(
+        isinstance(p, dict) and p and set(p) <= PEER_KEYS for p in value
+    ):
+        raise ValueError(
+            "must be a JSON list of NetworkPolicy peers, each an object of "
+            "podSelector/namespaceSelector/ipBlock, e.g. "
+            '[{"namespaceSelector": {}, "podSelector": {"matchLabels": '
+            '{"app.kubernetes.io/name": "prometheus"}}}]'
+        )
+    return tuple(value)
 
 
 def _names(raw: str) -> tuple[str, ...]:
@@ -103,8 +128,46 @@ class OperatorSettings:
     watch_inactivity_timeout: int = _seconds(
         "PAYLOADRUN_WATCH_INACTIVITY_TIMEOUT", 600, 10, 7200, "reconnect a silent watch"
     )
-    readiness_check_seconds: int = _seconds(
-        "PAYLOADRUN_READINESS_CHECK_SECONDS", 10, 1, 3600, "how often readiness is checked"
+    network_policies: bool = setting(
+        True,
+        help="a NetworkPolicy per component of every run (off for CNIs that enforce none)",
+        env="PAYLOADRUN_NETWORK_POLICIES",
+        parse=parse_bool,
+    )
+    metrics_scrapers: tuple[dict[str, Any], ...] = setting(
+        DEFAULT_METRICS_SCRAPERS,
+        help="who may scrape the sidecars' metrics ports: a JSON list of NetworkPolicy peers",
+        env="PAYLOADRUN_METRICS_SCRAPERS",
+        parse=_peers,
+    )
+    # Status follows watch events on the children; this resync only repairs a missed one.
+    resync_seconds: int = _seconds(
+        "PAYLOADRUN_RESYNC_SECONDS", 300, 10, 86400, "how often every run's status is recomputed"
+    )
+    # Leader election on a Lease (election.py): one active operator, the others standing by.
+    leader_election: bool = setting(
+        True,
+        help="elect one active operator on a Lease (off: this process acts at once, alone)",
+        env="PAYLOADRUN_LEADER_ELECTION",
+        parse=parse_bool,
+    )
+    lease_name: str = setting(
+        "payloadrun-operator", help="the election's Lease", env="PAYLOADRUN_LEASE_NAME"
+    )
+    lease_namespace: str = setting(
+        "",
+        help="the Lease's namespace; empty: the pod's own, else the first watched namespace, "
+        "else default",
+        env="PAYLOADRUN_LEASE_NAMESPACE",
+    )
+    lease_duration_seconds: int = _seconds(
+        "PAYLOADRUN_LEASE_DURATION_SECONDS", 15, 3, 600, "how long a lease lasts unrenewed"
+    )
+    lease_renew_deadline_seconds: int = _seconds(
+        "PAYLOADRUN_LEASE_RENEW_DEADLINE_SECONDS", 10, 2, 599, "a leader gives up after this"
+    )
+    lease_retry_seconds: int = _seconds(
+        "PAYLOADRUN_LEASE_RETRY_SECONDS", 2, 1, 300, "how often the Lease is renewed or tried"
     )
     # The operator's own lines; plain (kopf's text lines) unless the chart or --log-format says.
     log_format: str = settings.log_format()
@@ -120,6 +183,17 @@ class OperatorSettings:
 
     def __post_init__(self) -> None:
         settings.validate(self)
+        if not (
+            self.lease_retry_seconds
+            < self.lease_renew_deadline_seconds
+            < self.lease_duration_seconds
+        ):
+            raise SettingsError(
+                "PAYLOADRUN_LEASE_RETRY_SECONDS < PAYLOADRUN_LEASE_RENEW_DEADLINE_SECONDS < "
+                "PAYLOADRUN_LEASE_DURATION_SECONDS must hold (a leader must give up before a "
+                f"standby may take over), got {self.lease_retry_seconds}, "
+                f"{self.lease_renew_deadline_seconds} and {self.lease_duration_seconds}"
+            )
 
     @classmethod
     def from_env(

@@ -18,6 +18,7 @@ from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN
 
 # The conditions, each True or False with a reason:
 VALIDATED = "Validated"  # the spec was accepted (False: refused, the phase is Rejected)
+APPLIED = "Applied"  # every child was applied (False: the API server refused one, with why)
 VOLUME_READY = "VolumeReady"  # the payload volume's claim is bound, or inline needs none
 READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase is Running)
 SUSPENDED = "Suspended"  # spec.suspend: no pod runs (the phase is Suspended)

@@ -40,12 +40,32 @@ def test_defaults(helm):
         "ClusterRoleBinding",
         "ConfigMap",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
     (deploy,) = kinds["Deployment"]
     pod = deploy["spec"]["template"]["spec"]
+    # one pod acts, on the leader election's Lease; an upgrade starts the new one as a standby
     assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    (election,) = kinds["Role"]
+    assert election["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [deploy["metadata"]["name"]],
+            "verbs": ["get", "update"],
+        },
+    ]
+    env = env_of(pod["containers"][0])
+    assert env["PAYLOADRUN_LEASE_NAME"] == deploy["metadata"]["name"]
+    assert env["PAYLOADRUN_LEASE_NAMESPACE"] == deploy["metadata"]["namespace"]
     # the restrictive defaults, exactly (podSecurityContext and securityContext in values.yaml)
     assert pod["securityContext"] == {
         "runAsNonRoot": True,
@@ -112,7 +132,11 @@ def test_namespaced_install(helm):
         )
     )
     assert "ClusterRoleBinding" not in kinds
-    bindings = {b["metadata"]["namespace"] for b in kinds["RoleBinding"]}
+    bindings = {
+        b["metadata"]["namespace"]
+        for b in kinds["RoleBinding"]
+        if b["roleRef"]["kind"] == "ClusterRole"
+    }
     assert bindings == {"team-a", "team-b"}
     (deploy,) = kinds["Deployment"]
     assert env_of(deploy["spec"]["template"]["spec"]["containers"][0])["PAYLOADRUN_NAMESPACES"] == (
@@ -155,7 +179,9 @@ def test_non_default_values(helm):
     [
         ("image.pullPolicy=Sometimes", "value must be one of 'Always', 'IfNotPresent', 'Never'"),
         ("metrics.port=70000", "/metrics/port"),
-        ("operator.readinessCheckSeconds=0", "/operator/readinessCheckSeconds"),
+        ("operator.resyncSeconds=0", "/operator/resyncSeconds"),
+        ("operator.replicas=0", "/operator/replicas"),
+        ("operator.leaderElection.leaseDuration=1", "/operator/leaderElection/leaseDuration"),
         ("operator.watchNamespaces={Not_A_Namespace}", "/operator/watchNamespaces/0"),
         ("serviceMonitor.interval=often", "/serviceMonitor/interval"),
         ("sidecars.logFormat=yaml", "/sidecars/logFormat"),

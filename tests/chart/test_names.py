@@ -14,11 +14,17 @@ def names(docs) -> dict[str, set[str]]:
 
 
 def expected_names(fullname: str, *, namespaced: bool) -> dict[str, set[str]]:
-    binding = "RoleBinding" if namespaced else "ClusterRoleBinding"
+    election = f"{fullname}-leader-election"
+    bindings = (
+        {"RoleBinding": {fullname, election}}
+        if namespaced
+        else {"ClusterRoleBinding": {fullname}, "RoleBinding": {election}}
+    )
     return {
         "ServiceAccount": {fullname},
         "ClusterRole": {fullname},
-        binding: {fullname},
+        "Role": {election},
+        **bindings,
         "Deployment": {fullname},
         "Service": {f"{fullname}-metrics"},
         "ServiceMonitor": {fullname},
@@ -33,11 +39,14 @@ def assert_consistent(docs, *, name: str) -> None:
     (sa,) = kinds["ServiceAccount"]
     (role,) = kinds["ClusterRole"]
     (deploy,) = kinds["Deployment"]
+    (election,) = kinds["Role"]  # the leader election's Lease, in the release's namespace
+    assert election["metadata"]["namespace"] == deploy["metadata"]["namespace"]
     for binding in kinds.get("ClusterRoleBinding", []) + kinds.get("RoleBinding", []):
+        granted = election if binding["roleRef"]["kind"] == "Role" else role
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": role["metadata"]["name"],
+            "kind": granted["kind"],
+            "name": granted["metadata"]["name"],
         }
         assert binding["subjects"] == [
             {
@@ -96,10 +105,8 @@ def test_every_object_follows_the_name(helm, sets, fullname, name, namespaced):
             continue
         assert object_name == fullname or object_name.startswith(f"{fullname}-"), object_name
     if namespaced:
-        assert {b["metadata"]["namespace"] for b in by_kind(docs)["RoleBinding"]} == {
-            "team-a",
-            "team-b",
-        }
+        watched = [b for b in by_kind(docs)["RoleBinding"] if b["roleRef"]["kind"] == "ClusterRole"]
+        assert {b["metadata"]["namespace"] for b in watched} == {"team-a", "team-b"}
     assert_consistent(docs, name=name)
 
 

@@ -133,7 +133,7 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
     deploy = kubectl_json(
         kube_cluster, "get", "deployment", f"{RELEASE}-payloadrun", "-n", SYSTEM_NS
     )
-    env = {**operator_env_from_deployment(deploy), "PAYLOADRUN_READINESS_CHECK_SECONDS": "1"}
+    env = operator_env_from_deployment(deploy)
 
     # denied what it does not need
     for args in (

@@ -63,7 +63,6 @@ def operator(kube_cluster, crd, tmp_path_factory):
     op = LocalOperator(
         kube_cluster.kubeconfig,
         env={
-            "PAYLOADRUN_READINESS_CHECK_SECONDS": "1",
             "PAYLOADRUN_SIDECAR_IMAGE": "payloadrun:test",
         },
         log_path=tmp_path_factory.mktemp("operator") / "operator.log",
@@ -100,8 +99,11 @@ def reconciled(api, namespace: str, name: str, generation: int | None = None):
         run = get_run(api, namespace, name)
         status = run.get("status") or {}
         want = generation or run["metadata"]["generation"]
-        return run if status.get("observedGeneration") == want and status.get("phase") else None
+        followed = any(c["type"] == "Ready" for c in status.get("conditions") or [])
+        done = status.get("observedGeneration") == want and status.get("phase") and followed
+        return run if done else None
 
+    # reconciled, and its Ready condition computed from the children's watch events
     return eventually(f"{namespace}/{name} reconciled", probe)
 
 

@@ -198,9 +198,7 @@ OPERATOR_REFUSALS = {
 def watching(crd, tmp_path_factory):
     """An operator watching every namespace, so each test's namespace is seen."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with LocalOperator(
-        crd.kubeconfig, env={"PAYLOADRUN_READINESS_CHECK_SECONDS": "1"}, log_path=log
-    ) as op:
+    with LocalOperator(crd.kubeconfig, log_path=log) as op:
         yield op
 
 

@@ -244,6 +244,7 @@ def test_every_kind_the_operator_builds_is_checked(spec_dict):
         ("v1", "Service"),
         ("apps/v1", "StatefulSet"),
         ("batch/v1", "Job"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
     }
 
 

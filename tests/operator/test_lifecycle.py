@@ -78,7 +78,7 @@ NEW = OperatorSettings(
     retention_resources={"requests": {"cpu": "500m", "memory": "512Mi"}},
     namespaces=("ml",),
     metrics_port=9500,
-    readiness_check_seconds=30,
+    resync_seconds=30,
 )
 NEW_IMAGE_ONLY = OperatorSettings(sidecar_image="registry.example/payloadrun:0.2.0")
 
@@ -197,7 +197,7 @@ def test_pinned_settings_put_the_pinned_values_in_place_of_the_operators():
         assert getattr(pinned, attr) != getattr(NEW, attr), attr  # the test means something
     # what is not pinned stays the operator's own
     assert pinned.namespaces == ("ml",)
-    assert pinned.metrics_port == 9500 and pinned.readiness_check_seconds == 30
+    assert pinned.metrics_port == 9500 and pinned.resync_seconds == 30
     # the pin of the pinned settings is the record itself (without its rollout token)
     assert pin_of(pinned) == pin_of(OLD)
 

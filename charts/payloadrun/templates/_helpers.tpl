@@ -89,8 +89,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.metrics.port | quote }}
 - name: PAYLOADRUN_HEALTH_PORT
   value: {{ .Values.health.port | quote }}
-- name: PAYLOADRUN_READINESS_CHECK_SECONDS
-  value: {{ .Values.operator.readinessCheckSeconds | quote }}
+- name: PAYLOADRUN_RESYNC_SECONDS
+  value: {{ .Values.operator.resyncSeconds | quote }}
+- name: PAYLOADRUN_NETWORK_POLICIES
+  value: {{ .Values.operator.networkPolicy.enabled | quote }}
+- name: PAYLOADRUN_METRICS_SCRAPERS
+  value: {{ .Values.operator.networkPolicy.metricsFrom | toJson | quote }}
+- name: PAYLOADRUN_LEADER_ELECTION
+  value: {{ .Values.operator.leaderElection.enabled | quote }}
+- name: PAYLOADRUN_LEASE_NAME
+  value: {{ include "payloadrun.fullname" . | quote }}
+- name: PAYLOADRUN_LEASE_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: PAYLOADRUN_LEASE_DURATION_SECONDS
+  value: {{ .Values.operator.leaderElection.leaseDuration | quote }}
+- name: PAYLOADRUN_LEASE_RENEW_DEADLINE_SECONDS
+  value: {{ .Values.operator.leaderElection.renewDeadline | quote }}
+- name: PAYLOADRUN_LEASE_RETRY_SECONDS
+  value: {{ .Values.operator.leaderElection.retryPeriod | quote }}
 - name: PAYLOADRUN_WATCH_SERVER_TIMEOUT
   value: {{ .Values.operator.watch.serverTimeout | quote }}
 - name: PAYLOADRUN_WATCH_CLIENT_TIMEOUT

@@ -1,0 +1,337 @@
+"""Exactly one active operator: leader election on a ``coordination.k8s.io/v1`` Lease.
+
+client-go's ``leaderelection`` (what controller-runtime's managers use), with its defaults:
+a lease of 15 s, renewed every 2 s, given up 10 s after the last successful renewal. A candidate
+takes the Lease when it is free (no holder), held by itself, or has not changed for a whole
+lease duration as *this candidate observed it*: like client-go, expiry is measured on the
+candidate's own monotonic clock from when it last saw the record change, so clocks that differ
+between nodes cannot make two leaders.
+
+Why not kopf's peering: a kopf peer with a lower priority pauses when it sees a higher one, but
+nothing makes the paused peer sure the other has stopped (no fencing, no renewal deadline), two
+peers of equal priority both run, and it needs a cluster-wide CRD of its own. Here a leader
+whose renewals fail stops the whole process (:func:`watchdog`) ``renew_deadline`` (10 s) after
+its last renewal, before any standby can take the Lease (15 s after it last changed), and a
+standby runs no handler at all: it does not even start kopf. A leader that stops cleanly
+releases the Lease (client-go's ``ReleaseOnCancel``), so a rolling update hands over within one
+retry period.
+
+The API calls are synchronous (``urllib``) on threads of their own, apart from kopf's event loop:
+a loop blocked by a long handler cannot delay a renewal into a lost lease, and a loop that hangs
+stops the renewals (:class:`Heartbeat`), so a hung leader gives its place up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger("payloadrun.election")
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """client-go's defaults (``LeaseDuration``, ``RenewDeadline``, ``RetryPeriod``)."""
+
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"leader election needs retry period < renew deadline < lease duration, got "
+                f"{self.retry_period} s, {self.renew_deadline} s and {self.lease_duration} s: "
+                "a leader must give up before a standby may take over"
+            )
+
+
+def micro_time(moment: datetime) -> str:
+    """metav1.MicroTime: RFC 3339 with microseconds, UTC."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def free_for(
+    spec: dict[str, Any], identity: str, unchanged_for: float, lease_duration: float
+) -> bool:
+    """Whether ``identity`` may write the Lease: it holds it, nobody does, or the holder has not
+    renewed for a whole lease duration (``unchanged_for``: seconds since this candidate saw the
+    record change)."""
+    holder = spec.get("holderIdentity") or ""
+    if holder in ("", identity):
+        return True
+    duration = float(spec.get("leaseDurationSeconds") or lease_duration)
+    return unchanged_for >= duration
+
+
+def claimed_spec(
+    spec: dict[str, Any], identity: str, now: datetime, lease_duration: float
+) -> dict[str, Any]:
+    """The Lease's spec with ``identity`` holding it, renewed at ``now``."""
+    taking_over = (spec.get("holderIdentity") or "") != identity
+    claimed = {
+        **spec,
+        "holderIdentity": identity,
+        "leaseDurationSeconds": int(lease_duration),
+        "renewTime": micro_time(now),
+    }
+    if taking_over:
+        claimed["acquireTime"] = micro_time(now)
+        claimed["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
+            1 if spec.get("holderIdentity") else 0
+        )
+    return claimed
+
+
+def released_spec(spec: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """client-go's release: no holder and a 1 s lease, so a standby takes it at its next try."""
+    return {**spec, "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": micro_time(now)}
+
+
+class LeaseApi:
+    """GET, POST and PUT of one Lease, with the operator's credentials (a kopf ConnectionInfo,
+    asked for again on 401: exec credential plugins issue short-lived tokens)."""
+
+    def __init__(self, login: Callable[[], Any], namespace: str, name: str, timeout: float) -> None:
+        self._login = login
+        self.namespace = namespace
+        self.name = name
+        self._timeout = timeout
+        self._info: Any = None
+        self._ssl: ssl.SSLContext | None = None
+
+    def _connect(self) -> None:
+        self._info = self._login()
+        if self._info is None:
+            raise RuntimeError(
+                "no credentials: run in a pod with a service account, or set KUBECONFIG"
+            )
+        self._ssl = self._info.as_ssl_context()
+
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[int, dict[str, Any]]:
+        for attempt in (1, 2):
+            if self._info is None:
+                self._connect()
+            request = urllib.request.Request(
+                self._info.server.rstrip("/") + path,
+                method=method,
+                data=None if body is None else json.dumps(body).encode(),
+                headers={**self._info.as_http_headers(), "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(
+                    request, timeout=self._timeout, context=self._ssl
+                ) as resp:
+                    return resp.status, json.loads(resp.read() or b"{}")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401 and attempt == 1:
+                    self._info = None  # log in again: the token may have expired
+                    continue
+                try:
+                    payload = json.loads(exc.read() or b"{}")
+                except ValueError:
+                    payload = {}
+                return exc.code, payload if isinstance(payload, dict) else {}
+        raise AssertionError("unreachable")
+
+    @property
+    def _path(self) -> str:
+        return LEASES.format(namespace=self.namespace) + f"/{self.name}"
+
+    def get(self) -> dict[str, Any] | None:
+        status, lease = self._call("GET", self._path, None)
+        if status == 404:
+            return None
+        if status != 200:
+            raise LeaseError(f"reading Lease {self.namespace}/{self.name}", status, lease)
+        return lease
+
+    def create(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """The new Lease, or None when another candidate created it first."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": spec,
+        }
+        status, lease = self._call("POST", LEASES.format(namespace=self.namespace), body)
+        if status == 409:
+            return None
+        if status != 201:
+            raise LeaseError(f"creating Lease {self.namespace}/{self.name}", status, lease)
+        return lease
+
+    def update(self, lease: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
+        """The updated Lease, or None when it changed since ``lease`` was read (409)."""
+        body = {**lease, "spec": spec}
+        status, updated = self._call("PUT", self._path, body)
+        if status == 409:
+            return None
+        if status != 200:
+            raise LeaseError(f"updating Lease {self.namespace}/{self.name}", status, updated)
+        return updated
+
+
+class LeaseError(RuntimeError):
+    def __init__(self, what: str, status: int, body: dict[str, Any]) -> None:
+        hint = ""
+        if status == 403:
+            hint = " (the operator's Role must allow get, create and update on leases)"
+        super().__init__(f"{what}: HTTP {status}: {body.get('message', body)}{hint}")
+        self.status = status
+
+
+class Heartbeat:
+    """Beaten by the operator's event loop; renewals stop when it goes stale (a hung loop)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: float | None = None
+
+    def beat(self) -> None:
+        self._last = self._clock()
+
+    def stale(self, limit: float) -> bool:
+        return self._last is not None and self._clock() - self._last > limit
+
+    async def beat_forever(self, every: float = 1.0) -> None:
+        while True:
+            self.beat()
+            await asyncio.sleep(every)
+
+
+class Elector:
+    """One candidate. :meth:`acquire` blocks until it leads; :meth:`keep` renews until told to
+    stop or until the lease is lost, which it reports through ``on_lost``."""
+
+    def __init__(
+        self,
+        api: LeaseApi,
+        identity: str,
+        timing: Timing = Timing(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.api = api
+        self.identity = identity
+        self.timing = timing
+        self._clock = clock
+        self._wall = wall
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self.renewed_at: float | None = None
+        self.leading = False
+
+    def _observe(self, spec: dict[str, Any]) -> float:
+        """Seconds since the record last changed, as this candidate saw it."""
+        record = (spec.get("holderIdentity") or "", spec.get("renewTime") or "")
+        now = self._clock()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        return now - self._observed_at
+
+    def try_once(self) -> bool:
+        """One attempt to take or renew the Lease; True if this candidate now holds it."""
+        lease = self.api.get()
+        now = self._wall()
+        if lease is None:
+            created = self.api.create(
+                claimed_spec({}, self.identity, now, self.timing.lease_duration)
+            )
+            return self._held(created)
+        spec = lease.get("spec") or {}
+        if not free_for(spec, self.identity, self._observe(spec), self.timing.lease_duration):
+            self.leading = False
+            return False
+        updated = self.api.update(
+            lease, claimed_spec(spec, self.identity, now, self.timing.lease_duration)
+        )
+        return self._held(updated)
+
+    def _held(self, lease: dict[str, Any] | None) -> bool:
+        if lease is None:  # another candidate wrote first
+            return False
+        self._observe(lease.get("spec") or {})
+        self.renewed_at = self._clock()
+        self.leading = True
+        return True
+
+    def _attempt(self) -> bool:
+        try:
+            return self.try_once()
+        except (OSError, LeaseError, ValueError) as exc:  # URLError is an OSError
+            log.warning("leader election: %s", exc)
+            return False
+
+    def acquire(self, stop: threading.Event) -> bool:
+        """Try every retry period until this candidate leads (True) or ``stop`` is set."""
+        holder = None
+        while not stop.is_set():
+            if self._attempt():
+                log.info(
+                    "leading: holding Lease %s/%s as %s",
+                    self.api.namespace,
+                    self.api.name,
+                    self.identity,
+                )
+                return True
+            current = (self._observed or ("", ""))[0]
+            if current != holder:
+                holder = current
+                log.info(
+                    "standby: Lease %s/%s is held by %s; retrying every %g s",
+                    self.api.namespace,
+                    self.api.name,
+                    holder or "nobody",
+                    self.timing.retry_period,
+                )
+            stop.wait(self.timing.retry_period)
+        return False
+
+    def keep(
+        self, stop: threading.Event, heartbeat: Heartbeat, on_lost: Callable[[str], None]
+    ) -> None:
+        """Renew every retry period until ``stop``; ``on_lost(why)`` when another candidate holds
+        the Lease or ``renew_deadline`` passed since the last renewal."""
+        while not stop.wait(self.timing.retry_period):
+            if heartbeat.stale(self.timing.renew_deadline / 2):
+                why = "the operator's event loop has not run for a while"
+            elif self._attempt():
+                continue
+            elif not self.leading:
+                holder = self._observed[0] if self._observed else "another candidate"
+                on_lost(f"Lease {self.api.namespace}/{self.api.name} is held by {holder}")
+                return
+            else:
+                why = "the Lease could not be renewed"
+            assert self.renewed_at is not None
+            if self._clock() - self.renewed_at >= self.timing.renew_deadline:
+                on_lost(f"{why} for {self.timing.renew_deadline:g} s")
+                return
+
+    def release(self) -> None:
+        """Give the Lease up (a clean stop), if this candidate still holds it."""
+        try:
+            lease = self.api.get()
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            self.api.update(lease, released_spec(lease["spec"], self._wall()))
+            log.info("released Lease %s/%s", self.api.namespace, self.api.name)
+        except (OSError, LeaseError, ValueError) as exc:
+            log.warning("could not release the Lease (a standby takes it once it expires): %s", exc)
+        finally:
+            self.leading = False

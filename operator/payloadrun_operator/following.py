@@ -1,0 +1,267 @@
+"""Status from watch events, as controller-runtime's ``Owns()`` does it: a cache and a queue.
+
+kopf watches the runs and the kinds of child the status reads (:data:`names.CHILD_KINDS`) and
+hands every event to :meth:`Follower.observe`, which keeps the object in a :class:`Cache` and
+queues the run it belongs to (its own name, or a child's ``payloadrun.dev/run`` label). A few
+workers take runs off the queue and call :func:`readiness.refresh_run` with the cached run and
+children: a pod that becomes ready moves its StatefulSet's or Job's status, whose event reaches
+the run's ``Ready`` condition within milliseconds, and a run whose children did not change costs
+nothing (no call, no write). A run queued again while it is being refreshed is refreshed once more
+afterwards, never twice at once.
+
+kopf's watch handlers (``on.event``) put no finalizer on anything. The cache holds only what the
+status reads: managed fields and pod templates are dropped, so 1,000 runs of 8 children stay
+small. It is filled by one list of each kind before the workers start (a run refreshed before its
+children arrive would flap to not-ready), and every ``resync_seconds`` every cached run is queued
+again: a safety net, as controller-runtime's ``SyncPeriod`` is, that costs no API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from payloadrun_operator import readiness
+from payloadrun_operator.kube import KubeApiError
+from payloadrun_operator.models import KIND
+from payloadrun_operator.names import (
+    ANNOTATION_PREFIX,
+    API_VERSION,
+    CHILD_KINDS,
+    DIFFBASE_KEY,
+    LABEL_RUN,
+    MANAGED_SELECTOR,
+)
+from payloadrun_operator.runtime import Operator
+
+log = logging.getLogger("payloadrun.following")
+RunKey = tuple[str, str]  # (namespace, name)
+ChildKey = tuple[str, str, str]  # (namespace, kind, name)
+DIFFBASE_ANNOTATION = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
+RETRY_SECONDS = 5.0  # after a refresh that failed (the API unreachable, say)
+RECHECK_SECONDS = 5.0  # a claim the run brings, not watched: looked at again until bound
+# A list's items carry no apiVersion: each cached object gets its kind's.
+API_VERSIONS = {KIND: API_VERSION, **{kind: api for api, kind in CHILD_KINDS}}
+
+
+def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without what the status never reads: managed fields, kopf's copy of the spec in
+    an annotation, a workload's pod template."""
+    meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if annotations and DIFFBASE_ANNOTATION in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != DIFFBASE_ANNOTATION}
+    slimmed = {**obj, "metadata": meta}
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping) and "template" in spec and obj.get("kind") != KIND:
+        slimmed["spec"] = {k: v for k, v in spec.items() if k != "template"}
+    return slimmed
+
+
+def newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` is a later version of the object than ``b``. resourceVersions are opaque,
+    but etcd's are integers that only grow; anything else counts as newer."""
+    ra, rb = a["metadata"].get("resourceVersion", ""), b["metadata"].get("resourceVersion", "")
+    if ra.isdigit() and rb.isdigit():
+        return int(ra) > int(rb)
+    return ra != rb
+
+
+def owner_of(kind: str, obj: Mapping[str, Any]) -> RunKey | None:
+    """The run an object's status concerns: the run itself, or the run a child is labelled
+    with (None for an object of no run)."""
+    meta = obj["metadata"]
+    if kind == KIND:
+        return meta["namespace"], meta["name"]
+    run = (meta.get("labels") or {}).get(LABEL_RUN)
+    return (meta["namespace"], run) if run else None
+
+
+class Cache:
+    """The runs and their children, as the watches last delivered them."""
+
+    def __init__(self) -> None:
+        self.runs: dict[RunKey, dict[str, Any]] = {}
+        self.children: dict[ChildKey, dict[str, Any]] = {}
+
+    def put(self, kind: str, obj: Mapping[str, Any], *, deleted: bool = False) -> RunKey | None:
+        """Record an event's object (or its deletion); the run it concerns."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        store: dict[Any, dict[str, Any]]
+        key: Any
+        if kind == KIND:
+            store, key = self.runs, (ns, name)
+        else:
+            store, key = self.children, (ns, kind, name)
+        if deleted:
+            store.pop(key, None)
+        else:
+            store[key] = slim({**obj, "apiVersion": API_VERSIONS[kind], "kind": kind})
+        return owner_of(kind, obj)
+
+    def replace(
+        self, kind: str, namespace: str | None, listed: Iterable[Mapping[str, Any]]
+    ) -> set[RunKey]:
+        """Make the cache of ``kind`` in ``namespace`` (None: every namespace) what a list
+        returned, keeping what a watch event brought later; the runs concerned."""
+        store: dict[Any, dict[str, Any]] = self.runs if kind == KIND else self.children
+        listed_keys: set[Any] = set()
+        touched: set[RunKey] = set()
+        for obj in listed:
+            meta = obj["metadata"]
+            key = (
+                (meta["namespace"], meta["name"])
+                if kind == KIND
+                else (meta["namespace"], kind, meta["name"])
+            )
+            listed_keys.add(key)
+            cached = store.get(key)
+            if cached is None or newer(obj, cached):
+                self.put(kind, obj)
+            run = owner_of(kind, obj)
+            if run:
+                touched.add(run)
+        for key in [
+            k
+            for k in store
+            if (namespace is None or k[0] == namespace) and (kind == KIND or k[1] == kind)
+        ]:
+            if key not in listed_keys:
+                run = owner_of(kind, store.pop(key))
+                if run:
+                    touched.add(run)
+        return touched
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("following the runs' status stopped", exc_info=task.exception())
+
+
+class Follower:
+    """The cache, the queue of runs to refresh, and the workers that refresh them."""
+
+    def __init__(
+        self,
+        op: Operator,
+        clock: Callable[[], str],
+        *,
+        workers: int = 4,
+        resync_seconds: float | None = None,
+    ) -> None:
+        self.op = op
+        self.cache = Cache()
+        self._clock = clock
+        self._workers = workers
+        self._resync = resync_seconds if resync_seconds is not None else op.settings.resync_seconds
+        self._queue: asyncio.Queue[RunKey] = asyncio.Queue()
+        self._queued: set[RunKey] = set()
+        self._busy: set[RunKey] = set()
+        self._again: set[RunKey] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.synced = asyncio.Event()
+
+    # -- the watches' side --
+    def observe(self, kind: str, event: Mapping[str, Any]) -> None:
+        """A raw watch event (kopf's ``event``: its ``type`` and ``object``). Called in the event
+        loop (async handlers: kopf runs sync ones on threads, and the queue is not thread-safe)."""
+        obj = event.get("object")
+        if not isinstance(obj, Mapping) or "metadata" not in obj:
+            return
+        run = self.cache.put(kind, obj, deleted=event.get("type") == "DELETED")
+        if run is not None:
+            self.add(run)
+
+    def add(self, run: RunKey, delay: float = 0.0) -> None:
+        """Queue ``run`` (after ``delay`` seconds); once, however often it is added."""
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self.add, run)
+            return
+        if run in self._busy:
+            self._again.add(run)
+        elif run not in self._queued:
+            self._queued.add(run)
+            self._queue.put_nowait(run)
+
+    # -- the workers' side --
+    def start(self, namespaces: Sequence[str]) -> None:
+        task = asyncio.create_task(self._run(namespaces))
+        task.add_done_callback(_report_end)
+        self._tasks.append(task)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _run(self, namespaces: Sequence[str]) -> None:
+        await self.op.client.logged_in()  # started by a startup handler, before kopf logs in
+        await self._sync(namespaces)
+        workers = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+        try:
+            while True:
+                await asyncio.sleep(self._resync)
+                for run in list(self.cache.runs):
+                    self.add(run)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _sync(self, namespaces: Sequence[str]) -> None:
+        """One list of every kind the status reads, retried until it works."""
+        scopes: Sequence[str | None] = namespaces or (None,)
+        kinds = [(API_VERSION, KIND, "")] + [
+            (api, kind, MANAGED_SELECTOR) for api, kind in CHILD_KINDS
+        ]
+        while True:
+            try:
+                for scope in scopes:
+                    for api, kind, selector in kinds:
+                        listed = await self.op.client.list_objects(api, kind, scope, selector)
+                        for run in self.cache.replace(kind, scope, listed):
+                            self.add(run)
+                break
+            except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("listing the runs and their children failed (retrying): %s", exc)
+                await asyncio.sleep(RETRY_SECONDS)
+        self.synced.set()
+
+    async def _work(self) -> None:
+        while True:
+            run = await self._queue.get()
+            self._queued.discard(run)
+            self._busy.add(run)
+            try:
+                await self._refresh(run)
+            finally:
+                self._busy.discard(run)
+                if run in self._again:
+                    self._again.discard(run)
+                    self.add(run)
+
+    async def _refresh(self, key: RunKey) -> None:
+        run = self.cache.runs.get(key)
+        if run is None or not readiness.follows(run):
+            return
+        try:
+            result = await readiness.refresh_run(self.op, run, self.cache.children, self._clock())
+        except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning(
+                "%s/%s: updating the status failed (retrying in %g s): %s", *key, RETRY_SECONDS, exc
+            )
+            self.add(key, RETRY_SECONDS)
+            return
+        except Exception:  # a bug must not stop the worker: every other run would stall
+            log.exception("%s/%s: updating the status failed", *key)
+            self.add(key, RETRY_SECONDS)
+            return
+        self.op.metrics.status_refreshes.labels("written" if result.written else "unchanged").inc()
+        if result.recheck:
+            self.add(key, RECHECK_SECONDS)
