@@ -88,9 +88,8 @@ def claimed_spec(
     }
     if taking_over:
         claimed["acquireTime"] = micro_time(now)
-        claimed["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
-            1 if spec.get("holderIdentity") else 0
-        )
+        # client-go counts every change of holder, a released Lease's included; not a creation
+        claimed["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if spec else 0)
     return claimed
 
 

@@ -153,7 +153,9 @@ async def reconcile(
             },
             {},
         )
-        raise kopf.TemporaryError(f"{exc}; retrying", delay=15) from exc
+        raise kopf.TemporaryError(
+            f"{exc}; retrying", delay=op.settings.apply_retry_seconds
+        ) from exc
     if waiting:
         raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=5)
     # VolumeReady and Ready come from the children's watch events (following.py)

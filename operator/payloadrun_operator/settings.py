@@ -140,6 +140,9 @@ class OperatorSettings:
         env="PAYLOADRUN_METRICS_SCRAPERS",
         parse=_peers,
     )
+    apply_retry_seconds: int = _seconds(
+        "PAYLOADRUN_APPLY_RETRY_SECONDS", 15, 1, 3600, "retry a refused child after this long"
+    )
     # Status follows watch events on the children; this resync only repairs a missed one.
     resync_seconds: int = _seconds(
         "PAYLOADRUN_RESYNC_SECONDS", 300, 10, 86400, "how often every run's status is recomputed"

@@ -8,7 +8,9 @@ installed), so pods run. When something is missing the tests that need it are sk
 leaves the node out (the tests that need pods skip), for a second test session on a machine
 whose one node is taken.
 
-``namespace`` (function): a fresh namespace per test, deleted afterwards.
+``namespace`` (function): a fresh namespace per test, deleted afterwards; under
+``@pytest.mark.pod_security("restricted")`` (or another level) the API server enforces that Pod
+Security level on its pods (``pod_helpers.pod_security_labels``).
 ``kube_api_client`` (session): an admin ``kubernetes.client.ApiClient``.
 """
 
@@ -38,6 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "node_lifecycle: starts and stops nodes of its own (runs before all others)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "pod_security(level): the namespace fixture's namespace enforces this Pod Security "
+        "level (restricted, baseline): every pod the test creates in it must comply",
     )
 
 
@@ -113,13 +120,20 @@ def kube_api_client(kube_cluster: LocalCluster):
 
 @pytest.fixture
 def namespace(kube_cluster: LocalCluster, request: pytest.FixtureRequest):
-    """A fresh namespace named after the test; deleted (without waiting) after it."""
+    """A fresh namespace named after the test; deleted (without waiting) after it. With the
+    ``pod_security`` marker it enforces that Pod Security level (the API server's admission
+    refuses a pod that breaks it)."""
+    from pod_helpers import pod_security_labels
+
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:6]}"
+    metadata: dict = {"name": name}
+    if marker := request.node.get_closest_marker("pod_security"):
+        metadata["labels"] = pod_security_labels(*marker.args)
     status, body = kube_cluster.request(
         "POST",
         "/api/v1/namespaces",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata},
     )
     if status != 201:
         pytest.fail(
@@ -165,3 +179,29 @@ def operator(node_cluster: LocalCluster, namespace: str, tmp_path: Path):
         yield op
     finally:
         op.stop()
+
+
+@pytest.fixture(scope="module")
+def crd(kube_cluster):
+    """The PayloadRun CRD applied (server-side) and established; its built form."""
+    from payloadrun_operator.crd import CRD_FILE, build_crd
+    from payloadrun_operator.models import GROUP, PLURAL
+
+    repo = Path(__file__).resolve().parents[2]
+    result = kube_cluster.kubectl("apply", "--server-side", "-f", str(repo / CRD_FILE))
+    assert result.returncode == 0, result.stderr
+    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
+    return build_crd()
+
+
+@pytest.fixture(scope="module")
+def api(kube_api_client):
+    """The official client's APIs the operator tests read and write through."""
+    from kubernetes import client
+
+    return {
+        "custom": client.CustomObjectsApi(kube_api_client),
+        "core": client.CoreV1Api(kube_api_client),
+        "apps": client.AppsV1Api(kube_api_client),
+        "batch": client.BatchV1Api(kube_api_client),
+    }

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from example_runs import example_run
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from payloadrun_operator.crd import CRD_FILE, build_crd
+from payloadrun_operator.crd import build_crd
 from payloadrun_operator.models import GROUP, PLURAL, VERSION
 from payloadrun_operator.testing import LocalOperator
 
@@ -51,35 +50,19 @@ def install_crd(kube_cluster, crd: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def crd(kube_cluster):
-    result = kube_cluster.kubectl("apply", "--server-side", "-f", str(REPO / CRD_FILE))
-    assert result.returncode == 0, result.stderr
-    kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
-    return build_crd()
-
-
-@pytest.fixture(scope="module")
 def operator(kube_cluster, crd, tmp_path_factory):
     op = LocalOperator(
         kube_cluster.kubeconfig,
         env={
             "PAYLOADRUN_SIDECAR_IMAGE": "payloadrun:test",
+            "PAYLOADRUN_APPLY_RETRY_SECONDS": "2",
+            "PAYLOADRUN_RESYNC_SECONDS": "3600",  # status from watch events only
         },
         log_path=tmp_path_factory.mktemp("operator") / "operator.log",
     )
     op.start()
     yield op
     op.stop()
-
-
-@pytest.fixture(scope="module")
-def api(kube_api_client):
-    return {
-        "custom": client.CustomObjectsApi(kube_api_client),
-        "core": client.CoreV1Api(kube_api_client),
-        "apps": client.AppsV1Api(kube_api_client),
-        "batch": client.BatchV1Api(kube_api_client),
-    }
 
 
 def load_example(name: str) -> dict[str, Any]:
@@ -548,3 +531,50 @@ def test_a_kubeconfig_with_an_exec_credential_plugin(operator, api, namespace, t
     finally:
         operator.start()
     assert run["status"]["phase"] == "Provisioning" and ran.exists()
+
+
+# --- a refused child reported ------------------------------------------
+
+
+def test_a_refused_child_is_in_the_conditions_and_events_until_applied(api, operator, namespace):
+    """A ResourceQuota that forbids Services: the run says which child, and why, at once."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-services"},
+        "spec": {"hard": {"services": "0"}},
+    }
+    api["core"].create_namespaced_resource_quota(namespace, quota)
+    eventually(
+        "the quota's usage counted",
+        lambda: api["core"].read_namespaced_resource_quota("no-services", namespace).status.hard,
+    )
+    run = load_example("multinode-by-handle.yaml")
+    create_run(api, namespace, run)
+    name = run["metadata"]["name"]
+
+    def applied() -> dict[str, Any] | None:
+        conditions = (get_run(api, namespace, name).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Applied"), None)
+
+    refused = eventually("Applied=False", lambda: (c := applied()) and c["status"] == "False" and c)
+    assert refused["reason"] == "ApplyFailed"
+    assert f"Service {namespace}/{name}-" in refused["message"]
+    assert "HTTP 403 Forbidden" in refused["message"] and "exceeded quota" in refused["message"]
+    status = get_run(api, namespace, name)["status"]
+    assert "observedGeneration" not in status  # nothing claims the spec was applied
+    assert condition(get_run(api, namespace, name), "Ready")["reason"] == "ApplyFailed"
+
+    def warning() -> Any:
+        events = api["core"].list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name},type=Warning"
+        )
+        return [e for e in events.items if e.reason == "ApplyFailed"]
+
+    (event,) = eventually("a Warning event", warning)
+    assert "exceeded quota" in event.message
+
+    api["core"].delete_namespaced_resource_quota("no-services", namespace)
+    cleared = eventually("Applied=True", lambda: (c := applied()) and c["status"] == "True" and c)
+    assert cleared["reason"] == "ChildrenApplied"
+    assert reconciled(api, namespace, name)["status"]["observedGeneration"] == 1
