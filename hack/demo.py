@@ -183,7 +183,7 @@ class Demo:
         helm = str(self.cluster.binaries.path("helm"))
         cmd = [
             helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS,
-            "--create-namespace", "--set", watch, "--set", "operator.readinessCheckSeconds=2",
+            "--create-namespace", "--set", watch,
         ]  # fmt: skip
         say("$ helm upgrade --install payloadrun charts/payloadrun -n payloadrun-system ...")
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -16,5 +16,5 @@ helm upgrade --install payloadrun "$repo/charts/payloadrun" \
   --namespace payloadrun-system --create-namespace \
   --set image.repository=payloadrun-operator --set image.tag="$tag" --set image.pullPolicy=Never \
   --set sidecars.image.repository=payloadrun --set sidecars.image.tag="$tag" \
-  --set sidecars.image.pullPolicy=Never --set operator.readinessCheckSeconds=2 "$@" >&2
+  --set sidecars.image.pullPolicy=Never "$@" >&2
 kubectl -n payloadrun-system rollout status deploy/payloadrun --timeout=180s >&2

@@ -170,7 +170,10 @@ def e2e(request, tmp_path_factory):
             args, capture_output=True, text=True, env=env, timeout=400, check=False
         )
 
-    install = run("bash", str(REPO / "hack" / "install-chart.sh"))
+    # two operator pods: one acts on the Lease, one stands by
+    install = run(
+        "bash", str(REPO / "hack" / "install-chart.sh"), "e2e", "--set", "operator.replicas=2"
+    )
     assert install.returncode == 0, install.stderr + backend.kubectl(
         "describe", "pods", "-n", SYSTEM_NS, check=False
     )
@@ -183,17 +186,45 @@ def e2e(request, tmp_path_factory):
 
 
 # ---- the operator, as the chart installs it ---------------------------------------------------
-def test_the_operator_runs_as_a_pod_with_the_charts_identity(e2e):
-    """The chart's operator pod starts and stays up as uid 65532 (no passwd entry for it)."""
+def operator_pods(e2e: Backend) -> list[dict[str, Any]]:
     pods = e2e.get("pods", "-n", SYSTEM_NS, "-l", OPERATOR_POD)["items"]
-    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["ready"] and status["restartCount"] == 0, status
-    assert pod["spec"]["serviceAccountName"] == "payloadrun"
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def leader_pod(e2e: Backend) -> str:
+    """The operator pod holding the Lease (its identity: payloadrun-operator@<pod>/<pid>)."""
+    lease = e2e.get("lease", "payloadrun", "-n", SYSTEM_NS)
+    return lease["spec"]["holderIdentity"].split("@", 1)[1].split("/", 1)[0]
+
+
+def operator_metric(e2e: Backend, pod: str, name: str) -> float:
+    """A sample of one operator pod's /metrics, through the API server's pod proxy."""
+    text = e2e.kubectl(
+        "get", "--raw", f"/api/v1/namespaces/{SYSTEM_NS}/pods/{pod}:9400/proxy/metrics"
+    )
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def test_the_operator_runs_as_a_pod_with_the_charts_identity(e2e):
+    """The chart's two operator pods start and stay up as uid 65532 (no passwd entry for it);
+    one holds the Lease and acts, the other stands by, ready, doing nothing."""
+    pods = wait_for(
+        "two operator pods ready", lambda: len(operator_pods(e2e)) == 2 and operator_pods(e2e)
+    )
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["restartCount"] == 0, status
+        assert pod["spec"]["serviceAccountName"] == "payloadrun"
+    leader = wait_for("a leader", lambda: leader_pod(e2e))
+    assert leader in {p["metadata"]["name"] for p in pods}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        assert operator_metric(e2e, name, "payloadrun_operator_leader ") == (name == leader)
     # the uid has no passwd entry, so getpass.getuser() (kopf's default identity) raises:
     # the operator must not depend on it
     probe = e2e.kubectl(
-        "exec", "-n", SYSTEM_NS, pod["metadata"]["name"], "--", "python", "-c",
+        "exec", "-n", SYSTEM_NS, pods[0]["metadata"]["name"], "--", "python", "-c",
         "import getpass, os\ntry:\n    getpass.getuser()\nexcept KeyError:\n"
         "    print(os.getuid(), 'has no user name')",
     )  # fmt: skip
@@ -521,16 +552,26 @@ def test_a_disaggregated_run_by_handle_is_rejected_by_kubectl_apply(e2e):
     assert "cannot be combined with prefill/decode-disaggregated" in result.stderr
 
 
-def test_the_operator_pod_replaced_mid_reconcile_makes_no_duplicates(e2e):
+def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
+    leader = leader_pod(e2e)
+    (standby,) = [
+        p["metadata"]["name"] for p in operator_pods(e2e) if p["metadata"]["name"] != leader
+    ]
+    # the standby wrote nothing all along: every run so far was the leader's
+    assert operator_metric(e2e, standby, "payloadrun_operator_reconciles_total") == 0
+    assert operator_metric(e2e, standby, "payloadrun_operator_status_refreshes_total") == 0
     e2e.kubectl("apply", "-f", "-", input=json.dumps(run_manifest(e2e.image, "e2e-second")))
-    e2e.kubectl("delete", "pod", "-n", SYSTEM_NS, "-l", OPERATOR_POD, "--wait=false")
-    e2e.kubectl("-n", SYSTEM_NS, "rollout", "status", "deploy/payloadrun", "--timeout=180s")
+    e2e.kubectl(
+        "delete", "pod", "-n", SYSTEM_NS, leader, "--grace-period=0", "--force", "--wait=false"
+    )
+    wait_for("the standby leading", lambda: leader_pod(e2e) == standby or None, 60)
 
     def reconciled():
         status = e2e.get("payloadrun", "e2e-second", "-n", NAMESPACE).get("status") or {}
         return status.get("observedGeneration") == 1 and status
 
-    wait_for("the run reconciled by the new operator pod", reconciled, 120)
+    wait_for("the run reconciled by the new leader", reconciled, 120)
+    assert operator_metric(e2e, standby, "payloadrun_operator_reconciles_total") >= 1
     children = e2e.get(
         "statefulsets,jobs,services,configmaps,persistentvolumeclaims",
         "-n",
