@@ -36,8 +36,10 @@ import pytest
 import yaml
 
 from payloadrun.codec import compact_routed_experts
+from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
 from payloadrun.testing.images import build_images
 from payloadrun.testing.processes import free_port
+from payloadrun_operator.names import TRAINER_DIST_PORT
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +51,7 @@ ROOT = f"/payloads/{NAMESPACE}/{RUN}/payloads"
 OPERATOR_METRICS = f"/api/v1/namespaces/{SYSTEM_NS}/services/payloadrun-metrics:9400/proxy/metrics"
 OPERATOR_POD = "app.kubernetes.io/name=payloadrun-operator"  # the chart's selector label
 SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]  # stops at SIGTERM
+RENDEZVOUS_LISTENER = ["python", "-m", "http.server", str(TRAINER_DIST_PORT), "--directory", "/"]
 
 
 def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
@@ -67,7 +70,8 @@ def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
                 "command": ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"],
             },
             "orchestrator": {"image": image, "command": SLEEP},
-            "trainer": {"image": image, "command": SLEEP},
+            # two ranks, each listening on the rendezvous port (the network policy test)
+            "trainer": {"image": image, "command": RENDEZVOUS_LISTENER, "replicas": 2},
         },
     }
 
@@ -258,7 +262,12 @@ def test_pods_and_sidecars_become_ready(e2e):
     # the operator's verdict first: a pod selector waited on too early matches no pod yet
     status = wait_for("phase Running", run_ready, 300)
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Validated": "True", "VolumeReady": "True", "Ready": "True"}
+    assert conditions == {
+        "Validated": "True",
+        "Applied": "True",
+        "VolumeReady": "True",
+        "Ready": "True",
+    }
     for component in ("inference", "orchestrator", "trainer"):
         pods = e2e.get(
             "pods", "-n", NAMESPACE,
@@ -268,6 +277,110 @@ def test_pods_and_sidecars_become_ready(e2e):
         for pod in pods:
             ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
             assert ready == "True", (component, pod["metadata"]["name"], pod["status"])
+
+
+# One connection attempt per target from inside a pod: "connected", or the error's name (the
+# node's enforcer REJECTs a denied connection; every target here has a listener).
+CONNECT = """
+import json, socket, sys
+out = {}
+for name, host, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        out[name] = "connected"
+    except OSError as error:
+        out[name] = type(error).__name__
+print(json.dumps(out))
+"""
+
+
+def outside_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]:
+    """A pod of the run's namespace that is no pod of the run."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": SLEEP,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_network_policies_admit_the_run_and_the_scrapers_only(e2e):
+    """Enforced by the node's policy controller: an outsider reaches no port of the run; the
+    orchestrator reaches the writer and vLLM; the trainers vLLM and each other's rendezvous
+    port, not the writer; Prometheus the metrics ports only."""
+    inference, orchestrator = e2e.pod_of("inference"), e2e.pod_of("orchestrator")
+    trainers = e2e.get(
+        "pods",
+        "-n",
+        NAMESPACE,
+        "-l",
+        f"payloadrun.dev/run={RUN},app.kubernetes.io/component=trainer",
+    )["items"]
+    assert len(trainers) == 2
+    policies = e2e.get("networkpolicies", "-n", NAMESPACE, "-l", f"payloadrun.dev/run={RUN}")
+    assert sorted(p["metadata"]["name"] for p in policies["items"]) == [
+        f"{RUN}-{c}" for c in ("inference", "orchestrator", "trainer")
+    ]
+    targets = {
+        "writer": (inference["status"]["podIP"], WRITER_PORT),
+        "vllm": (inference["status"]["podIP"], VLLM_PORT),
+        "writer-metrics": (inference["status"]["podIP"], WRITER_METRICS_PORT),
+        "retention-metrics": (orchestrator["status"]["podIP"], RETENTION_METRICS_PORT),
+        "rendezvous": (trainers[1]["status"]["podIP"], TRAINER_DIST_PORT),
+    }
+
+    def reach(pod: str, container: str) -> dict[str, str]:
+        wanted = [[name, host, port] for name, (host, port) in targets.items()]
+        return json.loads(e2e.python(pod, container, CONNECT, json.dumps(wanted)))
+
+    outsiders = {
+        "outsider": {"app": "curious"},
+        "prometheus": {"app.kubernetes.io/name": "prometheus"},
+    }
+    for name, labels in outsiders.items():
+        e2e.kubectl("apply", "-f", "-", input=json.dumps(outside_pod(name, labels, e2e.image)))
+    for name in outsiders:
+        e2e.kubectl(
+            "wait", "-n", NAMESPACE, "--for=condition=Ready", f"pod/{name}", "--timeout=120s"
+        )
+    try:
+        seen = {
+            "outsider": reach("outsider", "main"),
+            "prometheus": reach("prometheus", "main"),
+            "orchestrator": reach(orchestrator["metadata"]["name"], "orchestrator"),
+            "trainer": reach(trainers[0]["metadata"]["name"], "trainer"),
+        }
+    finally:
+        e2e.kubectl("delete", "pod", "-n", NAMESPACE, *outsiders, "--wait=false")
+    connected = {
+        who: sorted(t for t, got in found.items() if got == "connected")
+        for who, found in seen.items()
+    }
+    assert connected == {
+        "outsider": [],
+        "prometheus": ["retention-metrics", "writer-metrics"],
+        "orchestrator": ["retention-metrics", "vllm", "writer"],  # its own pod: no network
+        "trainer": ["rendezvous", "vllm"],
+    }, seen
 
 
 def _started_at(pod: dict[str, Any], container: str) -> str:
