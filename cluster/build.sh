@@ -7,13 +7,15 @@
 #   etcd                                             (go.etcd.io/etcd/server/v3)
 #   helm                                             (helm.sh/helm/v3)
 #   coredns                                          (github.com/coredns/coredns)
+#   kube-router                                      (github.com/cloudnativelabs/kube-router/v2)
 # into a cache outside the repository, keyed by version:
 #   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,...,kube-proxy}
 #   .../bin/etcd-<v>/etcd
 #   .../bin/helm-<v>/helm
 #   .../bin/coredns-<v>/coredns
-#   .../bin/cluster-k<v>-e<v>-h<v>-c<v>/   symlinks to all of the above (printed on stdout at the end)
-# containerd and runc come from Debian's packages: cluster/node-packages.sh.
+#   .../bin/kube-router-<v>/kube-router
+#   .../bin/cluster-k<v>-e<v>-h<v>-c<v>-r<v>/   symlinks to all of the above (printed on stdout at the end)
+# containerd, runc, iptables and ipset come from Debian's packages: cluster/node-packages.sh.
 # The Go module and build caches live under the same cache directory, so a bumped
 # component rebuilds from cached modules and packages.
 #
@@ -32,7 +34,7 @@ main() {
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
-: "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}"
+: "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}" "${KUBE_ROUTER_VERSION:?missing in versions.env}"
 
 CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
 JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
@@ -41,7 +43,8 @@ K8S_DIR="$BIN_ROOT/kubernetes-$KUBERNETES_VERSION"
 ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
 COREDNS_DIR="$BIN_ROOT/coredns-$COREDNS_VERSION"
-SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION"
+KUBE_ROUTER_DIR="$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION"
+SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION-r$KUBE_ROUTER_VERSION"
 K8S_BINS=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
 
 START_S=$SECONDS
@@ -51,7 +54,7 @@ die() { log "ERROR: $*"; exit 1; }
 have_all() {
   local b
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
-  [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" ]]
+  [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" && -x "$KUBE_ROUTER_DIR/kube-router" ]]
 }
 
 link_set() {
@@ -62,13 +65,14 @@ link_set() {
   ln -s "$ETCD_DIR/etcd" "$tmp/etcd"
   ln -s "$HELM_DIR/helm" "$tmp/helm"
   ln -s "$COREDNS_DIR/coredns" "$tmp/coredns"
+  ln -s "$KUBE_ROUTER_DIR/kube-router" "$tmp/kube-router"
   rm -rf "$SET_DIR"; mv "$tmp" "$SET_DIR"
 }
 
 # ---- warm path: no Go, no network ---------------------------------------------------------
 if have_all; then
-  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" ]] || link_set
-  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION)"
+  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" ]] || link_set
+  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION)"
   echo "$SET_DIR"
   exit 0
 fi
@@ -274,6 +278,22 @@ if [[ ! -x "$COREDNS_DIR/coredns" ]]; then
   mkdir -p "$COREDNS_DIR"; mv -f "$CTMP/coredns" "$COREDNS_DIR/coredns"
   "$COREDNS_DIR/coredns" -version >>"$LOG" 2>&1 || die "built coredns does not run (see $LOG)"
   log "coredns done"
+fi
+
+# -- kube-router: only its network policy controller runs on the node (node.py). Its go.mod has no
+# replace directives either; it builds with CGO_ENABLED=0 (about 90 s from an empty cache).
+if [[ ! -x "$KUBE_ROUTER_DIR/kube-router" ]]; then
+  log "kube-router $KUBE_ROUTER_VERSION: compiling github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
+  RTMP="$CACHE/wrappers/kube-router-$KUBE_ROUTER_VERSION"; rm -rf "$RTMP"; mkdir -p "$RTMP"
+  KR_LDFLAGS="-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+  (
+    export GOBIN="$RTMP" GOFLAGS="-modcacherw -buildvcs=false"
+    run_go "kube-router build" -C "$RTMP" install -v -p "$JOBS" -trimpath -ldflags "$KR_LDFLAGS" \
+      "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  )
+  mkdir -p "$KUBE_ROUTER_DIR"; mv -f "$RTMP/kube-router" "$KUBE_ROUTER_DIR/kube-router"
+  "$KUBE_ROUTER_DIR/kube-router" --version >>"$LOG" 2>&1 || die "built kube-router does not run (see $LOG)"
+  log "kube-router done"
 fi
 
 have_all || die "build finished but binaries are missing; see $LOG"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the local node takes from Debian's packages (the rest is built by build.sh):
 #   containerd (1.6), runc, containernetworking-plugins (/usr/lib/cni), iptables, conntrack,
-#   iproute2, and libc6-dev for the static pause binary; GlusterFS (glusterfs-server,
+#   ipset (kube-router's network policies match pods through ip sets), iproute2, and libc6-dev for the static pause binary; GlusterFS (glusterfs-server,
 #   glusterfs-client), the real network filesystem of the node's storage class and of the
 #   shared-filesystem tests (payloadrun_devcluster/glusterfs.py).
 # Only what is missing is installed (as root, with apt-get); prints nothing when all is there.
@@ -14,6 +14,7 @@ declare -A provides=(
   [containernetworking-plugins]=/usr/lib/cni/bridge
   [iptables]=/usr/sbin/iptables
   [conntrack]=/usr/sbin/conntrack
+  [ipset]=/usr/sbin/ipset
   [iproute2]=/usr/sbin/ip
   [libc6-dev]=/usr/lib/x86_64-linux-gnu/libc.a
   [glusterfs-server]=/usr/sbin/glusterd

@@ -1,7 +1,8 @@
 """A local Kubernetes cluster for tests and humans.
 
 etcd, kube-apiserver and kube-controller-manager on 127.0.0.1; with ``node=True`` (``up --node``)
-also a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS) so pods run.
+also a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS, kube-router's network
+policy controller) so pods run.
 
 Binaries come from ``cluster/build.sh`` (built from the Go module proxy at the versions in
 ``cluster/versions.env``); containerd and runc from the machine's packages

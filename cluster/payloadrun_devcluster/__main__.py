@@ -75,7 +75,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     find_binaries(CONTROL_PLANE_NAMES + (NODE_NAMES if args.node else ()))
     what = "etcd, kube-apiserver, kube-controller-manager"
     if args.node:
-        what += ", and a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS)"
+        what += ", and a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS, "
+        what += "kube-router)"
     _say(f"starting {what} (state {state_dir})")
     started = time.monotonic()
     cluster = LocalCluster(
@@ -175,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--node",
         action="store_true",
-        help="also run a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS, a "
-        "bridge pod network on 198.18.0.0/24, Services on 198.19.0.0/24, a ReadWriteMany "
-        "storage class 'standard'), so pods run; Linux and root only",
+        help="also run a node (containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS, "
+        "kube-router enforcing NetworkPolicy, a bridge pod network on 198.18.0.0/24, Services "
+        "on 198.19.0.0/16, a ReadWriteMany storage class 'standard'), so pods run; Linux and "
+        "root only",
     )
     up.set_defaults(func=cmd_up)
     load = commands.add_parser("load-image", help="import image tarballs into the node")

@@ -7,6 +7,7 @@ The layout is keyed by the versions pinned in ``cluster/versions.env``::
     $PAYLOADRUN_CACHE/bin/etcd-<v>/etcd
     $PAYLOADRUN_CACHE/bin/helm-<v>/helm
     $PAYLOADRUN_CACHE/bin/coredns-<v>/coredns
+    $PAYLOADRUN_CACHE/bin/kube-router-<v>/kube-router
 
 ``PAYLOADRUN_CLUSTER_BIN`` overrides all of it with one directory holding every binary.
 """
@@ -32,11 +33,13 @@ BINARY_NAMES = (
     "kube-scheduler",
     "kube-proxy",
     "coredns",
+    "kube-router",
 )
 CONTROL_PLANE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 """What a running control plane (and its tests) need; helm is only for charts."""
-NODE_NAMES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns")
-"""What the node beside it adds (containerd and runc come from the machine's packages)."""
+NODE_NAMES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns", "kube-router")
+"""What the node beside it adds (containerd and runc come from the machine's packages);
+kube-router is its NetworkPolicy enforcer."""
 BUILD_HINT = "run: bash cluster/build.sh  (or: python -m payloadrun_devcluster build)"
 
 
@@ -77,7 +80,13 @@ def read_versions(path: Path | None = None) -> dict[str, str]:
         match = _LINE.match(line)
         if match:
             versions[match.group(1)] = match.group(2).strip("'\"")
-    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION", "COREDNS_VERSION"):
+    for key in (
+        "KUBERNETES_VERSION",
+        "ETCD_VERSION",
+        "HELM_VERSION",
+        "COREDNS_VERSION",
+        "KUBE_ROUTER_VERSION",
+    ):
         if not versions.get(key):
             raise BinariesMissing(f"{path} does not set {key}")
     return versions
@@ -96,6 +105,7 @@ class Binaries:
     kube_scheduler: Path
     kube_proxy: Path
     coredns: Path
+    kube_router: Path
 
     def path(self, name: str) -> Path:
         return getattr(self, name.replace("-", "_"))
@@ -130,6 +140,7 @@ def expected_binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_scheduler=k8s / "kube-scheduler",
         kube_proxy=k8s / "kube-proxy",
         coredns=bin_root / f"coredns-{versions['COREDNS_VERSION']}" / "coredns",
+        kube_router=bin_root / f"kube-router-{versions['KUBE_ROUTER_VERSION']}" / "kube-router",
     )
 
 

@@ -1,6 +1,6 @@
 """A real Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager; optionally a
-node beside it (``node=True``: containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS; see
-``node.py``) so that pods run.
+node beside it (``node=True``: containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS,
+kube-router for NetworkPolicy; see ``node.py``) so that pods run.
 
 Without a node everything listens on loopback and pods are stored but never run; everything that
 lives in the API server (CRDs and their CEL validation, RBAC, admission, owner-reference garbage
@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from . import node as node_module
@@ -136,6 +136,10 @@ class LocalCluster:
 
     ``node=True``: a node runs beside the control plane (Linux, root; see
     :func:`node_unsupported_reason`), and :meth:`load_image` imports images into it.
+
+    ``extra_args``: flags appended to a control-plane component's own, by component name, e.g.
+    ``{"kube-apiserver": ["--audit-policy-file=..."]}`` (bench/operator.py counts the
+    operator's requests from an audit log, and plays some controllers itself).
     """
 
     def __init__(
@@ -148,7 +152,14 @@ class LocalCluster:
         startup_timeout: float = 180.0,
         verbosity: int = 1,
         node: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        unknown = set(extra_args or {}) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(
+                f"extra_args for {sorted(unknown)}: only the control plane's {COMPONENTS} take them"
+            )
+        self.extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
         self._owns_state_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.keep_state = (not self._owns_state_dir) if keep_state is None else keep_state
@@ -409,7 +420,14 @@ class LocalCluster:
         errors: list[str] = []
         # The node first (kubelet before containerd), then the control plane's clients, etcd
         # last so the API server can shut down cleanly.
-        node_order = ("provisioner", "coredns", "kube-proxy", "kube-scheduler", "kubelet")
+        node_order = (
+            "kube-router",
+            "provisioner",
+            "coredns",
+            "kube-proxy",
+            "kube-scheduler",
+            "kubelet",
+        )
         for name in node_order:
             errors.extend(self._stop_one(name, grace=5.0))
         if self.with_node and self.state_dir is not None:
@@ -489,6 +507,7 @@ class LocalCluster:
     # ---- processes -----------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
         state = self._require_state_dir()
+        args = [*args, *self.extra_args.get(name, ())]
         self.processes[name] = ManagedProcess.spawn(
             name, args, state / f"{name}.log", cwd=state, die_with_parent=not self.detached
         )

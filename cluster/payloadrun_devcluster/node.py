@@ -1,7 +1,8 @@
 """A real node beside the local control plane, so pods run: containerd + runc, kubelet,
-kube-scheduler, kube-proxy, CoreDNS, a bridge pod network and a ReadWriteMany storage class on a
-real network filesystem (GlusterFS: a volume of the node's, a FUSE client per pod, see
-:mod:`glusterfs` and :mod:`flexvolume`).
+kube-scheduler, kube-proxy, CoreDNS, kube-router's network policy controller (NetworkPolicy is
+enforced), a bridge pod network and a ReadWriteMany storage class on a real network filesystem
+(GlusterFS: a volume of the node's, a FUSE client per pod, see :mod:`glusterfs` and
+:mod:`flexvolume`).
 
 Linux and root only (bridges, iptables, mounts, cgroups). What it changes on the host is listed
 here, recorded in ``<state>/node/host.json`` before it is changed, and undone by
@@ -9,7 +10,7 @@ here, recorded in ``<state>/node/host.json`` before it is changed, and undone by
 new ``up`` trips over):
 
 - a bridge ``prnode0`` with the node address 198.18.0.1/24; pods get 198.18.0.2-254 on it and
-  Services 198.19.0.0/24: both in 198.18.0.0/15, the range reserved for benchmarking (RFC 2544),
+  Services 198.19.0.0/16: both in 198.18.0.0/15, the range reserved for benchmarking (RFC 2544),
   which no real network routes. Pods reach nothing beyond this machine.
 - sysctls ``net.ipv4.ip_forward=1`` and ``net.bridge.bridge-nf-call-iptables=1`` (Service
   traffic between pods on one bridge goes through kube-proxy's iptables rules); the previous
@@ -17,8 +18,16 @@ new ``up`` trips over):
 - the GlusterFS volume ``prnode`` (its brick under ``<state>/node/shared-volume``), on the
   machine's glusterd (started if none runs, stopped when no volume is left), and every client
   mount of it;
-- kube-proxy's and the kubelet's iptables chains (every ``KUBE-`` chain and rule, IPv4 and
-  IPv6; the host's other rules are restored as they were).
+- kube-proxy's, the kubelet's and kube-router's iptables chains (every ``KUBE-`` chain and
+  rule, IPv4 and IPv6: ``KUBE-SERVICES``..., ``KUBE-ROUTER-INPUT``/``FORWARD``/``OUTPUT`` and the
+  jumps to them, ``KUBE-NWPLCY-*``, ``KUBE-POD-FW-*``; the host's other rules are restored as
+  they were);
+- kube-router's ip sets (``KUBE-SRC-*``, ``KUBE-DST-*``, ``TMP-*``: the pods a policy selects or
+  admits), destroyed once no rule refers to them; the sets there before the node are recorded
+  and kept;
+- a routing rule ``iif prnode0 to 198.19.0.0/16 prohibit`` (priority 100): pod traffic to a
+  Service address that kube-proxy did not translate, to a Service without endpoints, is refused
+  at once (see :data:`SERVICE_RANGE_RULE`);
 - containerd's and kubelet's state under ``<state>/node`` and ``/run/payloadrun-node`` (sockets
   and network namespaces), with the mounts in them; pod cgroups under ``/kubepods``; kubelet's
   ``/var/log/containers`` links.
@@ -33,6 +42,7 @@ import ctypes
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +65,8 @@ BRIDGE = "prnode0"
 NODE_IP = "198.18.0.1"
 LOCAL_RANGE = "198.18.0.0/15"  # RFC 2544 (benchmarking): pods and Services, nothing real
 POD_SUBNET = "198.18.0.0/24"
-SERVICE_SUBNET = "198.19.0.0/24"
+# a run has one ClusterIP Service (its inference): a /24 (254 addresses) held about 250 runs
+SERVICE_SUBNET = "198.19.0.0/16"
 KUBERNETES_SERVICE_IP = "198.19.0.1"
 CLUSTER_DOMAIN = "cluster.local"
 RUN_DIR = Path("/run/payloadrun-node")
@@ -68,6 +79,11 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+SERVICE_RANGE_RULE = ("iif", BRIDGE, "to", SERVICE_SUBNET, "priority", "100", "prohibit")
+"""A routing rule (``ip rule``): what pods send to a Service address that kube-proxy did not
+translate (a Service without endpoints) is refused at once. kube-proxy's REJECT of it is in the
+filter table's FORWARD chain after kube-router's, which accepts all of a pod's traffic that its
+policies allow; without this rule it would leave through the machine's default route."""
 HOST_COMMANDS = (
     "containerd",
     "containerd-shim-runc-v2",
@@ -75,6 +91,9 @@ HOST_COMMANDS = (
     "ctr",
     "ip",
     "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ipset",  # kube-router's policies match their pods through ip sets
     "conntrack",
     "gcc",  # the sandbox image's static pause binary (images.py)
 )
@@ -86,6 +105,7 @@ PORT_NAMES = (
     "scheduler",
     "dns-health",
     "dns-ready",
+    "netpol-metrics",
 )
 """The node's ports, picked free at start with the control plane's (see ``state.json``)."""
 NODE_COMPONENTS = (
@@ -95,6 +115,7 @@ NODE_COMPONENTS = (
     "kube-proxy",
     "coredns",
     "provisioner",
+    "kube-router",
 )
 PROVISIONER_NAME = "payloadrun.dev/local-rwx"
 STORAGE_CLASS = "standard"
@@ -262,6 +283,75 @@ def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) ->
     }
 
 
+def kube_router_args(binary: Path, kubeconfig: Path, metrics_port: int) -> list[str]:
+    """kube-router as the node's NetworkPolicy enforcer only: its firewall (iptables + ipset),
+    not its BGP router (the bridge is the pod network) nor its IPVS service proxy (kube-proxy is).
+    """
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--run-loadbalancer=false",
+        "--enable-cni=false",
+        "--enable-ipv4=true",
+        "--enable-ipv6=false",
+        # Service traffic is allowed towards this range in the INPUT chain; kube-proxy DNATs it
+        # before the FORWARD chain, where the destination pod's policies apply.
+        f"--service-cluster-ip-range={SERVICE_SUBNET}",
+        # Its health server listens on every address of the machine: off. Readiness is its
+        # rules (kube_router_synced); its metrics (sync times) stay on loopback.
+        "--health-port=0",
+        "--metrics-addr=127.0.0.1",
+        f"--metrics-port={metrics_port}",
+        "--v=1",
+    ]
+
+
+KUBE_ROUTER_TOP_CHAINS = {"INPUT": "KUBE-ROUTER-INPUT", "FORWARD": "KUBE-ROUTER-FORWARD",
+                          "OUTPUT": "KUBE-ROUTER-OUTPUT"}  # fmt: skip
+KUBE_ROUTER_IPSET = re.compile(r"(inet6:)?(KUBE-SRC-|KUBE-DST-|TMP-)[A-Z2-7]{16}")
+"""kube-router's ip set names: a policy's source and destination pods, and the temporary sets it
+swaps them in with (16 base32 characters of a hash; IPv6 ones begin with ``inet6:``)."""
+
+
+def kube_proxy_synced(filter_rules: str) -> bool:
+    """Whether ``iptables-save -t filter`` output shows kube-proxy's first sync done.
+
+    kube-proxy inserts its jumps into the built-in chains (at the top, when they are missing)
+    before the ``iptables-restore`` that writes its chains' rules, such as ``KUBE-FORWARD``'s.
+    """
+    return any(line.startswith("-A KUBE-FORWARD ") for line in filter_rules.splitlines())
+
+
+def kube_router_synced(filter_rules: str) -> bool:
+    """Whether ``iptables-save -t filter`` output shows a completed kube-router policy sync, with
+    its chains first in ``INPUT``, ``FORWARD`` and ``OUTPUT``.
+
+    First matters: kube-proxy's ``KUBE-FORWARD`` accepts every packet it marked for masquerading,
+    which with ``masqueradeAll`` is all Service traffic, so a policy evaluated after it would not
+    apply to pods reached through a Service. kube-router moves its jumps back to the top at each
+    sync; it is started after kube-proxy's first sync (:func:`kube_proxy_synced`) so that its own
+    first sync puts them there. The final ACCEPT of policy-compliant traffic in each of its chains
+    is only written by the ``iptables-restore`` of a full sync.
+    """
+    lines = filter_rules.splitlines()
+    for builtin, chain in KUBE_ROUTER_TOP_CHAINS.items():
+        first = next((x for x in lines if x.startswith(f"-A {builtin} ")), "")
+        if not first.endswith(f"-j {chain}"):
+            return False
+        accept = "--mark 0x20000/0x20000 -j ACCEPT"
+        if not any(x.startswith(f"-A {chain} ") and x.endswith(accept) for x in lines):
+            return False
+    return True
+
+
+def is_kube_router_ipset(name: str) -> bool:
+    return KUBE_ROUTER_IPSET.fullmatch(name) is not None
+
+
 def corefile(kubeconfig: Path, health_port: int, ready_port: int) -> str:
     return f""".:53 {{
     bind {NODE_IP}
@@ -310,6 +400,47 @@ NODE_RBAC = [
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "payloadrun:coredns"}
         ],
     },
+    # kube-router's informers: every one it starts must sync, even those only its router and
+    # service proxy (not run here) use
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "payloadrun:kube-router"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "resources": ["networkpolicies"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "payloadrun:kube-router"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "payloadrun:kube-router",
+        },
+        "subjects": [
+            {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "User",
+                "name": "payloadrun:kube-router",
+            }
+        ],
+    },
     {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -347,6 +478,7 @@ NODE_CLIENTS = {
     "kube-proxy": "/CN=system:kube-proxy",
     "coredns": "/CN=payloadrun:coredns",
     "provisioner": "/CN=payloadrun:local-provisioner",
+    "kube-router": "/CN=payloadrun:kube-router",
 }
 
 
@@ -393,6 +525,11 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def filter_rules() -> str:
+    """The IPv4 filter table, as ``iptables-save`` prints it."""
+    return _run("iptables-save", "-t", "filter", check=False).stdout
+
+
 def _sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name
 
@@ -402,7 +539,7 @@ def prepare_host(node_dir: Path) -> None:
     node_dir.mkdir(parents=True, exist_ok=True)
     record = node_dir / "host.json"
     previous = {name: _sysctl_path(name).read_text().strip() for name in SYSCTLS}
-    record.write_text(json.dumps({"sysctls": previous}, indent=2) + "\n")
+    record.write_text(json.dumps({"sysctls": previous, "ipsets": ipset_names()}, indent=2) + "\n")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     (RUN_DIR / "owner").write_text(str(node_dir) + "\n")
     if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
@@ -411,6 +548,19 @@ def prepare_host(node_dir: Path) -> None:
     _run("ip", "link", "set", BRIDGE, "up")
     for name, value in SYSCTLS.items():
         _sysctl_path(name).write_text(value)
+    _delete_service_range_rule()  # a crashed node's, so there is exactly one
+    _run("ip", "rule", "add", *SERVICE_RANGE_RULE)
+
+
+def _delete_service_range_rule() -> list[str]:
+    """Delete :data:`SERVICE_RANGE_RULE`, however many times it is there."""
+    for _ in range(10):
+        result = _run("ip", "rule", "del", *SERVICE_RANGE_RULE, check=False)
+        if result.returncode != 0:
+            if "No such file or directory" in result.stderr:
+                return []
+            return [f"ip rule del {' '.join(SERVICE_RANGE_RULE)}: {result.stderr.strip()}"]
+    return [f"ip rule {' '.join(SERVICE_RANGE_RULE)} still there after 10 deletions"]
 
 
 def _mounts_under(prefixes: list[Path]) -> list[str]:
@@ -464,7 +614,8 @@ def kill_pod_processes(containerd_socket: Path = RUN_DIR / "containerd.sock") ->
 
 
 def remove_kube_rules() -> list[str]:
-    """Remove every ``KUBE-`` chain and rule (kube-proxy's and the kubelet's), IPv4 and IPv6.
+    """Remove every ``KUBE-`` chain and rule, IPv4 and IPv6: kube-proxy's and the kubelet's, and
+    kube-router's (``KUBE-ROUTER-*``, ``KUBE-NWPLCY-*``, ``KUBE-POD-FW-*`` and the jumps to them).
 
     The rule set is dumped, filtered and restored in one step per family, so the host's other
     rules stay exactly as they are.
@@ -489,6 +640,27 @@ def remove_kube_rules() -> list[str]:
     return problems
 
 
+def ipset_names() -> list[str]:
+    """The machine's ip sets (none without the ``ipset`` command)."""
+    if shutil.which("ipset") is None:
+        return []
+    return sorted(_run("ipset", "list", "-n", check=False).stdout.split())
+
+
+def remove_kube_router_ipsets(keep: list[str]) -> list[str]:
+    """Destroy kube-router's ip sets, except those in ``keep`` (there before the node).
+
+    Only once no rule refers to them: after :func:`remove_kube_rules`.
+    """
+    problems = []
+    for name in ipset_names():
+        if is_kube_router_ipset(name) and name not in keep:
+            result = _run("ipset", "destroy", name, check=False)
+            if result.returncode != 0:
+                problems.append(f"ipset destroy {name}: {result.stderr.strip()}")
+    return problems
+
+
 def teardown_host(node_dir: Path) -> list[str]:
     """Undo everything :func:`prepare_host` and the node's components changed. Idempotent.
 
@@ -504,13 +676,16 @@ def teardown_host(node_dir: Path) -> list[str]:
         with contextlib.suppress(OSError):
             directory.rmdir()
     problems.extend(remove_kube_rules())
+    record = node_dir / "host.json"
+    recorded = json.loads(record.read_text()) if record.is_file() else {}
+    problems.extend(remove_kube_router_ipsets(keep=recorded.get("ipsets", [])))
+    problems.extend(_delete_service_range_rule())
     if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
         result = _run("ip", "link", "delete", BRIDGE, check=False)
         if result.returncode != 0:
             problems.append(f"deleting bridge {BRIDGE}: {result.stderr.strip()}")
-    record = node_dir / "host.json"
     if record.is_file():
-        for name, value in json.loads(record.read_text()).get("sysctls", {}).items():
+        for name, value in recorded.get("sysctls", {}).items():
             try:
                 _sysctl_path(name).write_text(value)
             except OSError as error:
@@ -718,7 +893,25 @@ class LocalNode:
         )
 
         wait("the node to be Ready", lambda: self._node_ready(api), 180)
+
+        # NetworkPolicy: kube-router reads its Node object (the node's address) at start, so it
+        # starts once the kubelet has registered it.
+        cert, key = node_pki.clients["kube-router"]
+        self._start_network_policies(
+            kubeconfig("kube-router", cert, key, "payloadrun:kube-router"), spawn, wait
+        )
         wait("CoreDNS /ready", self._dns_ready, 60)
+
+    def _start_network_policies(
+        self,
+        kubeconfig: Path,
+        spawn: Callable[[str, list[str]], ManagedProcess],
+        wait: Callable[[str, Callable[[], bool], float], None],
+    ) -> None:
+        wait("kube-proxy's first sync", lambda: kube_proxy_synced(filter_rules()), 60)
+        binary = self.binaries.path("kube-router")
+        spawn("kube-router", kube_router_args(binary, kubeconfig, self.ports["netpol-metrics"]))
+        wait("kube-router's first policy sync", lambda: kube_router_synced(filter_rules()), 60)
 
     @staticmethod
     def _apply(api: Callable[[str, str, dict | None], tuple[int, dict]], manifest: dict) -> None:

@@ -50,6 +50,67 @@ def test_the_kubelet_authenticates_its_clients_and_asks_the_api_server():
     assert config["imageGCHighThresholdPercent"] == 100  # imported images are never pulled again
 
 
+# iptables-save -t filter on the node, trimmed: kube-proxy's jumps, kube-router's, and the rules
+# the end of a kube-router policy sync writes
+PROXY_JUMPS = """\
+-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A OUTPUT -m conntrack --ctstate NEW -j KUBE-SERVICES
+"""
+PROXY_SYNCED = """\
+-A KUBE-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT
+"""
+ROUTER_JUMPS = """\
+-A INPUT -m comment --comment "kube-router netpol - 4IA2OSFRMVNDXBVV" -j KUBE-ROUTER-INPUT
+-A FORWARD -m comment --comment "kube-router netpol - TEMCG2JMHZYE7H7T" -j KUBE-ROUTER-FORWARD
+-A OUTPUT -m comment --comment "kube-router netpol - VEAAIY32XVBHCSCY" -j KUBE-ROUTER-OUTPUT
+"""
+ROUTER_SYNCED = "".join(
+    f'-A {chain} -m comment --comment "rule to explicitly ACCEPT traffic that comply to network '
+    f'policies" -m mark --mark 0x20000/0x20000 -j ACCEPT\n'
+    for chain in ("KUBE-ROUTER-INPUT", "KUBE-ROUTER-FORWARD", "KUBE-ROUTER-OUTPUT")
+)  # fmt: skip
+
+
+def test_kube_router_starts_after_kube_proxy_has_written_its_rules():
+    assert not node.kube_proxy_synced(PROXY_JUMPS)  # jumps inserted, rules not restored yet
+    assert node.kube_proxy_synced(PROXY_JUMPS + PROXY_SYNCED)
+
+
+def test_kube_router_is_ready_once_synced_with_its_chains_before_kube_proxys():
+    assert node.kube_router_synced(ROUTER_JUMPS + PROXY_JUMPS + PROXY_SYNCED + ROUTER_SYNCED)
+    assert not node.kube_router_synced(ROUTER_JUMPS + PROXY_JUMPS)  # no full sync yet
+    # after kube-proxy's jumps, kube-proxy's KUBE-FORWARD would accept Service traffic first
+    assert not node.kube_router_synced(PROXY_JUMPS + ROUTER_JUMPS + ROUTER_SYNCED)
+
+
+def test_kube_router_runs_its_policy_controller_only_with_nothing_on_other_addresses():
+    args = node.kube_router_args(Path("/bin/kube-router"), Path("/k.kubeconfig"), 10999)
+    assert "--run-firewall=true" in args
+    assert "--run-router=false" in args and "--run-service-proxy=false" in args
+    assert f"--service-cluster-ip-range={node.SERVICE_SUBNET}" in args
+    assert f"--hostname-override={node.NODE_NAME}" in args
+    # its health server would listen on every address: off; metrics on loopback
+    assert "--health-port=0" in args
+    assert "--metrics-addr=127.0.0.1" in args and "--metrics-port=10999" in args
+
+
+def test_only_kube_routers_ip_sets_are_destroyed_with_the_node():
+    assert node.is_kube_router_ipset("KUBE-SRC-T5DIORJ733K543G4")
+    assert node.is_kube_router_ipset("KUBE-DST-7MOZSJXIUHIRZ5JM")
+    assert node.is_kube_router_ipset("inet6:KUBE-DST-7MOZSJXIUHIRZ5JM")
+    assert node.is_kube_router_ipset("TMP-LXNCLNQVYSDEWXB2")
+    assert not node.is_kube_router_ipset("my-blocklist")
+    assert not node.is_kube_router_ipset("TMP-mine")  # not a hash: someone else's
+
+
+def test_only_untranslated_pod_traffic_to_the_service_range_is_refused_by_route():
+    rule = node.SERVICE_RANGE_RULE
+    assert rule[rule.index("iif") + 1] == node.BRIDGE
+    assert rule[rule.index("to") + 1] == node.SERVICE_SUBNET
+    assert rule[-1] == "prohibit"
+
+
 def claim(name: str, *, annotated: bool = True, phase: str = "Pending", **spec) -> dict:
     annotations = (
         {provisioner.STORAGE_PROVISIONER: provisioner.PROVISIONER_NAME} if annotated else {}

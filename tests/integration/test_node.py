@@ -19,7 +19,14 @@ import pytest
 
 from payloadrun_devcluster import Binaries, glusterfs, running_node_state_dir
 from payloadrun_devcluster.images import pause_image_name
-from payloadrun_devcluster.node import BRIDGE, RUN_DIR, SYSCTLS, running_node_owner
+from payloadrun_devcluster.node import (
+    BRIDGE,
+    RUN_DIR,
+    SYSCTLS,
+    ipset_names,
+    is_kube_router_ipset,
+    running_node_owner,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.node_lifecycle]
 
@@ -28,6 +35,8 @@ def host_snapshot() -> dict:
     """What the node changes on the host, as seen from outside."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
+    routing = subprocess.run(["ip", "rule"], capture_output=True, text=True, check=True)
+    ipsets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=True)
     mounts = Path("/proc/self/mountinfo").read_text()
     return {
         "bridge": f" {BRIDGE}:" in links.stdout,
@@ -35,6 +44,9 @@ def host_snapshot() -> dict:
         "kube chains": sorted(
             line.split()[0] for line in rules.stdout.splitlines() if line.startswith(":KUBE-")
         ),
+        # kube-router's policy ip sets, and the node's routing rule for the Service range
+        "ipsets": sorted(ipsets.stdout.split()),
+        "routing rules": routing.stdout.splitlines(),
         "node mounts": [
             line.split()[4]
             for line in mounts.splitlines()
@@ -94,6 +106,15 @@ PAUSE_POD = {
 }
 
 
+# kube-router makes ip sets of the pods a policy selects and admits: a crash leaves them behind
+POLICY = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "sandbox-from-pods", "namespace": "default"},
+    "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]},
+}
+
+
 def test_up_runs_pods_and_down_leaves_the_host_as_it_was(node_binaries, tmp_path):
     binaries = node_binaries
     before = host_snapshot()
@@ -107,6 +128,13 @@ def test_up_runs_pods_and_down_leaves_the_host_as_it_was(node_binaries, tmp_path
         created = kubectl(binaries, state, "apply", "-f", "-", input=json.dumps(PAUSE_POD))
         assert created.returncode == 0, created.stderr
         wait("a pod running on the node", lambda: pod_running(binaries, state, "sandbox-only"))
+        created = kubectl(binaries, state, "apply", "-f", "-", input=json.dumps(POLICY))
+        assert created.returncode == 0, created.stderr
+        wait(
+            "kube-router's ip sets of the policy",
+            lambda: any(is_kube_router_ipset(name) for name in ipset_names()),
+            timeout=30,
+        )
 
         # a crash: every process of the cluster killed at once, pods and mounts left behind
         recorded = json.loads((state / "state.json").read_text())["processes"]
