@@ -197,6 +197,10 @@ def resources(res: Resources | None, default: dict[str, Any] | None = None) -> M
 
 
 def sidecar_security_context(ctx: RunContext) -> Manifest:
+    """The sidecars' and the cleanup Job's container: Pod Security's ``restricted`` level on
+    its own, whatever the pod's template sets (every field is the container's), plus a
+    read-only root filesystem. tests/integration/test_pod_security.py has the API server admit
+    it, and refuse it with any one field less."""
     uid = ctx.settings.sidecar_uid
     return {
         "runAsNonRoot": True,

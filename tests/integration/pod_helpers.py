@@ -3,6 +3,7 @@ host process that a test can restart or upgrade (the fixtures are in conftest.py
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import urllib.request
@@ -20,6 +21,50 @@ NEXT_IMAGE = "payloadrun:e2e-next"  # the same image under a new tag: an upgrade
 # An orchestrator or trainer that waits until stopped, and stops at SIGTERM (not after the
 # grace period, as a `python -c "time.sleep(...)"` as PID 1 would)
 SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]
+
+# Pod Security's restricted level (the Pod Security Standards), as the runs' own containers
+# meet it: the operator adds no security context to the user's containers, so a template that is
+# to run in a restricted namespace carries it. The pod's part covers every container (the image's
+# user is uid 65532, so runAsNonRoot needs no runAsUser); the container's part is per container,
+# as the API has it.
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+MAIN_CONTAINERS = {"inference": "vllm", "orchestrator": "orchestrator", "trainer": "trainer"}
+POD_SECURITY = "pod-security.kubernetes.io"
+
+
+def pod_security_labels(level: str) -> dict[str, str]:
+    """A namespace's labels that make the API server enforce Pod Security ``level`` on its pods
+    (and warn about workloads whose pod templates it would refuse)."""
+    return {
+        f"{POD_SECURITY}/enforce": level,
+        f"{POD_SECURITY}/enforce-version": "latest",
+        f"{POD_SECURITY}/warn": level,
+        f"{POD_SECURITY}/warn-version": "latest",
+    }
+
+
+def restricted(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` (a PayloadRun) with every role's template restricted-compliant: the pod's and
+    each container's security context (the main container added to the template, by name, when
+    the role gives it by its short fields). What the template sets itself is kept (capabilities
+    it adds too, beside dropping the rest)."""
+    run = copy.deepcopy(run)
+    for role, main in MAIN_CONTAINERS.items():
+        template = run["spec"].setdefault(role, {}).setdefault("template", {})
+        spec = template.setdefault("spec", {})
+        spec["securityContext"] = {**RESTRICTED_POD, **spec.get("securityContext", {})}
+        containers = spec.setdefault("containers", [])
+        if not any(c.get("name") == main for c in containers):
+            containers.insert(0, {"name": main})
+        for container in [*containers, *spec.get("initContainers", [])]:
+            theirs = container.get("securityContext", {})
+            container["securityContext"] = {
+                **RESTRICTED_CONTAINER,
+                **theirs,
+                "capabilities": {"drop": ["ALL"], **theirs.get("capabilities", {})},
+            }
+    return run
 
 
 class Operator:
@@ -39,7 +84,8 @@ class Operator:
             env={
                 "PAYLOADRUN_SIDECAR_IMAGE": sidecar_image,
                 "PAYLOADRUN_SIDECAR_IMAGE_PULL_POLICY": "Never",
-                "PAYLOADRUN_READINESS_CHECK_SECONDS": "1",
+                # no resync in a test's time: every status change comes from watch events
+                "PAYLOADRUN_RESYNC_SECONDS": "3600",
             },
             log_path=self.tmp_path / f"operator-{self.starts}.log",
         ).start()

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from pod_helpers import pod_security_labels, restricted
 
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
@@ -55,7 +56,8 @@ RENDEZVOUS_LISTENER = ["python", "-m", "http.server", str(TRAINER_DIST_PORT), "-
 
 
 def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
-    return {
+    """The run, its own containers restricted-compliant (its namespace enforces restricted)."""
+    run = {
         "apiVersion": "payloadrun.dev/v1alpha1",
         "kind": "PayloadRun",
         "metadata": {"name": name, "namespace": NAMESPACE},
@@ -74,6 +76,7 @@ def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
             "trainer": {"image": image, "command": RENDEZVOUS_LISTENER, "replicas": 2},
         },
     }
+    return restricted(run)
 
 
 @dataclass
@@ -159,11 +162,20 @@ def _kind_backend() -> Backend:
     return Backend("kind", kubeconfig, {**os.environ, "KUBECONFIG": kubeconfig}, image)
 
 
+def restricted_namespace(backend: Backend, name: str) -> None:
+    """``name``, created when missing, enforcing Pod Security's restricted level: the operator's
+    pods, the run's and the outsiders all comply (tests/integration/test_pod_security.py)."""
+    backend.kubectl("create", "namespace", name, check=False)
+    labels = [f"{k}={v}" for k, v in pod_security_labels("restricted").items()]
+    backend.kubectl("label", "namespace", name, *labels, "--overwrite")
+
+
 @pytest.fixture(scope="module", params=["local", "kind"])
 def e2e(request, tmp_path_factory):
     backend = _local_backend(request) if request.param == "local" else _kind_backend()
     if backend.name == "kind":  # hack/kind-e2e.sh has installed the chart
-        backend.kubectl("create", "namespace", NAMESPACE, check=False)
+        restricted_namespace(backend, SYSTEM_NS)
+        restricted_namespace(backend, NAMESPACE)
         yield backend
         backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         return
@@ -174,6 +186,7 @@ def e2e(request, tmp_path_factory):
             args, capture_output=True, text=True, env=env, timeout=400, check=False
         )
 
+    restricted_namespace(backend, SYSTEM_NS)  # before the operator's pods are made
     # two operator pods: one acts on the Lease, one stands by
     install = run(
         "bash", str(REPO / "hack" / "install-chart.sh"), "e2e", "--set", "operator.replicas=2"
@@ -181,7 +194,7 @@ def e2e(request, tmp_path_factory):
     assert install.returncode == 0, install.stderr + backend.kubectl(
         "describe", "pods", "-n", SYSTEM_NS, check=False
     )
-    backend.kubectl("create", "namespace", NAMESPACE, check=False)
+    restricted_namespace(backend, NAMESPACE)
     yield backend
     # The operator pod watches every namespace: it must not outlive this module, or it would
     # reconcile the runs of the tests that come after it beside their own operator.

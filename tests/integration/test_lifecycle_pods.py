@@ -24,6 +24,7 @@ from pod_helpers import (
     live_pods,
     patch_run,
     pods,
+    restricted,
     running,
     wait_for,
     wait_for_phase,
@@ -32,7 +33,7 @@ from pod_helpers import (
 from payloadrun_operator.models import GROUP
 from payloadrun_operator.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 # The orchestrator of the end-to-end runs: one request by handle through the writer (a payload
 # file on the volume), policy step 7 to its retention sidecar, then it waits to be stopped.
 ORCHESTRATE = [
@@ -68,7 +69,8 @@ def run_manifest(
     trainers: int = 1,
     **spec: Any,
 ) -> dict[str, Any]:
-    return {
+    """The run, its own containers restricted-compliant (the namespaces enforce restricted)."""
+    run = {
         "apiVersion": f"{GROUP}/v1alpha1",
         "kind": "PayloadRun",
         "metadata": {"name": name},
@@ -84,6 +86,7 @@ def run_manifest(
             **spec,
         },
     }
+    return restricted(run)
 
 
 def templates(cluster, namespace: str, name: str) -> dict[str, Any] | None:

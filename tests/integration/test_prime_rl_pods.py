@@ -23,12 +23,13 @@ from pod_helpers import (
     get,
     kubectl,
     live_pods,
+    restricted,
     running,
     wait_for,
     wait_for_phase,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 
 ROLES = ["python", "-m", "payloadrun.testing.roles"]
 FAKE_VLLM = ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"]
@@ -36,7 +37,8 @@ ZMQ_PORT = 5555
 
 
 def run_body(name: str, **spec: Any) -> dict[str, Any]:
-    return {
+    """The run, its own containers restricted-compliant (the namespaces enforce restricted)."""
+    run = {
         "apiVersion": "payloadrun.dev/v1alpha1",
         "kind": "PayloadRun",
         "metadata": {"name": name},
@@ -46,6 +48,7 @@ def run_body(name: str, **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+    return restricted(run)
 
 
 def pods_of(cluster, namespace: str, run: str, component: str) -> list[dict[str, Any]]:
