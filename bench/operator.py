@@ -1,10 +1,32 @@
-"""Operator benchmark on the local control plane (cluster/build.sh builds it).
+"""Operator benchmark on the local control plane (cluster/build.sh builds it); no node.
 
 Latency: from the create call of a PayloadRun to its status reporting every child applied
 (``observedGeneration`` set, which the operator writes only after the last child), p50 and p95,
-for 50 runs created one at a time and 50 created at once. Baseline, same run: the same children
-server-side applied straight from this process, one run's worth at a time (the API server's own
-share of the work).
+for ``--runs`` runs created one at a time and as many created at once (8 create calls in
+flight). Baseline, same run: the same children server-side applied straight from this process,
+one run's worth at a time (the API server's own share of the work). The times are taken from a
+watch of the runs in this process, so the benchmark adds no list calls of its own.
+
+Readiness: with those runs reconciled, the time from the children's status saying every pod is
+ready to the run's ``Ready`` condition being True, p50 and p95 over ``--ready-runs`` runs, one
+run made ready every 0.2 s (so a periodic check is met at every phase of its period). Without a
+kubelet no pod runs, so this process plays the kube-controller-manager's StatefulSet and Job
+controllers (disabled here, with the PersistentVolume binder: they would overwrite the status
+it writes, and retry failed pod creations and provisioning forever): it creates each workload's
+pods from its template (5 a run, Pending), and for readiness patches them Running and Ready,
+then their StatefulSet's status (``readyReplicas`` ...) and Jobs' (``active``, ``ready``), the
+last patch's start being the time from which the latency is counted.
+
+Idle cost: with nothing changing (15 s after the last change), the operator's CPU over 60 s
+(utime + stime from /proc, as a share of one core) and its API requests per minute, counted by
+the API server itself: the operator runs as a service account of its own (bound to
+cluster-admin), and the API server writes an audit log (level Metadata) of that user's requests
+only; a watch counts once, when opened. Measured at the runs above and, with ``--scale``, at
+that many runs, in the same run: their ratio says whether the requests grow with the runs.
+
+``--scale N`` (e.g. 1000): the runs brought to N in all (created 8 at a time, their pods after
+them), then the idle cost again, 50 more runs created at once (p95), readiness again and the
+operator's RSS. About 8 minutes at 1,000 on 2 vCPUs; progress goes to stderr.
 
 The operator's own share: admission (the pod templates composed) and building one run's
 children, p50 of 200 rounds in this process, against the direct apply's p50.
@@ -15,25 +37,38 @@ in its image, where ``import kubernetes`` fails (:class:`LocalOperator`): this e
 the client for the benchmark's own calls, and kopf would import it into the operator too.
 ``--client-libraries`` lets the operator import it, to see what that costs.
 
-    python bench/operator.py [--runs 50] [--client-libraries]
+Another commit's operator: ``git archive <commit> operator | tar -x -C /tmp/op`` and run this
+with ``PYTHONPATH=/tmp/op/operator`` (the operator process and this one's builders both use it).
+
+    python bench/operator.py [--runs 50] [--scale 1000] [--client-libraries]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import kopf
+import urllib3
 import yaml
-from kubernetes import client, config
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
 
 from payloadrun_devcluster import LocalCluster
 from payloadrun_operator.admission import admit
@@ -41,11 +76,25 @@ from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.models import GROUP, PLURAL, VERSION, PayloadRunSpec
+from payloadrun_operator.names import LABEL_RUN, MANAGED_SELECTOR
 from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.testing import CLIENT_LIBRARIES, LocalOperator
-from report import Goal, print_goals, print_load
+from report import Goal, machine_load, print_goals, print_load
 
 MIB = 1 << 20
+CONCURRENCY = 8  # create calls in flight from this process
+READY_SPACING = 0.2  # seconds between two runs made ready
+SETTLE_SECONDS = 15.0  # after the last change, before an idle measurement
+MORE_AT_SCALE = 50
+BENCH_NAMESPACE = "payloadrun-bench"  # the operator's service account
+OPERATOR_SA = "payloadrun-operator"
+OPERATOR_USER = f"system:serviceaccount:{BENCH_NAMESPACE}:{OPERATOR_SA}"
+# The controllers this process plays (they would undo the children's status it writes).
+PLAYED_CONTROLLERS = (
+    "statefulset-controller",
+    "job-controller",
+    "persistentvolume-binder-controller",
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # the PayloadRun of the example (its file also holds a ConfigMap of prime-rl's configs)
@@ -54,6 +103,29 @@ REPO = Path(__file__).resolve().parents[1]
     for d in yaml.safe_load_all((REPO / "examples/multinode-by-handle.yaml").read_text())
     if d and d.get("kind") == "PayloadRun"
 ]
+RunKey = tuple[str, str]  # (namespace, name)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Phases:
+    """How long each phase took, printed at the end."""
+
+    took: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timed(self, label: str) -> Iterator[None]:
+        progress(f"{label} ...")
+        t0 = time.monotonic()
+        yield
+        self.took.append((label, time.monotonic() - t0))
+        progress(f"{label}: {self.took[-1][1]:.1f} s")
+
+
+# --- the operator's process -----------------------------------------------------------------------
 
 
 def rss_mib(pid: int) -> float:
@@ -61,6 +133,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` so far (its threads included, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def import_rss_mib(imports: str) -> float:
@@ -82,6 +160,80 @@ def kopf_floor_mib() -> float:
     )
 
 
+# --- the operator's requests, as the API server saw them ------------------------------------------
+
+
+def audit_policy(user: str) -> dict:
+    """Every request of ``user`` at level Metadata (who, what, when: no bodies), no one else's."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "users": [user]}, {"level": "None"}],
+    }
+
+
+def audit_args(state: Path) -> list[str]:
+    policy = state / "audit-policy.yaml"
+    policy.write_text(json.dumps(audit_policy(OPERATOR_USER)))
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={state / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",  # written before the response: nothing lost at a window's end
+    ]
+
+
+def audited_requests(log: Path, since: float, until: float) -> Counter[str]:
+    """The requests received between the wall-clock times ``since`` and ``until``, by verb and
+    resource. A watch has two audit events (its response started, completed): one request."""
+    seen: dict[str, str] = {}
+    with open(log) as f:
+        for line in f:
+            event = json.loads(line)
+            when = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            if since <= when < until:
+                ref = event.get("objectRef") or {}
+                what = "/".join(p for p in (ref.get("resource"), ref.get("subresource")) if p)
+                seen[event["auditID"]] = f"{event['verb']} {what or event['requestURI']}"
+    return Counter(seen.values())
+
+
+def breakdown(requests: Counter[str], per: float = 1.0) -> str:
+    return ", ".join(f"{what} {n / per:.3g}" for what, n in requests.most_common())
+
+
+@dataclass(frozen=True)
+class Idle:
+    runs: int
+    seconds: float
+    cpu: float  # the operator's, cores
+    apiserver_cpu: float
+    requests: Counter[str]
+    load: str
+
+    @property
+    def per_minute(self) -> float:
+        return sum(self.requests.values()) * 60 / self.seconds
+
+
+def measure_idle(
+    op_pid: int, apiserver_pid: int, audit_log: Path, runs: int, seconds: float
+) -> Idle:
+    time.sleep(SETTLE_SECONDS)
+    load = machine_load()
+    wall0, t0 = time.time(), time.monotonic()
+    op0, api0 = cpu_seconds(op_pid), cpu_seconds(apiserver_pid)
+    time.sleep(seconds)
+    op1, api1 = cpu_seconds(op_pid), cpu_seconds(apiserver_pid)
+    wall1, elapsed = time.time(), time.monotonic() - t0
+    requests = audited_requests(audit_log, wall0, wall1)
+    return Idle(runs, elapsed, (op1 - op0) / elapsed, (api1 - api0) / elapsed, requests, load)
+
+
+# --- the runs -------------------------------------------------------------------------------------
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -93,21 +245,125 @@ def run_body(name: str) -> dict:
     return body
 
 
-def wait_reconciled(custom: client.CustomObjectsApi, ns: str, names: set[str], t0: dict) -> dict:
-    done: dict[str, float] = {}
-    deadline = time.monotonic() + 300
-    while len(done) < len(names):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(names) - len(done)} runs not reconciled after 300 s")
-        items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+def run_keys(namespace: str, count: int, start: int = 0) -> list[RunKey]:
+    return [(namespace, f"run-{i:04d}") for i in range(start, start + count)]
+
+
+def is_ready(run: dict) -> bool:
+    conditions = (run.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class RunWatch:
+    """When each run was first seen reconciled, and first seen Ready, from one watch of every
+    run in the cluster (relisted when the watch's resourceVersion is too old)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.changed = threading.Condition()
+        self.reconciled: dict[RunKey, float] = {}
+        self.ready: dict[RunKey, float] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="run-watch", daemon=True)
+
+    def __enter__(self) -> RunWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+
+    def _see(self, run: dict, now: float) -> None:
+        meta = run["metadata"]
+        key = (meta["namespace"], meta["name"])
+        status = run.get("status") or {}
+        with self.changed:
+            if status.get("observedGeneration") == meta.get("generation"):
+                self.reconciled.setdefault(key, now)
+            if is_ready(run):
+                self.ready.setdefault(key, now)
+            self.changed.notify_all()
+
+    def _relist(self) -> str:
+        listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
         now = time.monotonic()
-        for item in items:
-            name = item["metadata"]["name"]
-            reported = (item.get("status") or {}).get("observedGeneration") == 1
-            if name in names and name not in done and reported:
-                done[name] = now - t0[name]
-        time.sleep(0.02)
-    return done
+        for run in listed["items"]:
+            self._see(run, now)
+        return listed["metadata"]["resourceVersion"]
+
+    def _follow(self) -> None:
+        version = self._relist()
+        while not self._stopping.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    resource_version=version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=30,
+                ):
+                    if event["type"] == "ERROR":
+                        version = self._relist()
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._see(event["object"], time.monotonic())
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                version = self._relist()
+            except urllib3.exceptions.HTTPError:  # the API server went away, or stops
+                if self._stopping.wait(1.0):
+                    return
+
+    def wait(
+        self,
+        seen: dict[RunKey, float],
+        keys: Iterable[RunKey],
+        what: str,
+        timeout: float,
+        logs: Callable[[], str] = lambda: "",
+    ) -> None:
+        """Until every one of ``keys`` is in ``seen`` (``self.reconciled`` or ``self.ready``),
+        with a line of progress every 10 s."""
+        wanted = set(keys)
+        deadline = time.monotonic() + timeout
+        told = time.monotonic()
+        with self.changed:
+            while missing := wanted - seen.keys():
+                now = time.monotonic()
+                if now > deadline:
+                    raise TimeoutError(
+                        f"{len(missing)} of {len(wanted)} runs not {what} after {timeout:.0f} s "
+                        f"(e.g. {sorted(missing)[:3]}); the operator's log ends:\n{logs()}"
+                    )
+                if now - told > 10:
+                    progress(f"  {len(wanted) - len(missing)} of {len(wanted)} runs {what}")
+                    told = now
+                self.changed.wait(1.0)
+
+    def latencies(self, seen: dict[RunKey, float], since: dict[RunKey, float]) -> list[float]:
+        return [seen[key] - t0 for key, t0 in since.items()]
+
+
+def create_runs(
+    custom: client.CustomObjectsApi, keys: list[RunKey], concurrency: int = CONCURRENCY
+) -> dict[RunKey, float]:
+    """Create the runs, ``concurrency`` calls in flight; when each create call was made."""
+    sent: dict[RunKey, float] = {}
+
+    def create(key: RunKey) -> None:
+        namespace, name = key
+        sent[key] = time.monotonic()
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body(name))
+        if len(sent) % 250 == 0:
+            progress(f"  {len(sent)} of {len(keys)} runs created")
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(create, keys))
+    return sent
 
 
 def make_namespace(core: client.CoreV1Api, name: str) -> str:
@@ -115,26 +371,144 @@ def make_namespace(core: client.CoreV1Api, name: str) -> str:
     return name
 
 
-def bench_operator(api_client: client.ApiClient, runs: int) -> dict[str, list[float]]:
-    custom = client.CustomObjectsApi(api_client)
+# --- the controllers' part: pods, and the children's status ---------------------------------------
+
+
+@dataclass
+class RunChildren:
+    """One run's workloads, as (kind, name, generation, pods wanted), and its pods' names."""
+
+    workloads: list[tuple[str, str, int, int]] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)
+
+
+def workload_pods(workload: dict) -> list[dict]:
+    """The pods a StatefulSet's or a Job's controller would create from its template."""
+    meta, spec = workload["metadata"], workload["spec"]
+    template = spec["template"]
+    owner = {
+        "apiVersion": workload["apiVersion"],
+        "kind": workload["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    pods = []
+    if workload["kind"] == "StatefulSet":
+        count = spec.get("replicas", 1)
+    else:
+        count = spec.get("parallelism", 1) if not spec.get("suspend") else 0
+    for i in range(count):
+        pod_meta = copy.deepcopy(template.get("metadata") or {})
+        labels = pod_meta.setdefault("labels", {})
+        pod_spec = copy.deepcopy(template["spec"])
+        if workload["kind"] == "StatefulSet":
+            name = f"{meta['name']}-{i}"
+            labels |= {
+                "statefulset.kubernetes.io/pod-name": name,
+                "apps.kubernetes.io/pod-index": str(i),
+            }
+            pod_spec |= {"hostname": name, "subdomain": spec.get("serviceName", "")}
+        else:
+            name = f"{meta['name']}-{i}-bench"
+            labels |= {
+                "batch.kubernetes.io/job-name": meta["name"],
+                "batch.kubernetes.io/controller-uid": meta["uid"],
+                "batch.kubernetes.io/job-completion-index": str(i),
+            }
+            pod_meta.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = (
+                str(i)
+            )
+            pod_spec["hostname"] = f"{meta['name']}-{i}"
+        pod_meta |= {"name": name, "namespace": meta["namespace"], "ownerReferences": [owner]}
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec})
+    return pods
+
+
+def list_raw(call: Callable, namespace: str, **params: str) -> list[dict]:
+    resp = call(namespace, _preload_content=False, **params)
+    return json.loads(resp.data)["items"]
+
+
+def create_pods(
+    api_client: client.ApiClient, namespace: str, concurrency: int = CONCURRENCY
+) -> dict[str, RunChildren]:
+    """Create the pods of every workload of the operator's in ``namespace``; each run's."""
+    apps, batch = client.AppsV1Api(api_client), client.BatchV1Api(api_client)
     core = client.CoreV1Api(api_client)
-    out = {}
-    ns = make_namespace(core, "bench-one-at-a-time")
-    latencies = []
-    for i in range(runs):
-        name = f"run-{i:03d}"
-        t0 = {name: time.monotonic()}
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, run_body(name))
-        latencies += wait_reconciled(custom, ns, {name}, t0).values()
-    out["one at a time"] = latencies
-    ns = make_namespace(core, "bench-all-at-once")
-    t0 = {}
-    for i in range(runs):
-        name = f"run-{i:03d}"
-        t0[name] = time.monotonic()
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, run_body(name))
-    out[f"{runs} at once"] = list(wait_reconciled(custom, ns, set(t0), t0).values())
-    return out
+    runs: dict[str, RunChildren] = {}
+    pods: list[dict] = []
+    for api_version, kind, call in (
+        ("apps/v1", "StatefulSet", apps.list_namespaced_stateful_set),
+        ("batch/v1", "Job", batch.list_namespaced_job),
+    ):
+        for workload in list_raw(call, namespace, label_selector=MANAGED_SELECTOR):
+            workload |= {"apiVersion": api_version, "kind": kind}
+            meta = workload["metadata"]
+            children = runs.setdefault(meta["labels"][LABEL_RUN], RunChildren())
+            made = workload_pods(workload)
+            children.workloads.append((kind, meta["name"], meta["generation"], len(made)))
+            children.pods += [p["metadata"]["name"] for p in made]
+            pods += made
+    created = 0
+
+    def create(pod: dict) -> None:
+        nonlocal created
+        core.create_namespaced_pod(namespace, pod)
+        created += 1
+        if created % 1000 == 0:
+            progress(f"  {created} of {len(pods)} pods created")
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(create, pods))
+    return runs
+
+
+def rfc3339_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def make_ready(api_client: client.ApiClient, namespace: str, children: RunChildren) -> float:
+    """Patch the run's pods Running and Ready, then its workloads' status as their controllers
+    would; the time the last workload's patch was sent."""
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    batch = client.BatchV1Api(api_client)
+    now = rfc3339_now()
+    true = [
+        {"type": t, "status": "True", "lastTransitionTime": now}
+        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    ]
+    for pod in children.pods:
+        core.patch_namespaced_pod_status(
+            pod, namespace, {"status": {"phase": "Running", "startTime": now, "conditions": true}}
+        )
+    sent = 0.0
+    for kind, name, generation, pods in children.workloads:
+        sent = time.monotonic()
+        if kind == "StatefulSet":
+            apps.patch_namespaced_stateful_set_status(
+                name,
+                namespace,
+                {
+                    "status": {
+                        "observedGeneration": generation,
+                        "replicas": pods,
+                        "readyReplicas": pods,
+                        "currentReplicas": pods,
+                        "updatedReplicas": pods,
+                        "availableReplicas": pods,
+                    }
+                },
+            )
+        else:
+            batch.patch_namespaced_job_status(
+                name, namespace, {"status": {"active": pods, "ready": pods, "startTime": now}}
+            )
+    return sent
+
+
+# --- the baselines --------------------------------------------------------------------------------
 
 
 def bench_direct_apply(kubeconfig: Path, runs: int) -> list[float]:
@@ -151,7 +525,7 @@ def bench_direct_apply(kubeconfig: Path, runs: int) -> list[float]:
         try:
             decision = decide_payload_mode(spec)
             for i in range(runs):
-                name = f"run-{i:03d}"
+                name = f"run-{i:04d}"
                 ctx = RunContext(name, "bench-direct", f"uid-{i}", spec, decision, settings)
                 t0 = time.monotonic()
                 for child in build_children(ctx):
@@ -181,71 +555,325 @@ def bench_admit_and_build(rounds: int = 200) -> list[float]:
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+# --- the cluster ----------------------------------------------------------------------------------
+
+
+def bench_cluster(state: Path) -> LocalCluster:
+    state.mkdir(parents=True)
+    disabled = ",".join(f"-{c}" for c in PLAYED_CONTROLLERS)
+    return LocalCluster(
+        state / "cluster",
+        extra_args={
+            "kube-apiserver": audit_args(state),
+            "kube-controller-manager": [f"--controllers=*,{disabled}"],
+        },
     )
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument(
-        "--client-libraries",
-        action="store_true",
-        help="let the operator import the kubernetes client (its image has none)",
+
+
+def operator_identity(cluster: LocalCluster, kubeconfig: Path) -> Path:
+    """A service account for the operator (cluster-admin), so its requests are its own."""
+    manifests = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BENCH_NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": OPERATOR_SA, "namespace": BENCH_NAMESPACE},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "payloadrun-bench-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": BENCH_NAMESPACE}
+            ],
+        },
+        # the example's pods ask for it; without it the API server refuses them
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+        },
+    ]
+    cluster.kubectl(
+        "apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests), check=True
     )
-    args = parser.parse_args()
-    print_load("start")
+    return cluster.service_account_kubeconfig(
+        BENCH_NAMESPACE, OPERATOR_SA, kubeconfig, expiration_seconds=24 * 3600
+    )
+
+
+# --- the benchmark --------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    """What one benchmark run measured; the labels say at how many runs."""
+
+    direct: list[float] = field(default_factory=list)
+    latency: dict[str, list[float]] = field(default_factory=dict)  # apply -> status reported
+    requests: dict[str, tuple[int, Counter[str]]] = field(default_factory=dict)  # (runs, calls)
+    ready: dict[str, list[float]] = field(default_factory=dict)  # children ready -> Ready
+    idle: list[Idle] = field(default_factory=list)
+    rss: dict[str, float] = field(default_factory=dict)  # MiB
+
+
+class Bench:
+    """The cluster, this process's clients and watch, the operator, and what they measured."""
+
+    def __init__(
+        self, cluster: LocalCluster, audit_log: Path, runs: RunWatch, op: LocalOperator
+    ) -> None:
+        self.cluster, self.audit_log, self.runs, self.op = cluster, audit_log, runs, op
+        self.api_client = runs.custom.api_client
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = runs.custom
+        self.children: dict[str, dict[str, RunChildren]] = {}  # namespace -> run -> children
+        self.total = 0  # runs created
+        self.results = Results()
+
+    def reconciled(self, sent: dict[RunKey, float], timeout: float) -> list[float]:
+        self.runs.wait(self.runs.reconciled, sent, "reconciled", timeout, self.op.log_tail)
+        self.total += len(sent)
+        return self.runs.latencies(self.runs.reconciled, sent)
+
+    def one_at_a_time(self, label: str, keys: list[RunKey]) -> None:
+        latencies: list[float] = []
+        for key in keys:
+            latencies += self.reconciled(create_runs(self.custom, [key], 1), 60)
+        self.results.latency[label] = latencies
+
+    def at_once(self, label: str, keys: list[RunKey], timeout: float = 300) -> None:
+        """``keys`` created CONCURRENCY at a time; their latencies, and the operator's requests
+        from the first create to the last run reconciled (``label`` None: none recorded)."""
+        wall0 = time.time()
+        latencies = self.reconciled(create_runs(self.custom, keys), timeout)
+        self.results.latency[label] = latencies
+        self.results.requests[label] = (
+            len(keys),
+            audited_requests(self.audit_log, wall0, time.time()),
+        )
+
+    def pods(self, namespace: str) -> None:
+        self.children[namespace] = create_pods(self.api_client, namespace)
+
+    def readiness(self, label: str, keys: list[RunKey]) -> None:
+        """Make ``keys`` ready one every READY_SPACING s; the latencies to their Ready=True."""
+        sent: dict[RunKey, float] = {}
+        next_at = time.monotonic()
+        for namespace, name in keys:
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += READY_SPACING
+            children = self.children[namespace][name]
+            sent[namespace, name] = make_ready(self.api_client, namespace, children)
+        self.runs.wait(self.runs.ready, keys, "Ready", 180, self.op.log_tail)
+        self.results.ready[label] = self.runs.latencies(self.runs.ready, sent)
+
+    def idle(self, seconds: float) -> None:
+        apiserver = self.cluster.processes["kube-apiserver"].pid
+        self.results.idle.append(
+            measure_idle(self.op.pid, apiserver, self.audit_log, self.total, seconds)
+        )
+
+    def rss(self, label: str) -> None:
+        self.results.rss[label] = rss_mib(self.op.pid)
+
+
+def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
+    small = 2 * args.runs + 1  # one at a time, at once, and the warm-up run
+    ready_runs = min(args.ready_runs, args.runs)
     with (
         tempfile.TemporaryDirectory(prefix="payloadrun-bench-op-") as tmp,
-        LocalCluster(Path(tmp) / "cluster") as cluster,
+        bench_cluster(Path(tmp) / "state") as cluster,
     ):
         print(f"control plane up at {cluster.server}", flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"), check=True)
         cluster.wait_established(f"{PLURAL}.{GROUP}")
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        make_namespace(client.CoreV1Api(api_client), "bench-direct")
-        direct = bench_direct_apply(cluster.kubeconfig, args.runs)
-        with LocalOperator(
-            cluster.kubeconfig,
-            log_path=Path(tmp) / "operator.log",
-            client_libraries=args.client_libraries,
-        ) as op:
-            start_rss = rss_mib(op.pid)
-            results = bench_operator(api_client, args.runs)
-            end_rss = rss_mib(op.pid)
-        floor = client_floor_mib()
-        kopf_floor = kopf_floor_mib()
+        api_client.configuration.connection_pool_maxsize = 2 * CONCURRENCY
+        core = client.CoreV1Api(api_client)
+        make_namespace(core, "bench-direct")
+        with phases.timed(f"direct SSA of {args.runs} runs' children"):
+            direct = bench_direct_apply(cluster.kubeconfig, args.runs)
+        op_kubeconfig = operator_identity(cluster, Path(tmp) / "operator.kubeconfig")
+        with (
+            RunWatch(api_client) as runs,
+            LocalOperator(
+                op_kubeconfig,
+                log_path=Path(tmp) / "operator.log",
+                client_libraries=args.client_libraries,
+            ) as op,
+        ):
+            bench = Bench(cluster, Path(tmp) / "state" / "audit.log", runs, op)
+            bench.results.direct = direct
+            bench.rss("start")
+            # the first run also waits for the operator's start (its lists, its lease)
+            warmup = run_keys(make_namespace(core, "bench-warmup"), 1)
+            bench.reconciled(create_runs(bench.custom, warmup), 120)
+            with phases.timed(f"{args.runs} runs one at a time"):
+                keys = run_keys(make_namespace(core, "bench-one-at-a-time"), args.runs)
+                bench.one_at_a_time("one at a time", keys)
+            with phases.timed(f"{args.runs} runs at once"):
+                keys = run_keys(make_namespace(core, "bench-at-once"), args.runs)
+                bench.at_once(f"{args.runs} at once", keys)
+            with phases.timed(f"the pods of {small} runs, {ready_runs} made ready"):
+                for namespace in ("bench-warmup", "bench-one-at-a-time", "bench-at-once"):
+                    bench.pods(namespace)
+                bench.readiness(f"at {small} runs", keys[:ready_runs])
+            bench.rss(f"after {small} runs")
+            with phases.timed(f"idle at {small} runs"):
+                bench.idle(args.idle_seconds)
+            if args.scale:
+                scale_up(bench, args, phases)
+    return bench.results
 
-    base_p50 = statistics.median(direct)
+
+def scale_up(bench: Bench, args: argparse.Namespace, phases: Phases) -> None:
+    """The runs brought to ``--scale``, idle there, then MORE_AT_SCALE more at once."""
+    ready_runs = min(args.ready_runs, args.runs)
+    namespace = make_namespace(bench.core, "bench-scale")
+    count = args.scale - bench.total
+    with phases.timed(f"{count} more runs, to {args.scale}"):
+        keys = run_keys(namespace, count)
+        bench.reconciled(create_runs(bench.custom, keys), 900)
+    with phases.timed(f"their pods ({count} runs)"):
+        bench.pods(namespace)
+    with phases.timed(f"idle at {args.scale} runs"):
+        bench.idle(args.idle_seconds)
+    with phases.timed(f"{MORE_AT_SCALE} more at once, at {args.scale} runs"):
+        bench.at_once(
+            f"{MORE_AT_SCALE} more at {args.scale}", run_keys(namespace, MORE_AT_SCALE, count)
+        )
+    bench.rss(f"after {bench.total} runs")
+    with phases.timed(f"{ready_runs} made ready, at {bench.total} runs"):
+        bench.readiness(f"at {bench.total} runs", keys[:ready_runs])
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def latency_row(label: str, values: list[float], base: float | None = None) -> str:
+    p50, p95 = statistics.median(values), percentile(values, 0.95)
+    ratio = f"{p95 / base:>15.1f}" if base else ""
+    return f"{label:<40} {p50 * 1e3:>7.0f}ms {p95 * 1e3:>7.0f}ms {ratio}"
+
+
+def idle_lines(idle: Idle) -> list[str]:
+    return [
+        f"idle at {idle.runs} runs ({idle.seconds:.0f} s, {idle.load}): operator CPU "
+        f"{idle.cpu * 100:.2f}% of a core, API server {idle.apiserver_cpu * 100:.1f}%; "
+        f"{idle.per_minute:.1f} operator requests/min",
+        f"  per minute: {breakdown(idle.requests, idle.seconds / 60) or 'none'}",
+    ]
+
+
+def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
+    base_p50 = statistics.median(r.direct)
     build_p50 = statistics.median(bench_admit_and_build())
     print()
     print(
         f"admission + building one run's children, in the operator: {build_p50 * 1e3:.1f} ms "
         f"p50 over 200 rounds, {build_p50 / base_p50:.2f} of the direct SSA p50"
     )
-    print(f"{'apply -> status reported':<28} {'p50':>8} {'p95':>8} {'p95/direct p50':>15}")
-    rows = [("direct SSA of the children", direct, None)]
-    rows += [(f"operator, {label}", values, base_p50) for label, values in results.items()]
-    for label, values, base in rows:
-        p50, p95 = statistics.median(values), percentile(values, 0.95)
-        ratio = f"{p95 / base:>15.1f}" if base else ""
-        print(f"{label:<28} {p50 * 1e3:>6.0f}ms {p95 * 1e3:>6.0f}ms {ratio}")
+    print(f"{'apply -> status reported':<40} {'p50':>9} {'p95':>9} {'p95/direct p50':>15}")
+    print(latency_row("direct SSA of the children", r.direct))
+    for label, values in r.latency.items():
+        print(latency_row(f"operator, {label}", values, base_p50))
+    for label, (runs, requests) in r.requests.items():
+        print(f"operator requests per run, {label}: {breakdown(requests, runs)}")
+    print()
+    print(f"{'children ready -> run Ready':<40} {'p50':>9} {'p95':>9}")
+    for label, values in r.ready.items():
+        print(latency_row(f"{len(values)} runs, {label}", values))
+    print()
+    for idle in r.idle:
+        print("\n".join(idle_lines(idle)))
+    if len(r.idle) > 1:
+        ratio = r.idle[-1].per_minute / max(r.idle[0].per_minute, 1.0)
+        print(f"requests/min at {r.idle[-1].runs} runs / at {r.idle[0].runs}: {ratio:.2f}")
     print()
     if args.client_libraries:
         print("operator: kopf could import the kubernetes client (not so in the operator image)")
     else:
         print("operator: as in its image, import kubernetes fails (--client-libraries allows it)")
-    print(
-        f"operator RSS at start {start_rss:.0f} MiB, after {2 * args.runs} runs {end_rss:.0f} MiB"
-    )
+    print("operator RSS " + ", ".join(f"{label} {mib:.0f} MiB" for label, mib in r.rss.items()))
+    floor, kopf_floor = client_floor_mib(), kopf_floor_mib()
     print(f"a process that only imports kopf, no client library: {kopf_floor:.0f} MiB")
     print(f"a process that only imports kopf + the kubernetes client: {floor:.0f} MiB")
-    print(f"ratio operator / client floor: {end_rss / floor:.2f}")
+    print(f"ratio operator / client floor: {list(r.rss.values())[-1] / floor:.2f}")
     print()
-    goals = [
-        Goal.at_most(f"operator p95, {label} (s)", percentile(values, 0.95), 2)
-        for label, values in results.items()
+    print("phases: " + "; ".join(f"{label} {took:.0f} s" for label, took in phases.took))
+    print()
+    print_goals(goals(r, args))
+
+
+def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
+    def p95(values: list[float]) -> float:
+        return percentile(values, 0.95)
+
+    small = 2 * args.runs + 1
+    out = [
+        Goal.at_most("operator p95, one at a time (s)", p95(r.latency["one at a time"]), 2),
+        Goal.at_most(
+            f"operator p95, {args.runs} at once (s)", p95(r.latency[f"{args.runs} at once"]), 0.5
+        ),
+        Goal.at_most("children ready -> Ready, p95 (s)", p95(r.ready[f"at {small} runs"]), 1),
+        Goal.at_most(
+            f"operator RSS after {small} runs (MB)", r.rss[f"after {small} runs"] * MIB / 1e6, 100
+        ),
     ]
-    goals.append(Goal.at_most("operator RSS after the runs (MB)", end_rss * MIB / 1e6, 100))
-    print_goals(goals)
+    if args.scale:
+        small_idle, scale_idle = r.idle[0], r.idle[-1]
+        total = args.scale + MORE_AT_SCALE
+        out += [
+            Goal.at_most(
+                f"p95, {MORE_AT_SCALE} more at {args.scale} runs (s)",
+                p95(r.latency[f"{MORE_AT_SCALE} more at {args.scale}"]),
+                1,
+            ),
+            Goal.at_most(f"idle CPU at {args.scale} runs (% of a core)", scale_idle.cpu * 100, 1),
+            Goal.at_most(
+                f"requests/min, {args.scale} runs / {small}",
+                scale_idle.per_minute / max(small_idle.per_minute, 1.0),
+                1.25,
+            ),
+            Goal.at_most(
+                f"operator RSS after {total} runs (MB)",
+                r.rss[f"after {total} runs"] * MIB / 1e6,
+                150,
+            ),
+        ]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=50, help="runs one at a time, and at once")
+    parser.add_argument("--ready-runs", type=int, default=50, help="runs made ready (<= --runs)")
+    parser.add_argument(
+        "--scale", type=int, default=0, help="then bring the runs to this many (e.g. 1000)"
+    )
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--client-libraries",
+        action="store_true",
+        help="let the operator import the kubernetes client (its image has none)",
+    )
+    args = parser.parse_args()
+    small = 2 * args.runs + 1
+    if args.scale and args.scale <= small:
+        parser.error(f"--scale must be more than the {small} runs that --runs {args.runs} makes")
+    phases = Phases()
+    print_load("start")
+    results = run_bench(args, phases)
+    print_results(results, args, phases)
     print_load("end")
 
 
