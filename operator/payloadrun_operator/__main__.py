@@ -165,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, lambda *_: stop.set())
         if not elector.acquire(stop):
             return 0
-        op.metrics.leader.set(1)
         threading.Thread(
             target=elector.keep, args=(stop, heartbeat, lost), name="lease-renewal", daemon=True
         ).start()
+    op.metrics.leader.set(1)  # acting: the Lease's holder, or alone without an election
     if health is not None:
         health.role = "leader" if elector else "alone"
     try:
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         stop.set()
+        op.metrics.leader.set(0)
         if elector is not None:
             elector.release()
-            op.metrics.leader.set(0)
     return 0
 
 

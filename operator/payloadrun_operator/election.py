@@ -113,7 +113,7 @@ class LeaseApi:
     def _connect(self) -> None:
         self._info = self._login()
         if self._info is None:
-            raise RuntimeError(
+            raise ApiUnreachable(
                 "no credentials: run in a pod with a service account, or set KUBECONFIG"
             )
         self._ssl = self._info.as_ssl_context()
@@ -144,6 +144,11 @@ class LeaseApi:
                 except ValueError:
                     payload = {}
                 return exc.code, payload if isinstance(payload, dict) else {}
+            except OSError as exc:  # URLError, a timeout, a reset connection
+                reason = getattr(exc, "reason", None) or exc
+                raise ApiUnreachable(
+                    f"cannot reach the API server at {self._info.server}: {reason}"
+                ) from exc
         raise AssertionError("unreachable")
 
     @property
@@ -182,6 +187,10 @@ class LeaseApi:
         if status != 200:
             raise LeaseError(f"updating Lease {self.namespace}/{self.name}", status, updated)
         return updated
+
+
+class ApiUnreachable(OSError):
+    """No answer from the API server, or no credentials to ask it with."""
 
 
 class LeaseError(RuntimeError):
@@ -234,6 +243,7 @@ class Elector:
         self._observed_at = 0.0
         self.renewed_at: float | None = None
         self.leading = False
+        self.error: str | None = None  # why the last attempt failed to reach a decision
 
     def _observe(self, spec: dict[str, Any]) -> float:
         """Seconds since the record last changed, as this candidate saw it."""
@@ -270,11 +280,21 @@ class Elector:
         return True
 
     def _attempt(self) -> bool:
+        """:meth:`try_once`, with its failure logged once per distinct error (a standby that
+        cannot reach the API server says so once, not every retry period)."""
         try:
-            return self.try_once()
-        except (OSError, LeaseError, ValueError) as exc:  # URLError is an OSError
-            log.warning("leader election: %s", exc)
+            held = self.try_once()
+        except (OSError, LeaseError, ValueError) as exc:
+            if str(exc) != self.error:
+                log.warning(
+                    "leader election: %s; retrying every %g s", exc, self.timing.retry_period
+                )
+            self.error = str(exc)
             return False
+        if self.error is not None:
+            log.info("leader election: the Lease answers again")
+            self.error = None
+        return held
 
     def acquire(self, stop: threading.Event) -> bool:
         """Try every retry period until this candidate leads (True) or ``stop`` is set."""
@@ -289,7 +309,7 @@ class Elector:
                 )
                 return True
             current = (self._observed or ("", ""))[0]
-            if current != holder:
+            if self.error is None and current != holder:
                 holder = current
                 log.info(
                     "standby: Lease %s/%s is held by %s; retrying every %g s",

@@ -141,7 +141,12 @@ async def reconcile(
         op.metrics.reconciles.labels("error").inc()
         # observedGeneration stays behind: the status follows the children only once every
         # one of them is applied
-        refused = Check(False, "ApplyFailed", refusal_message(exc), warning=True)
+        refused = Check(
+            False,
+            "ApplyFailed",
+            refusal_message(exc, op.settings.apply_retry_seconds),
+            warning=True,
+        )
         report(
             op,
             body,
@@ -187,12 +192,12 @@ async def reconcile(
     )
 
 
-def refusal_message(exc: KubeApiError) -> str:
+def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
     """What the API server said of a child it refused, for the Applied condition."""
     child = f"{exc.child} " if isinstance(exc, ChildRefused) else ""
     return (
         f"the API server refused {child}(HTTP {exc.status} {exc.reason}): {exc.message}; the "
-        "operator retries every 15 s"
+        f"operator retries every {retry_seconds} s"
     )
 
 

@@ -43,7 +43,8 @@ class OperatorMetrics:
         )
         self.leader = Gauge(
             "payloadrun_operator_leader",
-            "1 while this operator holds the leader election's Lease and acts, 0 on standby.",
+            "1 while this operator acts (it holds the election's Lease, or runs without an "
+            "election), 0 on standby.",
             registry=self.registry,
         )
         self._run_labels: dict[tuple[str, str], tuple[str, str]] = {}

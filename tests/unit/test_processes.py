@@ -183,8 +183,9 @@ def test_a_sidecar_that_cannot_listen_says_so_in_its_log_format(tmp_path):
     assert f"cannot listen on port {port}: in use" in entry["message"]
 
 
-def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
-    """No API server answers: kopf logs its startup, the failed requests and its stop."""
+def run_operator_without_a_cluster(tmp_path, **env: str) -> tuple[int, list[dict]]:
+    """The operator for 3 s against a kubeconfig whose API server does not answer, then
+    SIGTERM: its exit code and its JSON log lines."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -200,16 +201,16 @@ def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
             }
         )
     )
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "PAYLOADRUN_METRICS_PORT": "0",
-        "PAYLOADRUN_HEALTH_PORT": "0",
-        Env.LOG_FORMAT: "json",
-    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "payloadrun_operator", "--host", "127.0.0.1"],
-        env=env,
+        env={
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "PAYLOADRUN_METRICS_PORT": "0",
+            "PAYLOADRUN_HEALTH_PORT": "0",
+            Env.LOG_FORMAT: "json",
+            **env,
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -217,10 +218,30 @@ def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
     time.sleep(3)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
-    entries = json_lines(out)
+    return proc.returncode, json_lines(out)
+
+
+def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
+    """No API server answers and no election: kopf logs its startup, the failed requests and
+    its stop, as JSON lines."""
+    _, entries = run_operator_without_a_cluster(tmp_path, PAYLOADRUN_LEADER_ELECTION="false")
     loggers = {e["logger"].split(".")[0] for e in entries}
     assert "kopf" in loggers
     assert any(e["severity"] == "error" for e in entries)  # the refused connections
+
+
+def test_a_candidate_that_cannot_reach_the_lease_says_so_once_and_stops_on_sigterm(tmp_path):
+    """With the election (the default) the operator waits for the Lease before kopf starts: it
+    names the API server it cannot reach once (not every retry), claims no holder it never read,
+    and a SIGTERM on standby is a clean stop."""
+    code, entries = run_operator_without_a_cluster(tmp_path)
+    assert code == 0
+    election = [e for e in entries if e["logger"] == "payloadrun.election"]
+    (warning,) = [e for e in election if e["severity"] == "warn"]
+    assert "cannot reach the API server at https://127.0.0.1:" in warning["message"]
+    assert "retrying every 2 s" in warning["message"]
+    assert not any("held by" in e["message"] for e in election), election
+    assert not any(e["logger"].startswith("kopf") for e in entries)  # a standby runs no kopf
 
 
 # --- metrics every component exports, and docs/metrics.md ---------------------------------------
