@@ -608,6 +608,18 @@ def operator_identity(cluster: LocalCluster, kubeconfig: Path) -> Path:
     )
 
 
+@dataclass(frozen=True)
+class Burst:
+    """What runs created at once cost, from the first create to the last run reconciled."""
+
+    runs: int
+    seconds: float
+    requests: Counter[str]  # the operator's
+    cpu: float  # the operator's, CPU seconds
+    apiserver_cpu: float
+    bench_cpu: float  # this process's (its creates and its watch)
+
+
 # --- the benchmark --------------------------------------------------------------------------------
 
 
@@ -616,8 +628,9 @@ class Results:
     """What one benchmark run measured; the labels say at how many runs."""
 
     direct: list[float] = field(default_factory=list)
+    direct_apiserver_cpu: float = 0.0  # CPU seconds over the direct applies
     latency: dict[str, list[float]] = field(default_factory=dict)  # apply -> status reported
-    requests: dict[str, tuple[int, Counter[str]]] = field(default_factory=dict)  # (runs, calls)
+    bursts: dict[str, Burst] = field(default_factory=dict)
     ready: dict[str, list[float]] = field(default_factory=dict)  # children ready -> Ready
     idle: list[Idle] = field(default_factory=list)
     rss: dict[str, float] = field(default_factory=dict)  # MiB
@@ -651,12 +664,15 @@ class Bench:
     def at_once(self, label: str, keys: list[RunKey], timeout: float = 300) -> None:
         """``keys`` created CONCURRENCY at a time; their latencies, and the operator's requests
         from the first create to the last run reconciled (``label`` None: none recorded)."""
-        wall0 = time.time()
+        apiserver = self.cluster.processes["kube-apiserver"].pid
+        wall0, t0 = time.time(), time.monotonic()
+        op0, api0, own0 = cpu_seconds(self.op.pid), cpu_seconds(apiserver), time.process_time()
         latencies = self.reconciled(create_runs(self.custom, keys), timeout)
+        op1, api1, own1 = cpu_seconds(self.op.pid), cpu_seconds(apiserver), time.process_time()
         self.results.latency[label] = latencies
-        self.results.requests[label] = (
-            len(keys),
-            audited_requests(self.audit_log, wall0, time.time()),
+        requests = audited_requests(self.audit_log, wall0, time.time())
+        self.results.bursts[label] = Burst(
+            len(keys), time.monotonic() - t0, requests, op1 - op0, api1 - api0, own1 - own0
         )
 
     def pods(self, namespace: str) -> None:
@@ -699,7 +715,9 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
         core = client.CoreV1Api(api_client)
         make_namespace(core, "bench-direct")
         with phases.timed(f"direct SSA of {args.runs} runs' children"):
+            api0 = cpu_seconds(cluster.processes["kube-apiserver"].pid)
             direct = bench_direct_apply(cluster.kubeconfig, args.runs)
+            direct_cpu = cpu_seconds(cluster.processes["kube-apiserver"].pid) - api0
         op_kubeconfig = operator_identity(cluster, Path(tmp) / "operator.kubeconfig")
         with (
             RunWatch(api_client) as runs,
@@ -710,7 +728,7 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
             ) as op,
         ):
             bench = Bench(cluster, Path(tmp) / "state" / "audit.log", runs, op)
-            bench.results.direct = direct
+            bench.results.direct, bench.results.direct_apiserver_cpu = direct, direct_cpu
             bench.rss("start")
             # the first run also waits for the operator's start (its lists, its lease)
             warmup = run_keys(make_namespace(core, "bench-warmup"), 1)
@@ -784,8 +802,17 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
     print(latency_row("direct SSA of the children", r.direct))
     for label, values in r.latency.items():
         print(latency_row(f"operator, {label}", values, base_p50))
-    for label, (runs, requests) in r.requests.items():
-        print(f"operator requests per run, {label}: {breakdown(requests, runs)}")
+    direct_cpu = r.direct_apiserver_cpu / len(r.direct) * 1e3
+    print(f"direct SSA: API server CPU {direct_cpu:.0f} ms per run")
+    for label, burst in r.bursts.items():
+        print(
+            f"{label}: all reconciled in {burst.seconds:.1f} s; per run, operator CPU "
+            f"{burst.cpu / burst.runs * 1e3:.0f} ms, API server CPU "
+            f"{burst.apiserver_cpu / burst.runs * 1e3:.0f} ms, this process "
+            f"{burst.bench_cpu / burst.runs * 1e3:.0f} ms; "
+            f"{sum(burst.requests.values()) / burst.runs:.1f} operator requests: "
+            f"{breakdown(burst.requests, burst.runs)}"
+        )
     print()
     print(f"{'children ready -> run Ready':<40} {'p50':>9} {'p95':>9}")
     for label, values in r.ready.items():

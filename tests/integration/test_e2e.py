@@ -208,10 +208,12 @@ def operator_pods(e2e: Backend) -> list[dict[str, Any]]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def leader_pod(e2e: Backend) -> str:
-    """The operator pod holding the Lease (its identity: payloadrun-operator@<pod>/<pid>)."""
+def leader_pod(e2e: Backend) -> str | None:
+    """The operator pod holding the Lease (its identity: payloadrun-operator@<pod>/<pid>), or
+    None while nobody does (a leader that stopped cleanly released it: no holder)."""
     lease = e2e.get("lease", "payloadrun", "-n", SYSTEM_NS)
-    return lease["spec"]["holderIdentity"].split("@", 1)[1].split("/", 1)[0]
+    holder = lease["spec"].get("holderIdentity") or ""
+    return holder.split("@", 1)[1].split("/", 1)[0] if "@" in holder else None
 
 
 def operator_metric(e2e: Backend, pod: str, name: str) -> float:
@@ -679,7 +681,7 @@ def test_a_disaggregated_run_by_handle_is_rejected_by_kubectl_apply(e2e):
 
 
 def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
-    leader = leader_pod(e2e)
+    leader = wait_for("a leader", lambda: leader_pod(e2e))
     (standby,) = [
         p["metadata"]["name"] for p in operator_pods(e2e) if p["metadata"]["name"] != leader
     ]
