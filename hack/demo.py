@@ -221,7 +221,15 @@ class Demo:
         say()
         self.apply_example("disaggregated-inline.yaml")
         say_mode(self.wait_reconciled("pd-disaggregated"))
-        time.sleep(2.5)  # one readiness check, so the table shows the conditions' verdicts
+
+        def judged() -> bool:  # the status from the children's events, for the table below
+            runs = self.get("payloadruns", "-n", DEMO_NS)["items"]
+            return all(
+                any(c["type"] == "Ready" for c in (r.get("status") or {}).get("conditions", []))
+                for r in runs
+            )
+
+        wait_until("every run's Ready condition", judged, timeout=30, interval=0.2)
         say()
         say("$ kubectl get payloadruns -o wide")
         say(self.kubectl("get", "payloadruns", "-n", DEMO_NS, "-o", "wide").rstrip())
@@ -269,9 +277,13 @@ class Demo:
         say("  -> " + in_pod("trainer", READ, files))
         say("orchestrator pod: record_batch(1) and policy_updated(1) to the retention sidecar")
         in_pod("orchestrator", CONSUME, files)
-        time.sleep(2)
-        say("trainer pod: do the files still exist?")
-        say("  -> " + in_pod("trainer", EXISTS, files))
+        say("trainer pod: do the files still exist? (the sidecar deletes them in the background)")
+
+        def deleted() -> str | None:
+            answer = in_pod("trainer", EXISTS, files)
+            return answer if "True" not in answer else None
+
+        say("  -> " + wait_until("the consumed files deleted", deleted, timeout=30, interval=0.2))
         self.finish(pod("trainer"))
 
     def finish(self, trainer_pod: str) -> None:

@@ -52,7 +52,11 @@ ROOT = f"/payloads/{NAMESPACE}/{RUN}/payloads"
 OPERATOR_METRICS = f"/api/v1/namespaces/{SYSTEM_NS}/services/payloadrun-metrics:9400/proxy/metrics"
 OPERATOR_POD = "app.kubernetes.io/name=payloadrun-operator"  # the chart's selector label
 SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]  # stops at SIGTERM
-RENDEZVOUS_LISTENER = ["python", "-m", "http.server", str(TRAINER_DIST_PORT), "--directory", "/"]
+# a TCP listener that stops at SIGTERM (http.server as PID 1 ignores it: every deletion of the
+# run waited out the 30 s grace period)
+RENDEZVOUS_LISTENER = [
+    "python", "-m", "payloadrun.testing.roles", "orchestrator", "--port", str(TRAINER_DIST_PORT),
+]  # fmt: skip
 
 
 def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:

@@ -54,6 +54,7 @@ ORCHESTRATE = [
     "    except OSError:\n"
     "        time.sleep(1)\n"
     "RetentionClient().policy_updated(7)\n"
+    "print('policy_updated 7', flush=True)\n"
     "time.sleep(10**9)\n",
 ]
 
@@ -251,7 +252,7 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
         run_manifest(
             "done",
             orchestrator=ORCHESTRATE,
-            trainer=["python", "-c", "import time; time.sleep(20)"],
+            trainer=["python", "-m", "payloadrun.testing.roles", "idle", "--until", "/tmp/done"],
             trainers=2,
         ),
     )
@@ -263,6 +264,21 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
     host_dir = cluster.node_dir / "shared-volume" / "brick" / volume  # the server's own copy
     root_on_host = host_dir / run["status"]["payloadRoot"].removeprefix("/payloads/")
     wait_for("a payload file", lambda: list(root_on_host.glob("v0/*.bin")))
+
+    # the orchestrator's step 7 reached its retention sidecar; then both ranks exit 0
+    def component(name: str) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in live_pods(cluster, namespace, "done")
+            if p["metadata"]["labels"].get("app.kubernetes.io/component") == name
+        ]
+
+    (orchestrator,) = component("orchestrator")
+    wait_for("the orchestrator's policy step", lambda: "policy_updated 7" in kubectl(
+        cluster, namespace, "logs", orchestrator, "-c", "orchestrator"
+    ))  # fmt: skip
+    for trainer in component("trainer"):
+        kubectl(cluster, namespace, "exec", trainer, "-c", "trainer", "--", "touch", "/tmp/done")
 
     done = wait_for_phase(cluster, namespace, "done", "Succeeded")
     status = done["status"]

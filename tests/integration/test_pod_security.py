@@ -40,6 +40,8 @@ from pod_helpers import (
     SLEEP,
     apply,
     get,
+    kubectl,
+    live_pods,
     restricted,
     running,
     wait_for,
@@ -74,7 +76,8 @@ BEYOND_RESTRICTED = {
 }
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 FAKE_VLLM = ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"]
-TRAIN_45_S = ["python", "-c", "import time; time.sleep(45)"]
+DONE = "/tmp/done"  # the trainers exit 0 once it exists
+TRAIN_UNTIL_DONE = ["python", "-m", "payloadrun.testing.roles", "idle", "--until", DONE]
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -414,13 +417,21 @@ def test_the_chart_and_a_run_run_their_pods_in_a_restricted_namespace(node_clust
                         "command": FAKE_VLLM,
                     },
                     "orchestrator": {"image": IMAGE, "command": SLEEP},
-                    # long enough for the run to be seen Running (every pod ready) first
-                    "trainer": {"image": IMAGE, "command": TRAIN_45_S, "replicas": 2},
+                    # until the run has been seen Running (every pod ready)
+                    "trainer": {"image": IMAGE, "command": TRAIN_UNTIL_DONE, "replicas": 2},
                 },
             }
         )
         apply(cluster, namespace, run)
         running(cluster, namespace, "psa")
+        trainers = [
+            p["metadata"]["name"]
+            for p in live_pods(cluster, namespace, "psa")
+            if p["metadata"]["labels"].get("app.kubernetes.io/component") == "trainer"
+        ]
+        assert len(trainers) == 2, trainers
+        for pod in trainers:
+            kubectl(cluster, namespace, "exec", pod, "-c", "trainer", "--", "touch", DONE)
         done = wait_for_phase(cluster, namespace, "psa", "Succeeded")
         assert done["status"]["payloadMode"] == "ByHandle"
 
