@@ -430,13 +430,19 @@ class LocalCluster:
         )
         for name in node_order:
             errors.extend(self._stop_one(name, grace=5.0))
-        if self.with_node and self.state_dir is not None:
-            # containers and shims die before containerd; then mounts, rules, bridge, sysctls
+        node = self.with_node and self.state_dir is not None
+        if node:
+            # containers and shims die before containerd
             node_module.kill_pod_processes()
             errors.extend(self._stop_one("containerd", grace=5.0))
-            errors.extend(node_module.teardown_host(self.node_dir))
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-controller-manager", "kube-apiserver"):
             errors.extend(self._stop_one(name, grace=10.0))
+        if node:
+            # mounts, rules, bridge, sysctls: after the API server, which deletes its own
+            # Lease through its advertised address (the bridge's) as it stops, and waited 10 s
+            # for an address already gone
+            errors.extend(node_module.teardown_host(self.node_dir))
+        errors.extend(self._stop_one("etcd", grace=10.0))
         self.processes = {}
         return errors
 

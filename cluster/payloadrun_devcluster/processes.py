@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,29 +39,42 @@ def _die_with_parent(parent_pid: int):
     return preexec
 
 
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/<pid>/stat`` from its third field (the state) on, or None if ``pid`` is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) may contain spaces or parentheses: split after its last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    state = fields[0]
-    if state in ("Z", "X"):
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+    fields = stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])  # field 22 of the whole line
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of the group exists (zombies of our own children count until reaped)."""
+    """Whether any process of the group still runs. A zombie does not: it has exited, and only
+    waits for its parent to reap it, which for a detached cluster's processes is PID 1, on its
+    own schedule (every 2 s on the CI machines, so ``down`` waited 2 s per component)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return any(group == pgid and state not in "ZX" for state, group in process_groups())
+
+
+def process_groups() -> Iterator[tuple[str, int]]:
+    """(state, process group) of every process on the machine, from /proc."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (fields := stat_fields(entry.name)) is not None:
+            yield fields[0], int(fields[2])
 
 
 @dataclass
