@@ -47,6 +47,7 @@ SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
 SPEC_REJECTED = Check(
     False, "SpecRejected", "the spec was refused (see the Validated condition): not applied"
 )
+RESUME_CONCURRENCY = 2  # runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, "ChildrenApplied", "every child was applied")
 # kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
 CHILD_PLURALS = {
@@ -271,11 +272,20 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await follower.stop()
         await op.client.close()
 
-    @kopf.on.resume(**RESOURCE, registry=registry)
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         await reconcile(op, body, patch, logger)
+
+    # Every run found at start (a new leader's, after a restart or a failover) is applied
+    # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
+    # instead of to hundreds of unchanged children.
+    resuming = asyncio.Semaphore(RESUME_CONCURRENCY)
+
+    @kopf.on.resume(**RESOURCE, registry=registry)
+    async def resume_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        async with resuming:
+            await reconcile(op, body, patch, logger)
 
     follower = Follower(op, utc_now)
     beating: list[asyncio.Task[None]] = []
