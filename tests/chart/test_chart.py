@@ -84,7 +84,7 @@ def test_defaults(helm):
     assert container["image"] == "ghcr.io/payloadrun/payloadrun-operator:0.1.0"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["port"] == "health"
-    assert container["resources"]["limits"]["memory"] == "256Mi"
+    assert container["resources"]["limits"]["memory"] == "512Mi"
     env = env_of(container)
     # the sidecar defaults flow from the chart to the operator, so runs name no sidecar image
     assert env["PAYLOADRUN_SIDECAR_IMAGE"] == "ghcr.io/payloadrun/payloadrun:0.1.0"
