@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -172,3 +173,34 @@ def live_pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def running(cluster, namespace: str, name: str) -> dict[str, Any]:
     return wait_for_phase(cluster, namespace, name, "Running")
+
+
+# One connection attempt per target ``[name, host, port]`` (argv[1], JSON), from inside a pod:
+# "connected", or the error's name (kube-router REJECTs a denied connection:
+# ConnectionRefusedError at once, no timeout), with its errno's when it has no class of its own
+# ("OSError EHOSTUNREACH"). Standard library only: any image runs it.
+CONNECT = """
+import errno, json, socket, sys
+out = {}
+for name, host, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        out[name] = "connected"
+    except OSError as error:
+        out[name] = type(error).__name__
+        if type(error) is OSError and error.errno:
+            out[name] += " " + errno.errorcode.get(error.errno, str(error.errno))
+print(json.dumps(out))
+"""
+
+
+def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The built helm against ``kube_cluster``, its answer whatever it is (the caller asserts)."""
+    return subprocess.run(
+        [str(kube_cluster.binaries.path("helm")), *args],
+        capture_output=True,
+        text=True,
+        env={**kube_cluster.env(), "HOME": str(kube_cluster.state_dir)},
+        check=False,
+        timeout=300,
+    )

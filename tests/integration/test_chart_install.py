@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from example_runs import example_run
+from pod_helpers import run_helm
 
 from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
 
@@ -59,17 +60,6 @@ def create_namespace(cluster, name: str) -> None:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
     )
     assert status in (201, 409), body
-
-
-def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(kube_cluster.binaries.path("helm")), *args],
-        capture_output=True,
-        text=True,
-        env={**kube_cluster.env(), "HOME": str(kube_cluster.state_dir)},
-        check=False,
-        timeout=180,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from pod_helpers import pod_security_labels, restricted
+from pod_helpers import CONNECT, pod_security_labels, restricted
 
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
@@ -296,21 +296,6 @@ def test_pods_and_sidecars_become_ready(e2e):
         for pod in pods:
             ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
             assert ready == "True", (component, pod["metadata"]["name"], pod["status"])
-
-
-# One connection attempt per target from inside a pod: "connected", or the error's name (the
-# node's enforcer REJECTs a denied connection; every target here has a listener).
-CONNECT = """
-import json, socket, sys
-out = {}
-for name, host, port in json.loads(sys.argv[1]):
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-        out[name] = "connected"
-    except OSError as error:
-        out[name] = type(error).__name__
-print(json.dumps(out))
-"""
 
 
 def outside_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from pod_helpers import (
     kubectl,
     live_pods,
     restricted,
+    run_helm,
     running,
     wait_for,
     wait_for_phase,
@@ -151,17 +151,6 @@ def operator_pods(run: dict[str, Any], namespace: str) -> dict[str, dict[str, An
 def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = pod["spec"]
     return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
-
-
-def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(kube_cluster.binaries.path("helm")), *args],
-        capture_output=True,
-        text=True,
-        env={**kube_cluster.env(), "HOME": str(kube_cluster.state_dir)},
-        check=False,
-        timeout=300,
-    )
 
 
 def chart_objects(kube_cluster, namespace: str, *sets: str) -> dict[str, dict[str, Any]]:

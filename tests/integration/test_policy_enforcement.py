@@ -11,25 +11,12 @@ import socket
 from typing import Any
 
 import pytest
-from pod_helpers import IMAGE, SLEEP, apply, get, kubectl, wait_for
+from pod_helpers import CONNECT, IMAGE, SLEEP, apply, get, kubectl, wait_for
 
 pytestmark = pytest.mark.integration
 
 PORT = 8080
 POLICY = "server-from-allowed"
-# One connection attempt per target, from inside a pod: "connected", or the error's name
-# (kube-router REJECTs a denied connection: ConnectionRefusedError at once, no timeout).
-CONNECT = """
-import json, socket, sys
-out = {}
-for name, host, port in json.loads(sys.argv[1]):
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-        out[name] = "connected"
-    except OSError as error:
-        out[name] = type(error).__name__
-print(json.dumps(out))
-"""
 
 
 def pod(name: str, labels: dict[str, str], command: list[str], **container: Any) -> dict:
