@@ -669,7 +669,10 @@ def test_a_disaggregated_run_by_handle_is_rejected_by_kubectl_apply(e2e):
     assert "cannot be combined with prefill/decode-disaggregated" in result.stderr
 
 
-def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
+def test_the_leader_killed_a_standby_takes_over_with_no_duplicates(e2e):
+    """The leader's pod deleted: another candidate takes the Lease. Which one is a race the
+    test leaves alone: the old leader releases the Lease as it stops, and the standby (polling
+    every retry period) and the Deployment's replacement pod (trying as it starts) are equals."""
     leader = wait_for("a leader", lambda: leader_pod(e2e))
     (standby,) = [
         p["metadata"]["name"] for p in operator_pods(e2e) if p["metadata"]["name"] != leader
@@ -681,7 +684,12 @@ def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
     e2e.kubectl(
         "delete", "pod", "-n", SYSTEM_NS, leader, "--grace-period=0", "--force", "--wait=false"
     )
-    wait_for("the standby leading", lambda: leader_pod(e2e) == standby or None, 60)
+
+    def new_leader() -> str | None:
+        holder = leader_pod(e2e)
+        return holder if holder not in (None, leader) else None
+
+    successor = wait_for("another operator pod leading", new_leader, 60)
 
     def reconciled():
         status = e2e.get("payloadrun", "e2e-second", "-n", NAMESPACE).get("status") or {}
@@ -692,7 +700,7 @@ def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
     # the new leader resumes every run it finds (the old leader may have applied this one)
     wait_for(
         "the new leader reconciling",
-        lambda: operator_metric(e2e, standby, "payloadrun_operator_reconciles_total") >= 1,
+        lambda: operator_metric(e2e, successor, "payloadrun_operator_reconciles_total") >= 1,
         60,
     )
     children = e2e.get(
@@ -707,6 +715,22 @@ def test_the_leader_killed_the_standby_takes_over_with_no_duplicates(e2e):
     assert [k.split("/")[0] for k in kinds].count("Job") == 2
     assert [k.split("/")[0] for k in kinds].count("StatefulSet") == 1
     assert [k.split("/")[0] for k in kinds].count("PersistentVolumeClaim") == 1
+
+    # whichever pod stands by now has still written nothing
+    def two_ready() -> list[str] | None:
+        pods = operator_pods(e2e)
+        ready = [
+            p
+            for p in pods
+            if all(c.get("ready") for c in p["status"].get("containerStatuses", [{}]))
+        ]
+        return len(ready) == 2 and [p["metadata"]["name"] for p in ready]
+
+    (waiting,) = [
+        name for name in wait_for("two operator pods ready", two_ready, 120) if name != successor
+    ]
+    assert operator_metric(e2e, waiting, "payloadrun_operator_reconciles_total") == 0
+    assert operator_metric(e2e, waiting, "payloadrun_operator_status_refreshes_total") == 0
     e2e.kubectl("delete", "payloadrun", "e2e-second", "-n", NAMESPACE, "--wait=true")
 
 
