@@ -213,10 +213,12 @@ def test_a_fresh_run_wipes_the_root_through_the_orchestrator_client(
         # the count follows the deletion of the whole trash, a moment after the last file
         wait_for(
             "the wipe's 15 deletions to be counted",
-            lambda: metric(
-                sidecar.metrics_url, "payloadrun_retention_deleted_files_total", reason="wipe"
-            )
-            >= 15,
+            lambda: (
+                metric(
+                    sidecar.metrics_url, "payloadrun_retention_deleted_files_total", reason="wipe"
+                )
+                >= 15
+            ),
             10,
         )
         deleted = metric(
