@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from payloadrun_operator import credentials, lifecycle
+from payloadrun_operator import credentials, heap, lifecycle
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.following import Follower
@@ -47,7 +47,12 @@ SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
 SPEC_REJECTED = Check(
     False, "SpecRejected", "the spec was refused (see the Validated condition): not applied"
 )
-RESUME_CONCURRENCY = 2  # runs found at start, re-applied at once
+# Runs reconciled at once (controller-runtime's MaxConcurrentReconciles). The API server is the
+# bottleneck of a burst, and this many keep it busy; without a bound, every run of a burst (900
+# created in a minute, a resume) builds its 13 children and queues their applies at once, and the
+# heap those leave behind is never returned (bench/operator.py: RSS after 1,050 runs).
+RECONCILE_CONCURRENCY = 8
+RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, "ChildrenApplied", "every child was applied")
 # kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
 CHILD_PLURALS = {
@@ -272,10 +277,13 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await follower.stop()
         await op.client.close()
 
+    reconciling = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-        await reconcile(op, body, patch, logger)
+        async with reconciling:
+            await reconcile(op, body, patch, logger)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -284,7 +292,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-        async with resuming:
+        async with resuming, reconciling:
             await reconcile(op, body, patch, logger)
 
     follower = Follower(op, utc_now)
@@ -294,6 +302,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def start_following(**_: Any) -> None:
         follower.start(op.namespaces)
         beating.append(asyncio.create_task(op.heartbeat.beat_forever()))
+        beating.append(asyncio.create_task(heap.trim_forever()))
 
     # Watch handlers: no finalizer, no annotation; each event feeds the follower's cache.
     @kopf.on.event(**RESOURCE, registry=registry)

@@ -17,8 +17,9 @@ from typing import Any
 from payloadrun_operator import finishing, lifecycle, restarts
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import build_trainer
-from payloadrun_operator.models import FailurePolicy
+from payloadrun_operator.models import KIND, FailurePolicy
 from payloadrun_operator.names import (
+    API_VERSION,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
     TRAINER,
@@ -173,8 +174,13 @@ def backoff_limit(run: dict[str, Any]) -> int:
 
 async def recreate_trainers(op: Operator, run: dict[str, Any]) -> None:
     """Create the trainers' Job again once a restart's deletion is done (or someone deleted
-    it): the same manifest the reconcile builds."""
-    admission = admit(run, op.settings)
+    it): the same manifest the reconcile builds, from the run as the API server has it (the
+    follower's copy has no pod templates)."""
+    meta = run["metadata"]
+    live = await op.client.get(API_VERSION, KIND, meta["namespace"], meta["name"])
+    if live is None:
+        return  # deleted meanwhile: its children go with it
+    admission = admit(live, op.settings)
     if admission.ctx is None:
         return  # refused: the reconcile reports why
     (job,) = [c for c in build_trainer(admission.ctx) if c["kind"] == "Job"]

@@ -33,10 +33,20 @@ def test_slim_drops_what_the_status_never_reads():
             "namespace": "ml",
             "annotations": {"payloadrun.dev/last-handled-configuration": "{...}", "a": "b"},
         },
-        "spec": {"trainer": {"template": {"spec": {}}}},
+        "spec": {
+            "suspend": True,
+            "trainer": {"replicas": 2, "template": {"spec": {"containers": []}}},
+            "failurePolicy": {"backoffLimit": 3},
+        },
     }
     assert slim(run)["metadata"]["annotations"] == {"a": "b"}
-    assert slim(run)["spec"] == run["spec"]  # a run keeps its spec whole
+    # a run keeps all of its spec but its components' pod templates
+    assert slim(run)["spec"] == {
+        "suspend": True,
+        "trainer": {"replicas": 2},
+        "failurePolicy": {"backoffLimit": 3},
+    }
+    assert run["spec"]["trainer"]["template"] == {"spec": {"containers": []}}  # not changed
 
 
 def test_a_child_belongs_to_the_run_of_its_label():
