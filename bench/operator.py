@@ -4,7 +4,9 @@ Latency: from the create call of a PayloadRun to its status reporting every chil
 (``observedGeneration`` set, which the operator writes only after the last child), p50 and p95,
 for ``--runs`` runs created one at a time and as many created at once (8 create calls in
 flight). Baseline, same run: the same children server-side applied straight from this process,
-one run's worth at a time (the API server's own share of the work). The times are taken from a
+one run's worth at a time (the API server's own share of the work), and as many runs' worth at
+once (each run's children in order, every run concurrently: the API server alone, whose p95 is
+the floor under the operator's for a burst on this machine). The times are taken from a
 watch of the runs in this process, so the benchmark adds no list calls of its own.
 
 Readiness: with those runs reconciled, the time from the children's status saying every pod is
@@ -511,30 +513,37 @@ def make_ready(api_client: client.ApiClient, namespace: str, children: RunChildr
 # --- the baselines --------------------------------------------------------------------------------
 
 
-def bench_direct_apply(kubeconfig: Path, runs: int) -> list[float]:
-    """Server-side apply of one run's children from here, with the operator's own client."""
+def bench_direct_apply(
+    kubeconfig: Path, namespace: str, runs: int, *, at_once: bool
+) -> list[float]:
+    """Server-side apply of ``runs`` runs' children from here, with the operator's own client,
+    each run's children one after another as the operator applies them: one run at a time (the
+    time of each), or every run at once (the time from the start to each run's last child: what
+    the API server alone needs for a burst, the floor under the operator's)."""
     os.environ["KUBECONFIG"] = str(kubeconfig)
     info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
     spec = PayloadRunSpec.model_validate(EXAMPLE["spec"])
     settings = OperatorSettings()
+    decision = decide_payload_mode(spec)
+
+    async def apply_run(kube: KubeClient, i: int, t0: float | None) -> float:
+        ctx = RunContext(f"run-{i:04d}", namespace, f"uid-{i}", spec, decision, settings)
+        start = time.monotonic() if t0 is None else t0
+        for child in build_children(ctx):
+            child["metadata"].pop("ownerReferences", None)  # no owner object exists here
+            await kube.apply(child)
+        return time.monotonic() - start
 
     async def apply_all() -> list[float]:
         kube = KubeClient()
         kube.login(info)
-        times = []
         try:
-            decision = decide_payload_mode(spec)
-            for i in range(runs):
-                name = f"run-{i:04d}"
-                ctx = RunContext(name, "bench-direct", f"uid-{i}", spec, decision, settings)
+            if at_once:
                 t0 = time.monotonic()
-                for child in build_children(ctx):
-                    child["metadata"].pop("ownerReferences", None)  # no owner object exists here
-                    await kube.apply(child)
-                times.append(time.monotonic() - t0)
+                return list(await asyncio.gather(*(apply_run(kube, i, t0) for i in range(runs))))
+            return [await apply_run(kube, i, None) for i in range(runs)]
         finally:
             await kube.close()
-        return times
 
     return asyncio.run(apply_all())
 
@@ -629,6 +638,8 @@ class Results:
 
     direct: list[float] = field(default_factory=list)
     direct_apiserver_cpu: float = 0.0  # CPU seconds over the direct applies
+    # the same bursts' children applied straight from here, every run at once (the floor)
+    direct_at_once: dict[str, list[float]] = field(default_factory=dict)
     latency: dict[str, list[float]] = field(default_factory=dict)  # apply -> status reported
     bursts: dict[str, Burst] = field(default_factory=dict)
     ready: dict[str, list[float]] = field(default_factory=dict)  # children ready -> Ready
@@ -713,11 +724,19 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         api_client.configuration.connection_pool_maxsize = 2 * CONCURRENCY
         core = client.CoreV1Api(api_client)
-        make_namespace(core, "bench-direct")
         with phases.timed(f"direct SSA of {args.runs} runs' children"):
             api0 = cpu_seconds(cluster.processes["kube-apiserver"].pid)
-            direct = bench_direct_apply(cluster.kubeconfig, args.runs)
+            direct = bench_direct_apply(
+                cluster.kubeconfig, make_namespace(core, "bench-direct"), args.runs, at_once=False
+            )
             direct_cpu = cpu_seconds(cluster.processes["kube-apiserver"].pid) - api0
+        with phases.timed(f"direct SSA of {args.runs} runs' children at once"):
+            direct_at_once = bench_direct_apply(
+                cluster.kubeconfig,
+                make_namespace(core, "bench-direct-at-once"),
+                args.runs,
+                at_once=True,
+            )
         op_kubeconfig = operator_identity(cluster, Path(tmp) / "operator.kubeconfig")
         with (
             RunWatch(api_client) as runs,
@@ -729,6 +748,7 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
         ):
             bench = Bench(cluster, Path(tmp) / "state" / "audit.log", runs, op)
             bench.results.direct, bench.results.direct_apiserver_cpu = direct, direct_cpu
+            bench.results.direct_at_once[f"{args.runs} at once"] = direct_at_once
             bench.rss("start")
             # the first run also waits for the operator's start (its lists, its lease)
             warmup = run_keys(make_namespace(core, "bench-warmup"), 1)
@@ -763,10 +783,16 @@ def scale_up(bench: Bench, args: argparse.Namespace, phases: Phases) -> None:
         bench.pods(namespace)
     with phases.timed(f"idle at {args.scale} runs"):
         bench.idle(args.idle_seconds)
-    with phases.timed(f"{MORE_AT_SCALE} more at once, at {args.scale} runs"):
-        bench.at_once(
-            f"{MORE_AT_SCALE} more at {args.scale}", run_keys(namespace, MORE_AT_SCALE, count)
+    label = f"{MORE_AT_SCALE} more at {args.scale}"
+    with phases.timed(f"direct SSA of {MORE_AT_SCALE} runs' children at once, at {args.scale}"):
+        bench.results.direct_at_once[label] = bench_direct_apply(
+            bench.cluster.kubeconfig,
+            make_namespace(bench.core, "bench-direct-scale"),
+            MORE_AT_SCALE,
+            at_once=True,
         )
+    with phases.timed(f"{MORE_AT_SCALE} more at once, at {args.scale} runs"):
+        bench.at_once(label, run_keys(namespace, MORE_AT_SCALE, count))
     bench.rss(f"after {bench.total} runs")
     with phases.timed(f"{ready_runs} made ready, at {bench.total} runs"):
         bench.readiness(f"at {bench.total} runs", keys[:ready_runs])
@@ -800,8 +826,17 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
     )
     print(f"{'apply -> status reported':<40} {'p50':>9} {'p95':>9} {'p95/direct p50':>15}")
     print(latency_row("direct SSA of the children", r.direct))
+    for label, values in r.direct_at_once.items():
+        print(latency_row(f"direct SSA, {label}", values))
     for label, values in r.latency.items():
         print(latency_row(f"operator, {label}", values, base_p50))
+    for label, values in r.direct_at_once.items():
+        floor_p95 = percentile(values, 0.95)
+        print(
+            f"operator p95 / direct SSA p95, {label}: "
+            f"{percentile(r.latency[label], 0.95) / floor_p95:.2f} (the direct p95, "
+            f"{floor_p95:.2f} s, is the API server's alone: no operator answers sooner)"
+        )
     direct_cpu = r.direct_apiserver_cpu / len(r.direct) * 1e3
     print(f"direct SSA: API server CPU {direct_cpu:.0f} ms per run")
     for label, burst in r.bursts.items():
