@@ -50,7 +50,7 @@ SPEC_REJECTED = Check(
 # Runs reconciled at once (controller-runtime's MaxConcurrentReconciles). The API server is the
 # bottleneck of a burst, and this many keep it busy; without a bound, every run of a burst (900
 # created in a minute, a resume) builds its 13 children and queues their applies at once, and the
-# heap those leave behind is never returned (bench/operator.py: RSS after 1,050 runs).
+# heap those leave behind is not returned (bench/operator.py: RSS after 1,050 runs).
 RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, "ChildrenApplied", "every child was applied")
