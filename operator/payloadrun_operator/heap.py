@@ -2,7 +2,7 @@
 
 glibc returns freed memory to the system only from the top of its heap; the pages of chunks freed
 below a live one stay in the process's resident set. The trim gives those pages back
-(``madvise``): after a burst at 1,000 runs (``bench/operator.py``) 9 MiB with the reconciles
+(``madvise``): after a burst at 1,000 runs (``bench/heapprobe``) 9 MiB with the reconciles
 bounded, 27 MiB without, in under 4 ms, and under a millisecond when there is nothing to give.
 (What pymalloc holds in partly used arenas it cannot give back.) With another C library (musl)
 there is no ``malloc_trim`` and nothing is done.
