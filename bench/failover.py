@@ -217,7 +217,7 @@ def chart_on_a_node(tmp: Path) -> Iterator[LocalCluster]:
     )
     if why_not:
         sys.exit(f"bench/failover.py needs a node with real pods: {why_not}")
-    from payloadrun.testing.images import build_images
+    from payloadrun_devkit.images import build_images
 
     with LocalCluster(tmp / "cluster", node=True) as cluster:
         progress("images ...")

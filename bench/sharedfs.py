@@ -36,15 +36,14 @@ from payloadrun.codec import PositionedRows
 from payloadrun.reader import PayloadReader
 from payloadrun.segments import Segment
 from payloadrun.store import PayloadStore
-from report import Goal, print_goals, print_load
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "cluster"))
-from payloadrun_devcluster.glusterfs import (  # noqa: E402
+from payloadrun_devcluster.glusterfs import (
     GlusterServer,
     teardown,
     unsupported_reason,
 )
+from report import Goal, print_goals, print_load
+
+HERE = Path(__file__).resolve().parent
 
 MASK_ROWS = (1024, 50)  # 200 KiB of int32 per file, as in bench/dataplane.py's batch
 MICRO_BATCH = 100

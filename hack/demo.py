@@ -167,7 +167,7 @@ class Demo:
         env = {**os.environ, **self.cluster.env(), "HOME": str(self.tmp)}
         if self.with_node:
             say("$ bash hack/images.sh   # the project's Dockerfiles, built here, cached")
-            from payloadrun.testing.images import build_images
+            from payloadrun_devkit.images import build_images
 
             for path in build_images(REPO).values():
                 self.cluster.load_image(path)
@@ -195,7 +195,7 @@ class Demo:
         self.local_operator()
 
     def local_operator(self) -> None:
-        from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
+        from payloadrun_devkit.local_operator import LocalOperator, operator_env_from_deployment
 
         assert self.cluster is not None
         sa = self.cluster.service_account_kubeconfig(

@@ -12,7 +12,8 @@
 #   3. images      payloadrun:e2e (sidecars/Dockerfile) and payloadrun-operator:e2e
 #                  (operator/Dockerfile), built unchanged by Debian's buildah (daemonless, chroot
 #                  isolation, vfs storage under the cache), the wheelhouse mounted at /wheels
-#   4. checks      after a build: no torch (nor kubernetes client) in the venv, both entry points
+#   4. checks      after a build: no torch, Kubernetes client or dev-only package (pytest,
+#                  payloadrun_devcluster, payloadrun_devkit) in the venv, both entry points
 #                  run as uid 65532, sizes on stderr
 #
 # Tarballs are keyed by the content of everything that goes into them (Dockerfile, the git-listed
@@ -93,12 +94,12 @@ wheel_platforms+=(--platform "manylinux2014_$wheel_arch" --platform "manylinux20
 wheel_key=$(printf '%s\ncp311 %s\n' "$requirements" "${wheel_platforms[*]}" | sha)
 wheels=$dir/wheels-$wheel_key
 
-# What each Dockerfile copies: pyproject.toml, README.md, sidecars/, operator/, cluster/ (tracked
+# What each Dockerfile copies: pyproject.toml, README.md, sidecars/, operator/ (tracked
 # files and untracked ones git does not ignore; .dockerignore drops caches and egg-info).
 context_key=$(
   cd "$repo"
   git ls-files -z --cached --others --exclude-standard -- \
-    .dockerignore pyproject.toml README.md sidecars operator cluster | sort -zu |
+    .dockerignore pyproject.toml README.md sidecars operator | sort -zu |
     while IFS= read -r -d '' f; do
       [ -f "$f" ] || continue  # deleted in the work tree
       printf '%s %s %s\n' "$(sha256sum <"$f" | cut -c1-64)" "$([ -x "$f" ] && echo x || echo -)" "$f"
@@ -291,7 +292,8 @@ build_image() {  # name dockerfile tarball
   mnt=$(bah mount "$ctr")
   site=$(echo "$mnt"/opt/payloadrun/lib/python3*/site-packages)
   [ -d "$site" ] || die "$name: no venv site-packages under /opt/payloadrun"
-  for forbidden in torch kubernetes; do
+  # no torch, no Kubernetes client, nothing dev-only (tests/packaging checks every module)
+  for forbidden in torch kubernetes pytest payloadrun_devcluster payloadrun_devkit; do
     if compgen -G "$site/$forbidden" >/dev/null || compgen -G "$site/$forbidden-*" >/dev/null; then
       die "$name contains $forbidden ($site)"
     fi

@@ -3,7 +3,9 @@
 #
 # The environment lives in a cache outside the repository, keyed by the declared dependencies
 # (so a new clone, or CI, reuses it when they have not changed). The project itself is installed
-# editable from this checkout each time the checkout changes place, which takes a second.
+# editable from this checkout each time the checkout changes place, which takes a second, and so
+# are the two dev-only distributions beside it: the local cluster (cluster/, payloadrun_devcluster)
+# and the development kit (devkit/, payloadrun_devkit), which no wheel or image carries.
 #
 #   PAYLOADRUN_CACHE   cache directory (default ~/.cache/payloadrun)
 #   PAYLOADRUN_EXTRAS  extras to install (default operator,torch,dev)
@@ -28,9 +30,10 @@ print(hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:1
 PY
 )
 venv=$cache/venv/$key
-# The editable install records the checkout's place and its entry points: redo it (in a second)
-# when either changes.
-stamp="$repo $(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+# The editable installs record the checkout's place and its entry points: redo them (in a
+# second) when either changes.
+dev_distributions=("$repo/cluster" "$repo/devkit")
+stamp="$repo $(cat "$repo/pyproject.toml" "${dev_distributions[@]/%//pyproject.toml}" | sha256sum | cut -c1-16)"
 
 # One creator at a time: a second caller waits here instead of deleting a half-built venv.
 mkdir -p "$cache/venv"
@@ -43,6 +46,8 @@ if [ ! -f "$venv/.complete" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel >&2
   "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -e "$repo[$extras]" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    "${dev_distributions[@]/#/-e}" >&2
   echo "$stamp" >"$venv/.source"
   touch "$venv/.complete"
   log "ready"
@@ -52,7 +57,8 @@ if [ ! -f "$venv/.complete" ]; then
   done
 elif [ "$(cat "$venv/.source" 2>/dev/null)" != "$stamp" ]; then
   log "installing this checkout ($repo) into $venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    -e "$repo" "${dev_distributions[@]/#/-e}" >&2
   echo "$stamp" >"$venv/.source"
 fi
 echo "$venv"

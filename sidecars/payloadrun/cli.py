@@ -14,7 +14,6 @@ SUBCOMMANDS = (
     "payloadrun.simulate",
     "payloadrun.wipe",
     "payloadrun.writer.cli",
-    "payloadrun.testing.fakevllm",
 )
 
 

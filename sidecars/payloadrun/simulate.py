@@ -467,8 +467,8 @@ def run_policy(
     With ``writer_url`` the rollouts' payload files come from that writer sidecar (whose payload
     root must be ``root``) instead of plain file writes.
     """
+    from payloadrun.children import SidecarProcess
     from payloadrun.retention.client import RetentionClient
-    from payloadrun.testing.processes import SidecarProcess
 
     root.mkdir(parents=True, exist_ok=True)
     payload_root = PayloadRoot(root)

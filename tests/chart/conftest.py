@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun.testing import required
 from payloadrun_devcluster import BinariesMissing, find_binaries
+from payloadrun_devkit import required
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "payloadrun"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payloadrun.testing import required
+from payloadrun_devkit import required
 
 from .conftest import CHART, REPO, refused, render, run_helm
 

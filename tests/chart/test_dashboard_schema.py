@@ -21,7 +21,7 @@ from .conftest import CHART, REPO
 sys.path.insert(0, str(REPO / "hack" / "dashboard-schema"))
 import check_dashboards  # hack/dashboard-schema/check_dashboards.py
 
-from payloadrun.testing import required
+from payloadrun_devkit import required
 
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun.testing.required import required, skip_or_fail
 from payloadrun_devcluster import (
     CONTROL_PLANE_NAMES,
     Binaries,
@@ -32,6 +31,7 @@ from payloadrun_devcluster import (
     find_binaries,
     node_unsupported_reason,
 )
+from payloadrun_devkit.required import required, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -148,7 +148,7 @@ def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
     """The session's cluster, with its node and the project's images in it; the CRD installed."""
     from pod_helpers import IMAGE, NEXT_IMAGE, REPO
 
-    from payloadrun.testing.images import build_images
+    from payloadrun_devkit.images import build_images
     from payloadrun_operator.crd import CRD_FILE
     from payloadrun_operator.models import GROUP, PLURAL
 

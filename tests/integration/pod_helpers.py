@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from payloadrun_operator.testing import LocalOperator
+from payloadrun.testing.processes import FAKE_VLLM_MODULE
+from payloadrun_devkit.local_operator import LocalOperator
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "payloadrun:e2e"
@@ -22,6 +23,8 @@ NEXT_IMAGE = "payloadrun:e2e-next"  # the same image under a new tag: an upgrade
 # An orchestrator or trainer that waits until stopped, and stops at SIGTERM (not after the
 # grace period, as a `python -c "time.sleep(...)"` as PID 1 would)
 SLEEP = ["python", "-m", "payloadrun.testing.roles", "idle"]
+# the inference container of the end-to-end pods: the test kit's fake vLLM on vLLM's port
+FAKE_VLLM = ["python", "-m", FAKE_VLLM_MODULE, "--host", "0.0.0.0", "--port", "8000"]
 
 # Pod Security's restricted level (the Pod Security Standards), as the runs' own containers
 # meet it: the operator adds no security context to the user's containers, so a template that is

@@ -22,7 +22,7 @@ import yaml
 from example_runs import example_run
 from pod_helpers import run_helm
 
-from payloadrun_operator.testing import LocalOperator, operator_env_from_deployment
+from payloadrun_devkit.local_operator import LocalOperator, operator_env_from_deployment
 
 pytestmark = pytest.mark.integration
 

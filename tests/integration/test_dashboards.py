@@ -24,9 +24,10 @@ import pytest
 import yaml
 from example_runs import example_run
 
-from payloadrun.testing import processes, required
+from payloadrun.testing import processes
 from payloadrun.testing.processes import SidecarProcess, free_port, wait_http
-from payloadrun_operator.testing import LocalOperator
+from payloadrun_devkit import required
+from payloadrun_devkit.local_operator import LocalOperator
 
 pytestmark = pytest.mark.integration
 

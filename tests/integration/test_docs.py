@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun.testing import required
+from payloadrun_devkit import required
 
 # The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: these
 # tests run before the session's cluster starts its node (one node per machine).

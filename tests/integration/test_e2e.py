@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from pod_helpers import CONNECT, pod_security_labels, restricted
+from pod_helpers import CONNECT, FAKE_VLLM, pod_security_labels, restricted
 
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
-from payloadrun.testing.images import build_images
 from payloadrun.testing.processes import free_port
+from payloadrun_devkit.images import build_images
 from payloadrun_operator.names import TRAINER_DIST_PORT
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
             "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
             "inference": {
                 "image": image,
-                "command": ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"],
+                "command": FAKE_VLLM,
             },
             "orchestrator": {"image": image, "command": SLEEP},
             # two ranks, each listening on the rendezvous port (the network policy test)

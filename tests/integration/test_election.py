@@ -23,7 +23,7 @@ from test_operator import (
     reconciled,
 )
 
-from payloadrun_operator.testing import LocalOperator
+from payloadrun_devkit.local_operator import LocalOperator
 
 pytestmark = pytest.mark.integration
 LEASE = "payloadrun-operator"

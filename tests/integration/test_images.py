@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun.testing.images import build_images
+from payloadrun_devkit.images import build_images
 
 pytestmark = pytest.mark.integration
 

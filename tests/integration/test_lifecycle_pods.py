@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from pod_helpers import (
+    FAKE_VLLM,
     IMAGE,
     NEXT_IMAGE,
     SLEEP,
@@ -80,7 +81,7 @@ def run_manifest(
             "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
             "inference": {
                 "image": IMAGE,
-                "command": ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"],
+                "command": FAKE_VLLM,
             },
             "orchestrator": {"image": IMAGE, "command": orchestrator},
             "trainer": {"image": IMAGE, "command": trainer, "replicas": trainers},

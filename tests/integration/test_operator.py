@@ -15,9 +15,9 @@ import yaml
 from example_runs import example_run
 from kubernetes.client.rest import ApiException
 
+from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator.crd import build_crd
 from payloadrun_operator.models import GROUP, PLURAL, VERSION
-from payloadrun_operator.testing import LocalOperator
 
 pytestmark = pytest.mark.integration
 

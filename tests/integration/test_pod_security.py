@@ -34,6 +34,7 @@ import pytest
 import yaml
 from example_runs import EXAMPLES, example_run
 from pod_helpers import (
+    FAKE_VLLM,
     IMAGE,
     MAIN_CONTAINERS,
     SLEEP,
@@ -75,7 +76,6 @@ BEYOND_RESTRICTED = {
     '"IPC_LOCK" in securityContext.capabilities.add)',
 }
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
-FAKE_VLLM = ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"]
 DONE = "/tmp/done"  # the trainers exit 0 once it exists
 TRAIN_UNTIL_DONE = ["python", "-m", "payloadrun.testing.roles", "idle", "--until", DONE]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from pod_helpers import (
+    FAKE_VLLM,
     IMAGE,
     SLEEP,
     apply,
@@ -32,7 +33,6 @@ from pod_helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 
 ROLES = ["python", "-m", "payloadrun.testing.roles"]
-FAKE_VLLM = ["payloadrun", "fake-vllm", "--host", "0.0.0.0", "--port", "8000"]
 ZMQ_PORT = 5555
 
 

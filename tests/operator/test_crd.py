@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from payloadrun.testing.required import skip_or_fail
 from payloadrun_devcluster.binaries import read_versions
+from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.crd import CRD_FILE, build_crd, render_yaml
 from payloadrun_operator.kubeschema import (
     OPENAPI_FILE,

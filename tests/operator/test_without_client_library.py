@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from payloadrun_operator.testing import AS_IN_THE_IMAGE, CLIENT_LIBRARIES
+from payloadrun_devkit.local_operator import AS_IN_THE_IMAGE, CLIENT_LIBRARIES
 
 CHECK = f"""
 import sys

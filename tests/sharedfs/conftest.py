@@ -25,13 +25,13 @@ from collections.abc import Iterator
 import pytest
 from sharedfs_helpers import Nodes, make_nodes
 
-from payloadrun.testing.required import skip_or_fail
 from payloadrun_devcluster.glusterfs import (
     GlusterError,
     GlusterServer,
     teardown,
     unsupported_reason,
 )
+from payloadrun_devkit.required import skip_or_fail
 
 PING_TIMEOUT_S = 2
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from payloadrun.testing import required
+from payloadrun_devkit import required
 
 from .conftest import files_under, metric
 

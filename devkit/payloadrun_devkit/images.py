@@ -1,7 +1,8 @@
-"""The project's container images for the end-to-end tests and the demo: ``hack/images.sh``.
+"""The project's container images for the end-to-end tests, benchmarks and the demo.
 
-The script builds them from the project's Dockerfiles (no Docker, no registry), caches them by
-content, and prints one ``<image> <docker-archive tarball>`` line per image.
+They come from ``hack/images.sh`` of a checkout (never from a wheel: the script is the
+repository's). It builds them from the project's Dockerfiles (no Docker, no registry), caches
+them by content, and prints one ``<image> <docker-archive tarball>`` line per image.
 """
 
 from __future__ import annotations

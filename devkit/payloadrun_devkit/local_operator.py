@@ -1,6 +1,4 @@
-"""The operator's test harness: the operator as a local process against a cluster.
-
-For tests, benchmarks and the demo (the counterpart of :mod:`payloadrun.testing`)::
+"""The operator as a local process against a cluster: for tests, benchmarks and the demo::
 
     with LocalOperator(kubeconfig) as op:
         print(op.metrics_url)
