@@ -16,8 +16,8 @@ help: ## list the targets
 venv: ## create the Python environment (cached by dependency set) and print its path
 	@echo $(VENV)
 
-lint: ## ruff lint and format check
-	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+lint: ## ruff lint and format check; actionlint (shellcheck in it) on the GitHub workflows
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && bash hack/actionlint.sh
 
 format: ## apply ruff's formatting and safe fixes
 	@$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
