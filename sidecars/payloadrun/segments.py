@@ -7,6 +7,10 @@ bytes, with the same JSON field names as prime-rl's ``PayloadSegment``.
 
 Segments are immutable and every operation returns a new one, so a segment can be shared between
 a trace, its samples and a batch without anyone rewriting another's rows.
+
+An orchestrator's path through this module: :func:`choice_segments` takes them off an answer,
+:func:`sample_segments` clips them to a training sample and adds :func:`final_token_row`, and
+:func:`files_of` names the files a batch holds for the retention sidecar.
 """
 
 from __future__ import annotations

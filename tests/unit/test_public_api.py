@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import subprocess
 import sys
 import warnings
@@ -224,3 +225,16 @@ def test_the_example_writes_no_wire_name_it_can_import():
         and node.value in wire
     ]
     assert not retyped, retyped
+
+
+def test_the_docs_import_only_public_names():
+    """The Python the docs show takes from ``payloadrun`` only what it exports."""
+    public, shown = set(payloadrun.__all__), []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.DOTALL):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and node.module == "payloadrun":
+                    names = {alias.name for alias in node.names}
+                    assert names <= public, f"{doc.name} imports {sorted(names - public)}"
+                    shown.append(doc.name)
+    assert "integration.md" in shown
