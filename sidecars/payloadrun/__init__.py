@@ -41,6 +41,7 @@ The formats, for both
     ``ROUTING_FILL``, ``MASK_PAD``
         what a reader puts in cells no segment covers
     ``__version__``
+        the installed version, the same in the sidecars, the operator and the chart
 
 The writer's own parts (the codec's compaction and row building, the store) are imported from
 their modules, ``payloadrun.codec`` and ``payloadrun.store``. This package imports neither torch
@@ -151,7 +152,9 @@ def __getattr__(name: str) -> Any:
             stacklevel=2,
         )
         return getattr(importlib.import_module(module), name)
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, on first use
+    # A submodule, on first use (``import payloadrun; payloadrun.settings``). Dunder names are
+    # what tools probe for (``__wrapped__``, ``__path__`` hooks), never a module here.
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'payloadrun' has no attribute {name!r}")
 
