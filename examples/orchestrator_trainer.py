@@ -10,9 +10,12 @@ Run it where the operator's environment is set (or set it yourself):
 
 One step of the loop: the orchestrator asks for 4 rollouts at policy version 0, each request
 naming ``payload_dir = <root>/v0``; the writer answers with segments instead of inline arrays. The
-orchestrator clips them to each training sample and adds the final token's row, records the batch
-with the retention sidecar, the trainer reads the rows, and once the new policy is out the
-orchestrator reports it: the batch's files are deleted.
+orchestrator clips them to each training sample and adds the final token's row (handles only: no
+bytes move), records the batch with the retention sidecar, the trainer reads the rows, and once
+the new policy is out the orchestrator reports it: the batch's files are deleted.
+
+Every name it takes from payloadrun is the package's public API, ``import payloadrun`` (see
+``help(payloadrun)``); tests/unit/test_public_api.py keeps it so.
 """
 
 from __future__ import annotations
@@ -23,9 +26,19 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 
-from payloadrun import PayloadReader, Segment, clip_all, files_of, segments_from_json
-from payloadrun.retention.client import RetentionClient
-from payloadrun.settings import Env  # the names of the variables the operator sets
+from payloadrun import (
+    PAYLOAD_DIR_ARG,
+    ROUTED_EXPERTS,
+    SAMPLING_MASK,
+    Env,  # the names of the variables the operator sets
+    PayloadReader,
+    RetentionClient,
+    Segment,
+    choice_segments,
+    files_of,
+    payload_dir,
+    sample_segments,
+)
 
 
 @dataclass
@@ -39,7 +52,7 @@ class Sample:
         return self.prompt_len + self.completion_len
 
 
-def generate(inference_url: str, prompt_ids: list[int], payload_dir: str) -> tuple[list[int], list]:
+def generate(inference_url: str, prompt_ids: list[int], directory: str) -> tuple[list[int], list]:
     """A tokens-in generate request through the writer, asking for the payloads by handle."""
     body = {
         "model": "policy",
@@ -47,7 +60,7 @@ def generate(inference_url: str, prompt_ids: list[int], payload_dir: str) -> tup
         "sampling_params": {
             "max_tokens": 32,
             "temperature": 1.0,
-            "extra_args": {"payload_dir": payload_dir},  # vLLM: SamplingParams.extra_args
+            "extra_args": {PAYLOAD_DIR_ARG: directory},  # vLLM: SamplingParams.extra_args
         },
     }
     request = urllib.request.Request(
@@ -57,24 +70,10 @@ def generate(inference_url: str, prompt_ids: list[int], payload_dir: str) -> tup
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         choice = json.loads(response.read())["choices"][0]
-    return choice["token_ids"], segments_from_json(choice["payload"])
-
-
-def sample_segments(segments: list[Segment], prompt_len: int, completion_len: int) -> list[Segment]:
-    """The segments a training sample needs: clipped to it, plus the final token's row.
-
-    Routing rows end at the last forwarded token; the final sampled token was never forwarded, so
-    it gets a 1-row segment pointing at the previous row (what the inline path's placeholder
-    copies). No bytes move: only handles.
-    """
-    total = prompt_len + completion_len
-    clipped = clip_all(segments, 0, total)
-    routing = [s for s in clipped if s.field == "routed_experts"]
-    if routing:
-        last = max(routing, key=lambda s: s.end)
-        if last.end == total - 1:
-            clipped.append(last.final_token())
-    return clipped
+    segments = choice_segments(choice)
+    if segments is None:  # the writer could not store it (see X-Payloadrun-Fallback)
+        raise SystemExit(f"the writer answered inline, not by handle: {sorted(choice)}")
+    return choice["token_ids"], segments
 
 
 def main() -> int:
@@ -87,7 +86,7 @@ def main() -> int:
     samples = []
     for i in range(4):
         prompt = [1000 + i * 7 + t for t in range(40)]
-        completion, segments = generate(inference_url, prompt, f"{root}/v{version}")
+        completion, segments = generate(inference_url, prompt, payload_dir(root, version))
         samples.append(
             Sample(
                 len(prompt),
@@ -101,8 +100,8 @@ def main() -> int:
     # --- trainer: read the batch in full ----------------------------------------------------
     with PayloadReader(root) as reader:
         for s in samples:
-            routing = reader.read(s.segments, "routed_experts", 0, s.total)
-            mask = reader.read(s.segments, "sampling_mask", s.prompt_len, s.total)
+            routing = reader.read(s.segments, ROUTED_EXPERTS, 0, s.total)
+            mask = reader.read(s.segments, SAMPLING_MASK, s.prompt_len, s.total)
             # routing: [tokens, layers, top_k] uint8/uint16, one row per token of the sample;
             # mask: [completion tokens, widest], int32 ids padded with -1
             assert routing.shape[0] == s.total and mask.shape[0] == s.completion_len

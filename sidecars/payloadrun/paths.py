@@ -12,6 +12,7 @@ node) or relative to the root.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import stat
@@ -33,9 +34,28 @@ class PayloadPathError(ValueError):
 
 
 def version_dir_name(version: int) -> str:
-    if version < 0:
-        raise PayloadPathError(f"a policy version is >= 0, got {version}")
-    return f"v{version}"
+    """``v<k>``: the directory of policy version ``k`` (the rollouts dispatched at it)."""
+    try:
+        k = -1 if isinstance(version, bool) else operator.index(version)
+    except TypeError:
+        k = -1
+    if k < 0:
+        raise PayloadPathError(f"a policy version is an integer >= 0, got {version!r}")
+    return f"v{k}"
+
+
+def payload_dir(root: str | os.PathLike[str], version: int) -> str:
+    """The ``payload_dir`` an orchestrator names in a request for a rollout at ``version``.
+
+    ``<root>/v<k>``, where ``root`` is the run's payload root (``PAYLOAD_ROOT``, mounted at the
+    same path on every node) and ``k`` the policy version the rollout is dispatched at: the
+    retention sidecar's backstop sweeps whole version directories, so a rollout must land in its
+    own version's. Pure: the writer checks the path against its root when the request arrives.
+    """
+    base = os.fspath(root)
+    if not base:
+        raise PayloadPathError("payload root is empty: pass the run's PAYLOAD_ROOT")
+    return f"{base.rstrip('/')}/{version_dir_name(version)}"
 
 
 def parse_version_dir_name(name: str) -> int | None:

@@ -7,6 +7,10 @@ bytes, with the same JSON field names as prime-rl's ``PayloadSegment``.
 
 Segments are immutable and every operation returns a new one, so a segment can be shared between
 a trace, its samples and a batch without anyone rewriting another's rows.
+
+An orchestrator's path through this module: :func:`choice_segments` takes them off an answer,
+:func:`sample_segments` clips them to a training sample and adds :func:`final_token_row`, and
+:func:`files_of` names the files a batch holds for the retention sidecar.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ import numpy as np
 
 ROUTED_EXPERTS = "routed_experts"
 SAMPLING_MASK = "sampling_mask"
+
+# The two names the wire adds to vLLM's protocol: the request's extra argument naming the version
+# directory (``sampling_params.extra_args`` on /generate, ``vllm_xargs`` on the OpenAI routes), and
+# the field of each answered choice that holds its segments.
+PAYLOAD_DIR_ARG = "payload_dir"
+PAYLOAD_FIELD = "payload"
 
 # What a reader puts in cells no segment covers: expert 0 for routing, -1 (no id) for masks.
 ROUTING_FILL = 0
@@ -173,6 +183,20 @@ def segments_from_json(items: Any) -> list[Segment]:
     return [Segment.from_json(item) for item in items]
 
 
+def choice_segments(choice: Mapping[str, Any]) -> list[Segment] | None:
+    """The segments of one answered choice, or None when the choice carries its arrays inline.
+
+    A writer that could not store a request (its answer has ``X-Payloadrun-Fallback``), and any
+    request without a ``payload_dir``, answers with vLLM's inline arrays and no segments: decode
+    those with :func:`payloadrun.decode_routed_experts` and
+    :func:`payloadrun.decode_sampling_mask` instead.
+    """
+    if not isinstance(choice, Mapping):
+        raise SegmentError(f"a choice must be a JSON object, got {type(choice).__name__}")
+    items = choice.get(PAYLOAD_FIELD)
+    return None if items is None else segments_from_json(items)
+
+
 def segments_to_json(segments: list[Segment]) -> list[dict[str, Any]]:
     return [s.to_json() for s in segments]
 
@@ -180,6 +204,39 @@ def segments_to_json(segments: list[Segment]) -> list[dict[str, Any]]:
 def clip_all(segments: list[Segment], lo: int, hi: int) -> list[Segment]:
     """Every segment's part inside ``[lo, hi)``, empty parts dropped, order kept."""
     return [c for s in segments if (c := s.clip(lo, hi)) is not None]
+
+
+def final_token_row(segments: list[Segment], total: int) -> Segment | None:
+    """The routing row a sample of ``total`` tokens lacks for its final token, or None.
+
+    Routing rows are end-anchored: they stop at the last forwarded token, ``total - 1``, because
+    the final sampled token is never forwarded. A training sample needs a row there too; the
+    inline path copies the previous row into a placeholder, and this is the by-handle form of the
+    copy: :meth:`Segment.final_token` of the routing segment that ends at ``total - 1``. None when
+    no routing segment ends there (no routing captured, or a row already covers the token).
+    """
+    ends = [s for s in segments if s.field == ROUTED_EXPERTS and s.rows]
+    if not ends:
+        return None
+    last = max(ends, key=lambda s: s.end)
+    return last.final_token() if last.end == total - 1 else None
+
+
+def sample_segments(segments: list[Segment], prompt_len: int, completion_len: int) -> list[Segment]:
+    """The segments a training sample of ``prompt_len + completion_len`` tokens reads.
+
+    A response's segments clipped to the sample's positions, plus :func:`final_token_row`. No
+    bytes move: only handles, so the rows stay where the writer put them.
+    """
+    if prompt_len < 0 or completion_len < 0:
+        raise SegmentError(
+            f"a sample's lengths are >= 0, got prompt_len {prompt_len}, "
+            f"completion_len {completion_len}"
+        )
+    total = prompt_len + completion_len
+    clipped = clip_all(segments, 0, total)
+    final = final_token_row(clipped, total)
+    return clipped if final is None else [*clipped, final]
 
 
 def files_of(segments: list[Segment]) -> list[str]:

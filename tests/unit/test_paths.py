@@ -1,11 +1,13 @@
 import os
 
+import numpy as np
 import pytest
 
 from payloadrun.paths import (
     PayloadPathError,
     PayloadRoot,
     parse_version_dir_name,
+    payload_dir,
     version_dir_name,
 )
 
@@ -26,6 +28,23 @@ def test_version_dir_names():
         assert parse_version_dir_name(bad) is None
     with pytest.raises(PayloadPathError):
         version_dir_name(-1)
+    assert version_dir_name(np.int64(4)) == "v4"  # a version computed with numpy is welcome
+    for bad in (True, 1.0, "1", None):
+        with pytest.raises(PayloadPathError, match="a policy version is an integer >= 0"):
+            version_dir_name(bad)
+
+
+def test_payload_dir_is_what_the_writer_accepts(root):
+    """An orchestrator's payload_dir names the version directory the writer's check resolves."""
+    assert payload_dir("/payloads/run", 3) == "/payloads/run/v3"
+    assert payload_dir("/payloads/run/", 0) == "/payloads/run/v0"
+    assert payload_dir("/", 1) == "/v1"
+    for given in (root.path, str(root.path), f"{root.path}/"):
+        assert root.version_dir(payload_dir(given, 12)) == root.path / "v12"
+    with pytest.raises(PayloadPathError, match="payload root is empty"):
+        payload_dir("", 1)
+    with pytest.raises(PayloadPathError, match="got -1"):
+        payload_dir("/payloads/run", -1)
 
 
 def test_root_must_exist(tmp_path):

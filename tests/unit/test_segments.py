@@ -4,10 +4,14 @@ import numpy as np
 import pytest
 
 from payloadrun.segments import (
+    PAYLOAD_FIELD,
     Segment,
     SegmentError,
+    choice_segments,
     clip_all,
     files_of,
+    final_token_row,
+    sample_segments,
     segments_from_json,
     segments_to_json,
 )
@@ -160,3 +164,65 @@ def test_clip_all_and_files_of():
     assert [s.pos for s in clip_all([a, b, c], 3, 9)] == [3, 4, 8]
     assert clip_all([a, b, c], 20, 30) == []
     assert files_of([a, b, c]) == ["a", "b"]
+
+
+def mask(pos=40, rows=32, file="/root/v1/a.bin"):
+    return Segment("sampling_mask", file, 0, pos, rows, "int32", (4,))
+
+
+def test_choice_segments_reads_the_payload_field_or_says_inline():
+    segs = [routing(), mask()]
+    choice = {"token_ids": [1, 2], PAYLOAD_FIELD: segments_to_json(segs)}
+    assert choice_segments(choice) == segs
+    # answered inline (a fallback, or no payload_dir): no segments, the arrays are in the choice
+    assert choice_segments({"token_ids": [1, 2], "routed_experts": "..."}) is None
+    assert choice_segments({PAYLOAD_FIELD: None}) is None
+    with pytest.raises(SegmentError, match="a choice must be a JSON object, got list"):
+        choice_segments([])
+    with pytest.raises(SegmentError, match="payload must be a list"):
+        choice_segments({PAYLOAD_FIELD: {}})
+
+
+def test_final_token_row_repeats_the_row_before_the_final_token():
+    # a sample of 40 + 32 tokens: routing rows end at the last forwarded token, 71
+    last = routing(pos=0, rows=71, offset=0)
+    final = final_token_row([mask(), last], 72)
+    assert final == last.final_token()
+    assert (final.pos, final.rows, final.offset) == (71, 1, 70 * last.row_bytes)
+
+
+def test_final_token_row_takes_the_routing_segment_that_ends_last():
+    first, second = routing(pos=0, rows=30, offset=0), routing(pos=30, rows=41, offset=0)
+    assert final_token_row([second, first], 72) == second.final_token()
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [
+        [],  # nothing captured
+        [mask()],  # masks only: one row per completion token already
+        [routing(pos=0, rows=72, offset=0)],  # a row covers the final token already
+        [routing(pos=0, rows=50, offset=0)],  # routing ends elsewhere: a gap, not the final token
+        [Segment("routed_experts", "f", 0, 71, 0, "uint8", (1,))],  # empty: no row to repeat
+    ],
+)
+def test_final_token_row_is_none_without_a_routing_row_ending_before_it(segments):
+    assert final_token_row(segments, 72) is None
+
+
+def test_sample_segments_clips_to_the_sample_and_adds_the_final_row():
+    # the request's routing covers a longer trace; the sample is its first 40 + 20 tokens
+    trace = routing(pos=0, rows=90, offset=0)
+    masks = mask(pos=40, rows=51)
+    got = sample_segments([trace, masks], 40, 20)
+    clipped = trace.clip(0, 60)
+    assert got == [clipped, masks.clip(0, 60)]  # routing already covers token 59: no extra row
+    end_anchored = routing(pos=0, rows=59, offset=0)
+    got = sample_segments([end_anchored, masks], 40, 20)
+    assert got == [end_anchored, masks.clip(0, 60), end_anchored.final_token()]
+    assert sum(s.rows for s in got if s.field == "routed_experts") == 60
+
+
+def test_sample_segments_refuses_negative_lengths():
+    with pytest.raises(SegmentError, match="prompt_len 4, completion_len -1"):
+        sample_segments([routing()], 4, -1)

@@ -10,6 +10,9 @@ Modules: ``policy`` (pure rules), ``state`` (the in-memory model the rules act o
 ``queue`` (the background deletion queue and the directory accounting), ``config`` (settings),
 ``service`` (run identity, events, status), ``app`` (HTTP), ``client`` (sync and async clients
 for the orchestrator), ``metrics`` and ``cli``.
+
+The clients and their errors are the orchestrator's, so ``import payloadrun`` exports them too
+(``payloadrun.RetentionClient``); they are importable from here as before.
 """
 
 from payloadrun.retention.client import (
