@@ -422,21 +422,20 @@ class Demo:
 LOCAL_RUN = "local-node-by-handle.yaml"  # in examples/
 ROLLOUT = """
 import json, os, urllib.request
-from payloadrun.settings import Env
+from payloadrun import PAYLOAD_DIR_ARG, Env, choice_segments, payload_dir, segments_to_json
+extra_args = {PAYLOAD_DIR_ARG: payload_dir(os.environ[Env.PAYLOAD_ROOT], 0)}
 body = {"model": "policy", "token_ids": list(range(100, 612)),
-        "sampling_params": {"max_tokens": 128, "temperature": 1.0,
-                            "extra_args": {"payload_dir": os.environ[Env.PAYLOAD_ROOT] + "/v0"}}}
+        "sampling_params": {"max_tokens": 128, "temperature": 1.0, "extra_args": extra_args}}
 url = os.environ[Env.INFERENCE_URL] + "/inference/v1/generate"
 req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
 with urllib.request.urlopen(req, timeout=60) as resp:
     answer = resp.read()
-segments = json.loads(answer)["choices"][0]["payload"]
+segments = segments_to_json(choice_segments(json.loads(answer)["choices"][0]))
 print(json.dumps({"response_bytes": len(answer), "segments": segments}))
 """
 READ = """
 import json, os, sys
-from payloadrun import PayloadReader, segments_from_json
-from payloadrun.settings import Env
+from payloadrun import Env, PayloadReader, segments_from_json
 segments = segments_from_json(json.loads(sys.argv[1])["segments"])
 with PayloadReader(os.environ[Env.PAYLOAD_ROOT]) as reader:
     for field in sorted({s.field for s in segments}):

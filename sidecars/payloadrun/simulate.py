@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from payloadrun.paths import PayloadRoot, version_dir_name
+from payloadrun.paths import PayloadRoot, payload_dir, version_dir_name
 from payloadrun.retention.policy import backstop_bound, min_fresh_version
 from payloadrun.store import FILE_SUFFIX
 
@@ -280,7 +280,7 @@ class ThroughWriter:
     def write(self, version: int, rng: random.Random) -> tuple[list[str], int]:
         import urllib.request
 
-        from payloadrun.segments import files_of, segments_from_json
+        from payloadrun.segments import PAYLOAD_DIR_ARG, choice_segments, files_of
 
         body = {
             "model": "simulate",
@@ -288,7 +288,7 @@ class ThroughWriter:
             "sampling_params": {
                 "max_tokens": self.max_tokens,
                 "temperature": 1.0,
-                "extra_args": {"payload_dir": f"{self.root.path}/{version_dir_name(version)}"},
+                "extra_args": {PAYLOAD_DIR_ARG: payload_dir(self.root.path, version)},
             },
         }
         req = urllib.request.Request(
@@ -299,13 +299,14 @@ class ThroughWriter:
         self.handle_bytes += len(raw)
         segments = []
         for choice in json.loads(raw)["choices"]:
-            if choice.get("payload") is None:
+            handles = choice_segments(choice)
+            if handles is None:
                 raise RuntimeError(
                     f"the writer at {self.url} answered inline (fallback "
                     f"{resp.headers.get('X-Payloadrun-Fallback')!r}): is its payload root "
                     f"{str(self.root.path)!r}?"
                 )
-            segments += segments_from_json(choice["payload"])
+            segments += handles
         return files_of(segments), sum(s.nbytes for s in segments)
 
 

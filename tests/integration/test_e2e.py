@@ -454,19 +454,17 @@ def test_a_request_by_handle_through_the_writer(e2e):
 
 ORCHESTRATOR_STEP = """
 import json, os, urllib.request
-from payloadrun import files_of, segments_from_json
-from payloadrun.retention.client import RetentionClient
-url = os.environ["PAYLOADRUN_INFERENCE_URL"] + "/inference/v1/generate"
-payload_dir = os.environ["PAYLOAD_ROOT"] + "/v0"
+from payloadrun import PAYLOAD_DIR_ARG, Env, RetentionClient, choice_segments, files_of, payload_dir
+url = os.environ[Env.INFERENCE_URL] + "/inference/v1/generate"
+extra_args = {PAYLOAD_DIR_ARG: payload_dir(os.environ[Env.PAYLOAD_ROOT], 0)}
 files = []
 for i in range(3):
     body = {"model": "policy", "token_ids": list(range(100 + i, 140 + i)),
-            "sampling_params": {"max_tokens": 16, "temperature": 1.0,
-                                "extra_args": {"payload_dir": payload_dir}}}
+            "sampling_params": {"max_tokens": 16, "temperature": 1.0, "extra_args": extra_args}}
     headers = {"Content-Type": "application/json"}
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=60) as resp:
-        files += files_of(segments_from_json(json.loads(resp.read())["choices"][0]["payload"]))
+        files += files_of(choice_segments(json.loads(resp.read())["choices"][0]))
 RetentionClient().record_batch(1, sorted(set(files)))
 print(json.dumps(sorted(set(files))))
 """
