@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from payloadrun import logs
+from payloadrun import logs, settings
 
 log = logging.getLogger("payloadrun.serving")
 
@@ -51,6 +51,26 @@ HOST_FLAG = "--host"
 PORT_FLAG = "--port"
 METRICS_HOST_FLAG = "--metrics-host"
 METRICS_PORT_FLAG = "--metrics-port"
+
+
+def host_setting(default: str | None, *, env: str, help: str) -> Any:
+    """The ``--host`` setting of a server's main app (a dataclass field, see settings)."""
+    return settings.setting(default, help=help, flag=HOST_FLAG, env=env)
+
+
+def port_setting(default: int, *, env: str, help: str) -> Any:
+    """The ``--port`` setting of a server's main app."""
+    return settings.port(default, help=help, flag=PORT_FLAG, env=env)
+
+
+def metrics_host_setting(default: str | None, *, env: str, help: str) -> Any:
+    """The ``--metrics-host`` setting: where ``/metrics`` listens."""
+    return settings.setting(default, help=help, flag=METRICS_HOST_FLAG, env=env)
+
+
+def metrics_port_setting(default: int, *, env: str, help: str) -> Any:
+    """The ``--metrics-port`` setting."""
+    return settings.port(default, help=help, flag=METRICS_PORT_FLAG, env=env)
 
 
 def health_body(**details: Any) -> dict[str, Any]:

@@ -26,26 +26,17 @@ log = logging.getLogger("payloadrun.retention")
 class RetentionListen:
     """Where the retention sidecar serves, and how it logs (every sidecar's listen flags)."""
 
-    host: str = setting(
-        "127.0.0.1", help="API address", flag=serving.HOST_FLAG, env=Env.RETENTION_HOST
+    host: str = serving.host_setting("127.0.0.1", env=Env.RETENTION_HOST, help="API address")
+    port: int = serving.port_setting(
+        RETENTION_PORT, env=Env.RETENTION_PORT, help="API port, 0 for any free port"
     )
-    port: int = settings.port(
-        RETENTION_PORT,
-        help="API port, 0 for any free port",
-        flag=serving.PORT_FLAG,
-        env=Env.RETENTION_PORT,
+    metrics_host: str = serving.metrics_host_setting(
+        "0.0.0.0", env=Env.RETENTION_METRICS_HOST, help="metrics address"
     )
-    metrics_host: str = setting(
-        "0.0.0.0",
-        help="metrics address",
-        flag=serving.METRICS_HOST_FLAG,
-        env=Env.RETENTION_METRICS_HOST,
-    )
-    metrics_port: int = settings.port(
+    metrics_port: int = serving.metrics_port_setting(
         RETENTION_METRICS_PORT,
-        help="metrics port, 0 for any free port",
-        flag=serving.METRICS_PORT_FLAG,
         env=Env.RETENTION_METRICS_PORT,
+        help="metrics port, 0 for any free port",
     )
     ready_file: Path | None = setting(
         None,

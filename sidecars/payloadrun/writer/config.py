@@ -114,29 +114,19 @@ def listen_address(value: str) -> str:
 class WriterListen:
     """Where the writer serves, and how it logs."""
 
-    host: str = setting(
-        "127.0.0.1",
-        help="address of the proxy; use 0.0.0.0 in a pod",
-        flag=serving.HOST_FLAG,
-        env=Env.WRITER_HOST,
+    host: str = serving.host_setting(
+        "127.0.0.1", env=Env.WRITER_HOST, help="address of the proxy; use 0.0.0.0 in a pod"
     )
-    port: int = settings.port(
-        WRITER_PORT,
-        help="port of the proxy, 0 for any free port",
-        flag=serving.PORT_FLAG,
-        env=Env.WRITER_PORT,
+    port: int = serving.port_setting(
+        WRITER_PORT, env=Env.WRITER_PORT, help="port of the proxy, 0 for any free port"
     )
-    metrics_host: str | None = setting(
-        None,
-        help="address of /metrics (default: the --host)",
-        flag=serving.METRICS_HOST_FLAG,
-        env=Env.WRITER_METRICS_HOST,
+    metrics_host: str | None = serving.metrics_host_setting(
+        None, env=Env.WRITER_METRICS_HOST, help="address of /metrics (default: the --host)"
     )
-    metrics_port: int = settings.port(
+    metrics_port: int = serving.metrics_port_setting(
         WRITER_METRICS_PORT,
-        help="port of the Prometheus /metrics endpoint, 0 for none",
-        flag=serving.METRICS_PORT_FLAG,
         env=Env.WRITER_METRICS_PORT,
+        help="port of the Prometheus /metrics endpoint, 0 for none",
     )
     # Deprecated for one release: HOST:PORT in one value. listen_from() turns it into host and
     # port where those are not given at the same level (flag or variable).
