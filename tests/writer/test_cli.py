@@ -24,7 +24,13 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def test_help_names_every_flag_and_its_variable():
     for command, words in (
-        ("writer", ["--upstream", "--listen", "--payload-root", "--metrics-port", "PAYLOAD_ROOT"]),
+        (
+            "writer",
+            [
+                *("--upstream", "--host", "--port", "--listen", "--payload-root", "--metrics-port"),
+                *("PAYLOAD_ROOT", "PAYLOADRUN_WRITER_PORT", "deprecated: use --host and --port"),
+            ],
+        ),
         ("fake-vllm", ["--experts", "x-fake-status", "0.33.0"]),
     ):
         out = subprocess.run(
@@ -64,7 +70,8 @@ def test_writer_from_environment_serves_and_exports_metrics(tmp_path):
         "writer",
         env={
             "PAYLOADRUN_WRITER_UPSTREAM": fake.url,
-            "PAYLOADRUN_WRITER_LISTEN": f"127.0.0.1:{port}",
+            "PAYLOADRUN_WRITER_HOST": "127.0.0.1",
+            "PAYLOADRUN_WRITER_PORT": str(port),
             "PAYLOADRUN_WRITER_METRICS_PORT": str(metrics_port),
             "PAYLOAD_ROOT": str(tmp_path),
         },
