@@ -153,7 +153,10 @@ def build_api_app(service: RetentionService) -> web.Application:
 
 
 async def start(service: RetentionService) -> None:
-    """Start ``service`` (replay or wipe, on a thread); one that cannot is a StartError."""
+    """Start ``service`` (replay or wipe, on a thread) unless its caller already did; one that
+    cannot start is a StartError."""
+    if service.mode is not None:
+        return
     try:
         await asyncio.to_thread(service.start)
     except (OSError, JournalError, ValueError) as exc:

@@ -178,11 +178,13 @@ def listen_from(
 def deprecated_in_use(
     args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None
 ) -> list[str]:
-    """A warning per deprecated name in use: the old log-level variable, ``--listen``."""
+    """A warning per deprecated name in use: the old log-level variable, ``--listen``, and
+    ``PAYLOADRUN_WRITER_LISTEN`` while the variables that replace it are not both set."""
     notes = settings.deprecated_in_use(WriterListen, env)
     if args is not None and getattr(args, "listen", None) is not None:
         notes.append(f"{LISTEN_FLAG_DEPRECATED} is deprecated: use --host and --port")
-    if Env.WRITER_LISTEN in (os.environ if env is None else env):
+    env = os.environ if env is None else env
+    if Env.WRITER_LISTEN in env and not (Env.WRITER_HOST in env and Env.WRITER_PORT in env):
         notes.append(
             f"{Env.WRITER_LISTEN} is deprecated: set {Env.WRITER_HOST} and {Env.WRITER_PORT}"
         )
