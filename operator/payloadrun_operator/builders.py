@@ -35,7 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from payloadrun import serving, wipe
+from payloadrun.retention import config as retention_config
 from payloadrun.settings import Env
+from payloadrun.writer import config as writer_config
 from payloadrun_operator import lifecycle, names
 from payloadrun_operator import networkpolicy as netpol
 from payloadrun_operator.decisions import (
@@ -364,12 +367,21 @@ def http_probe(path: str, port: int, period: int = 10) -> Manifest:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5}
 
 
+def sidecar_probes(port: int) -> Manifest:
+    """A sidecar's probes, on the paths every sidecar serves (:mod:`payloadrun.serving`)."""
+    return {
+        "startupProbe": startup_probe(port),
+        "readinessProbe": http_probe(serving.READY_PATH, port, period=5),
+        "livenessProbe": http_probe(serving.HEALTH_PATH, port),
+    }
+
+
 def startup_probe(port: int) -> Manifest:
     """A native sidecar is "started" once it answers: only then does the kubelet start the main
     container, so vLLM never takes traffic before its writer serves (and the orchestrator never
     calls a retention sidecar that is not listening). Up to 60 s to start."""
     return {
-        "httpGet": {"path": "/healthz", "port": port},
+        "httpGet": {"path": serving.HEALTH_PATH, "port": port},
         "periodSeconds": 1,
         "timeoutSeconds": 2,
         "failureThreshold": 60,
@@ -636,11 +648,12 @@ def writer_container(ctx: RunContext) -> Manifest:
         "image": writer.image or ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
         "restartPolicy": "Always",  # a native sidecar: up before vLLM, down after it
-        "args": ["writer", *writer.args],
+        "args": [writer_config.COMMAND, *writer.args],
         "env": env_list(
             {
                 Env.WRITER_UPSTREAM: f"http://127.0.0.1:{inference.port}",
-                Env.WRITER_LISTEN: f"0.0.0.0:{writer.port}",
+                Env.WRITER_HOST: "0.0.0.0",
+                Env.WRITER_PORT: str(writer.port),
                 Env.WRITER_METRICS_HOST: "0.0.0.0",
                 Env.WRITER_METRICS_PORT: str(writer.metrics_port),
                 Env.PAYLOAD_ROOT: ctx.root,
@@ -651,9 +664,7 @@ def writer_container(ctx: RunContext) -> Manifest:
             {"name": names.WRITER_PORT_NAME, "containerPort": writer.port},
             {"name": names.WRITER_METRICS_PORT_NAME, "containerPort": writer.metrics_port},
         ],
-        "startupProbe": startup_probe(writer.port),
-        "readinessProbe": http_probe("/readyz", writer.port, period=5),
-        "livenessProbe": http_probe("/healthz", writer.port),
+        **sidecar_probes(writer.port),
         "resources": resources(writer.resources, ctx.settings.writer_resources),
         "securityContext": sidecar_security_context(ctx),
         "volumeMounts": [volume_mount(ctx, read_only=False)],
@@ -668,7 +679,7 @@ def retention_container(ctx: RunContext) -> Manifest:
         "image": retention.image or ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
         "restartPolicy": "Always",
-        "args": ["retention", *retention.args],
+        "args": [retention_config.COMMAND, *retention.args],
         "env": env_list(
             {
                 Env.PAYLOAD_ROOT: ctx.root,
@@ -686,9 +697,7 @@ def retention_container(ctx: RunContext) -> Manifest:
             {"name": names.RETENTION_METRICS_PORT_NAME, "containerPort": retention.metrics_port}
         ],
         # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
-        "startupProbe": startup_probe(retention.metrics_port),
-        "readinessProbe": http_probe("/readyz", retention.metrics_port, period=5),
-        "livenessProbe": http_probe("/healthz", retention.metrics_port),
+        **sidecar_probes(retention.metrics_port),
         "resources": resources(retention.resources, ctx.settings.retention_resources),
         "securityContext": sidecar_security_context(ctx),
         "volumeMounts": [volume_mount(ctx, read_only=False)],
@@ -867,7 +876,7 @@ def build_cleanup(ctx: RunContext) -> Manifest:
         "name": names.CLEANUP_CONTAINER,
         "image": ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
-        "args": ["wipe", "--root", ctx.root, "--json"],
+        "args": wipe.command_line(ctx.root),
         "env": env_list({Env.LOG_FORMAT: ctx.settings.sidecar_log_format}),
         "resources": CLEANUP_RESOURCES,
         "securityContext": sidecar_security_context(ctx),

@@ -1,11 +1,23 @@
-"""How both sidecars serve: sites, the metrics app, probes, signals and a graceful stop.
+"""How every server the project runs serves: one shape for the writer, retention, the fake vLLM.
 
-A sidecar is one or more aiohttp apps, each on its own address (:class:`Listener`). :func:`serve`
-starts them in order, stops on SIGTERM/SIGINT (or an event a test sets), then cleans them up in
-reverse order. An address that cannot be bound is a :class:`ListenError` whose message says which
-port and which flag or variable moves it; :func:`run_sidecar` turns it into a one-line exit
-instead of a traceback. Metrics are served by :func:`metrics_app` on their own port, so an
-upstream's own ``/metrics`` still passes through a proxy port.
+- **Addresses.** A server is one or more aiohttp apps, each on its own address
+  (:class:`Listener`), given by the same flags everywhere: ``--host``/``--port`` for the main
+  app, ``--metrics-host``/``--metrics-port`` for ``/metrics``.
+- **Start-up order.** Each app's own work (thread pools, sessions, a journal replay) starts in
+  the app's lifecycle (``app.cleanup_ctx``, see :func:`lifecycle`), which every runner honours:
+  it starts before the app's address is bound and stops after the address is closed, whether
+  :func:`serve` runs the app or a test's runner does. The command line only parses, builds and
+  serves. Work that cannot start is a :class:`StartError`.
+- **Probes.** ``GET`` :data:`HEALTH_PATH` answers :func:`health_body` while the process serves;
+  :data:`READY_PATH` answers :func:`ready_body`, 200 when ready, else 503. The operator's
+  builders import the paths for the kubelet's probes. (The fake vLLM answers vLLM's own
+  ``/health``: it stands in for vLLM.)
+- **Serving.** :func:`serve` starts the listeners in order, stops on SIGTERM/SIGINT (or an event
+  a test sets), then cleans them up in reverse order. An address that cannot be bound is a
+  :class:`ListenError` whose message says which port and which flag or variable moves it;
+  :func:`run_sidecar` turns it, and a :class:`StartError`, into a one-line exit instead of a
+  traceback. Metrics are served by :func:`metrics_app` on their own port, so an upstream's own
+  ``/metrics`` still passes through a proxy port.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +37,82 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from payloadrun import logs
+from payloadrun import logs, settings
 
 log = logging.getLogger("payloadrun.serving")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+# The probes every sidecar answers (the operator's builders point the kubelet at them).
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+# The listen flags every server takes.
+HOST_FLAG = "--host"
+PORT_FLAG = "--port"
+METRICS_HOST_FLAG = "--metrics-host"
+METRICS_PORT_FLAG = "--metrics-port"
+
+
+def host_setting(default: str | None, *, env: str, help: str) -> Any:
+    """The ``--host`` setting of a server's main app (a dataclass field, see settings)."""
+    return settings.setting(default, help=help, flag=HOST_FLAG, env=env)
+
+
+def port_setting(default: int, *, env: str, help: str) -> Any:
+    """The ``--port`` setting of a server's main app."""
+    return settings.port(default, help=help, flag=PORT_FLAG, env=env)
+
+
+def metrics_host_setting(default: str | None, *, env: str, help: str) -> Any:
+    """The ``--metrics-host`` setting: where ``/metrics`` listens."""
+    return settings.setting(default, help=help, flag=METRICS_HOST_FLAG, env=env)
+
+
+def metrics_port_setting(default: int, *, env: str, help: str) -> Any:
+    """The ``--metrics-port`` setting."""
+    return settings.port(default, help=help, flag=METRICS_PORT_FLAG, env=env)
+
+
+def health_body(**details: Any) -> dict[str, Any]:
+    """What :data:`HEALTH_PATH` answers: ``{"ok": true}`` and what the server adds."""
+    return {"ok": True, **details}
+
+
+def ready_body(ready: bool, **details: Any) -> dict[str, Any]:
+    """What :data:`READY_PATH` answers: ``{"ready": ...}`` and, per check, ``"ok"`` or why not."""
+    return {"ready": ready, **details}
+
+
+def health_response(**details: Any) -> web.Response:
+    return web.json_response(health_body(**details))
+
+
+def ready_response(ready: bool, **details: Any) -> web.Response:
+    return web.json_response(ready_body(ready, **details), status=200 if ready else 503)
+
 
 class ListenError(OSError):
     """A sidecar could not bind one of its addresses."""
+
+
+class StartError(Exception):
+    """A sidecar's work could not start (its journal cannot be read, say); the message says
+    what failed and what to do."""
+
+
+def lifecycle(
+    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An ``app.cleanup_ctx`` entry: ``start`` before the app serves, ``stop`` after it closed."""
+
+    async def ctx(_app: web.Application) -> AsyncIterator[None]:
+        await start()
+        try:
+            yield
+        finally:
+            await stop()
+
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -85,7 +164,8 @@ async def start_site(listener: Listener) -> tuple[web.AppRunner, str]:
 def metrics_app(
     registry: CollectorRegistry, ready: Callable[[], bool] | None = None
 ) -> web.Application:
-    """``GET /metrics`` of ``registry``; with ``ready``, the probes ``/healthz`` and ``/readyz``.
+    """``GET /metrics`` of ``registry``; with ``ready``, the probes (:data:`HEALTH_PATH`,
+    :data:`READY_PATH`).
 
     A scrape runs collectors and callbacks only (no directory walk, no upstream call).
     """
@@ -100,14 +180,13 @@ def metrics_app(
     if ready is not None:
 
         async def healthz(_: web.Request) -> web.Response:
-            return web.json_response({"ok": True})
+            return health_response()
 
         async def readyz(_: web.Request) -> web.Response:
-            ok = ready()
-            return web.json_response({"ready": ok}, status=200 if ok else 503)
+            return ready_response(ready())
 
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
+        app.router.add_get(HEALTH_PATH, healthz)
+        app.router.add_get(READY_PATH, readyz)
     return app
 
 
@@ -156,7 +235,8 @@ def configure_logging(level: str, log_format: str = "plain") -> None:
 
 
 def run_sidecar(command: str, main: Coroutine[Any, Any, None]) -> int:
-    """Run a sidecar's main coroutine; an address it cannot bind is a one-line exit (status 1).
+    """Run a sidecar's main coroutine; an address it cannot bind, or work that cannot start, is
+    a one-line exit (status 1).
 
     The line is logged (``payloadrun.<command>``, critical), so it has the format of every other.
     """
@@ -164,5 +244,8 @@ def run_sidecar(command: str, main: Coroutine[Any, Any, None]) -> int:
         asyncio.run(main)
     except ListenError as exc:
         logging.getLogger(f"payloadrun.{command}").critical("%s", exc.strerror)
+        return 1
+    except StartError as exc:
+        logging.getLogger(f"payloadrun.{command}").critical("%s", exc)
         return 1
     return 0

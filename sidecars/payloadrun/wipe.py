@@ -393,9 +393,19 @@ def summary_line(s: WipeSummary) -> str:
     return f"wiped {s.root}: {done}"
 
 
+COMMAND = "wipe"
+JSON_FLAG = "--json"
+
+
+def command_line(root: str) -> list[str]:
+    """The arguments that wipe ``root`` with a JSON summary (the operator's cleanup Job)."""
+    root_flag = settings.settings_of(WipeConfig)["root"][0].flag
+    return [COMMAND, str(root_flag), root, JSON_FLAG]
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "wipe",
+        COMMAND,
         help="delete what a finished run left under its payload root (the cleanup Job runs it)",
         description=__doc__,
         epilog=EPILOG,
@@ -406,7 +416,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="list what would be removed; delete nothing"
     )
     p.add_argument(
-        "--json",
+        JSON_FLAG,
         action="store_true",
         help="print one JSON summary object on stdout (progress goes to stderr)",
     )

@@ -94,7 +94,8 @@ def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
     assert writer["image"] == "registry.example/payloadrun:test"
     assert env_of(writer) == {
         "PAYLOADRUN_WRITER_UPSTREAM": "http://127.0.0.1:8000",
-        "PAYLOADRUN_WRITER_LISTEN": "0.0.0.0:8001",
+        "PAYLOADRUN_WRITER_HOST": "0.0.0.0",
+        "PAYLOADRUN_WRITER_PORT": "8001",
         "PAYLOADRUN_WRITER_METRICS_HOST": "0.0.0.0",
         "PAYLOADRUN_WRITER_METRICS_PORT": "9401",
         "PAYLOAD_ROOT": "/payloads/ml/run1/payloads",
@@ -212,7 +213,7 @@ def test_overrides(spec_dict):
     pod = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
     writer = pod["initContainers"][0]
     assert writer["image"] == "mine/writer:2" and writer["args"] == ["writer", "--workers", "4"]
-    assert env_of(writer)["PAYLOADRUN_WRITER_LISTEN"] == "0.0.0.0:9000"
+    assert env_of(writer)["PAYLOADRUN_WRITER_PORT"] == "9000"
     assert pod["containers"][0]["command"] == ["vllm", "serve"]
     assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
 

@@ -1,7 +1,8 @@
 """Where the operator meets the sidecars: the names and defaults both sides must agree on.
 
-A pod the operator builds starts a sidecar with no flags, only the environment the operator set;
-these tests run that environment through the sidecars' own settings and compare.
+A pod the operator builds starts a sidecar with its subcommand and the environment the operator
+set; these tests run that command line and environment through the sidecars' own parsers, and
+hold the probes the builders write to the paths the sidecars' apps serve.
 """
 
 from __future__ import annotations
@@ -9,17 +10,21 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from payloadrun import settings
+from payloadrun import serving, settings, wipe
 from payloadrun.retention import client as retention_client
 from payloadrun.retention.cli import RetentionListen
+from payloadrun.retention.cli import register as register_retention
 from payloadrun.retention.config import RetentionConfig
 from payloadrun.settings import Env
-from payloadrun.writer.app import WriterConfig
-from payloadrun.writer.cli import WriterListen
+from payloadrun.testing.fakevllm import build_parser as fake_vllm_parser
+from payloadrun.writer.cli import configs as writer_configs
 from payloadrun.writer.cli import register as register_writer
+from payloadrun.writer.config import WriterConfig, WriterListen, deprecated_in_use, listen_from
+from payloadrun.writer.server import build_app as build_writer_app
 from payloadrun_operator import names
-from payloadrun_operator.builders import RunContext, build_children
+from payloadrun_operator.builders import RunContext, build_children, build_cleanup
 from payloadrun_operator.decisions import decide_payload_mode
 from payloadrun_operator.kube import PLURALS
 from payloadrun_operator.models import (
@@ -59,8 +64,26 @@ def _ports(container: dict) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in container["ports"]}
 
 
+def _parse(register, argv: list[str]) -> argparse.Namespace:
+    """``argv`` through the subcommand's own parser (a SystemExit if it is not its command)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+def _routes(app) -> set[str]:
+    return {r.resource.canonical for r in app.router.routes() if r.method == "GET"}
+
+
+def _probe_paths(container: dict) -> set[str]:
+    return {
+        container[probe]["httpGet"]["path"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe")
+    }
+
+
 def test_the_crd_defaults_are_the_sidecars_defaults():
-    writer = settings.from_args(WriterListen, None, {})
+    writer = listen_from(None, {})
     assert writer.address == ("127.0.0.1", Writer().port)
     assert writer.metrics_port == Writer().metrics_port
     retention = settings.from_args(RetentionListen, None, {})
@@ -84,12 +107,8 @@ def test_a_pod_and_its_sidecars_started_with_no_flags_agree_on_ports(spec_dict, 
     ctx, children = _children(spec_dict)
 
     writer = _container(children, names.WRITER_CONTAINER)
-    assert writer["args"][0] == "writer"
-    parser = argparse.ArgumentParser()
-    register_writer(parser.add_subparsers())
-    args = parser.parse_args(writer["args"])
-    config = settings.from_args(WriterConfig, args, _env(writer))
-    where = settings.from_args(WriterListen, args, _env(writer))
+    args = _parse(register_writer, writer["args"])
+    config, where = writer_configs(args, _env(writer))
     served = _ports(writer)
     assert (
         where.address[1]
@@ -106,16 +125,67 @@ def test_a_pod_and_its_sidecars_started_with_no_flags_agree_on_ports(spec_dict, 
     assert service["spec"]["ports"][0]["targetPort"] == where.address[1]
 
     retention = _container(children, names.RETENTION_CONTAINER)
-    assert retention["args"][0] == "retention"
+    args = _parse(register_retention, retention["args"])
     env = _env(retention)
-    listen = settings.from_args(RetentionListen, None, env)
-    rconfig = settings.from_args(RetentionConfig, None, env)
+    listen = settings.from_args(RetentionListen, args, env)
+    rconfig = settings.from_args(RetentionConfig, args, env)
     assert listen.metrics_port == _ports(retention)[names.RETENTION_METRICS_PORT_NAME]
     assert listen.metrics_port == retention["readinessProbe"]["httpGet"]["port"]
     assert (rconfig.run_id, str(rconfig.root)) == ("uid-1", ctx.root)
     assert rconfig.scan_interval_s == ctx.spec.orchestrator.retention.scan_interval_seconds
     orchestrator = _env(_container(children, names.ORCHESTRATOR_CONTAINER))
     assert orchestrator[Env.RETENTION_URL] == f"http://127.0.0.1:{listen.port}"
+
+
+def test_the_probes_are_the_paths_the_sidecars_serve(spec_dict):
+    """The kubelet's probes hit what the sidecars' apps route: the writer's proxy app, and
+    the retention sidecar's metrics app (its API listens on the pod's loopback)."""
+    _, children = _children(spec_dict)
+    probes = {serving.HEALTH_PATH, serving.READY_PATH}
+    assert _probe_paths(_container(children, names.WRITER_CONTAINER)) == probes
+    assert _probe_paths(_container(children, names.RETENTION_CONTAINER)) == probes
+    assert probes <= _routes(build_writer_app(WriterConfig()))
+    assert probes <= _routes(serving.metrics_app(CollectorRegistry(), lambda: True))
+
+
+def test_the_cleanup_job_runs_wipe_as_its_parser_reads_it(spec_dict):
+    ctx, _ = _children(spec_dict)
+    (container,) = build_cleanup(ctx)["spec"]["template"]["spec"]["containers"]
+    args = _parse(wipe.register, container["args"])
+    assert str(settings.from_args(wipe.WipeConfig, args, {}).root) == ctx.root
+    assert args.json is True
+
+
+def test_every_server_takes_the_same_listen_flags():
+    flags = {
+        serving.HOST_FLAG: "127.0.0.1",
+        serving.PORT_FLAG: "0",
+    }
+    argv = [x for pair in flags.items() for x in pair]
+    writer = _parse(register_writer, ["writer", *argv])
+    assert listen_from(writer, {}).address == ("127.0.0.1", 0)
+    retention = _parse(register_retention, ["retention", *argv])
+    assert (retention.host, retention.port) == ("127.0.0.1", 0)
+    fake = fake_vllm_parser().parse_args(argv)
+    assert (fake.host, fake.port) == ("127.0.0.1", 0)
+    metrics = [serving.METRICS_HOST_FLAG, "0.0.0.0", serving.METRICS_PORT_FLAG, "0"]
+    for register, command in ((register_writer, "writer"), (register_retention, "retention")):
+        args = _parse(register, [command, *metrics])
+        assert (args.metrics_host, args.metrics_port) == ("0.0.0.0", 0)
+
+
+def test_the_writers_deprecated_listen_still_works_and_warns():
+    old = _parse(register_writer, ["writer", "--listen", "0.0.0.0:9000"])
+    assert listen_from(old, {}).address == ("0.0.0.0", 9000)
+    assert listen_from(None, {Env.WRITER_LISTEN: "0.0.0.0:9001"}).address == ("0.0.0.0", 9001)
+    # the new names win at the same level; a flag, old or new, wins over any variable
+    env = {Env.WRITER_LISTEN: "0.0.0.0:9001", Env.WRITER_PORT: "9002"}
+    assert listen_from(None, env).address == ("0.0.0.0", 9002)
+    assert listen_from(old, {Env.WRITER_PORT: "9002"}).address == ("0.0.0.0", 9000)
+    assert deprecated_in_use(old, {Env.WRITER_LISTEN: "x:1"}) == [
+        "--listen is deprecated: use --host and --port",
+        f"{Env.WRITER_LISTEN} is deprecated: set {Env.WRITER_HOST} and {Env.WRITER_PORT}",
+    ]
 
 
 def test_every_variable_the_operator_sets_is_a_declared_name(spec_dict):
@@ -163,10 +233,8 @@ def test_one_log_format_setting_from_the_operator_to_both_sidecars(spec_dict):
     spec_dict["inference"]["writer"] = {"args": ["--log-format", "plain"]}
     _, children = _children(spec_dict)
     writer = _container(children, names.WRITER_CONTAINER)
-    parser = argparse.ArgumentParser()
-    register_writer(parser.add_subparsers())
-    args = parser.parse_args(writer["args"])
-    assert settings.from_args(WriterListen, args, _env(writer)).log_format == "plain"
+    args = _parse(register_writer, writer["args"])
+    assert listen_from(args, _env(writer)).log_format == "plain"
 
 
 def test_readiness_finds_the_children_the_builders_name(spec_dict):

@@ -175,7 +175,7 @@ def test_a_sidecar_that_cannot_listen_says_so_in_its_log_format(tmp_path):
         port = busy.getsockname()[1]
         result = run(
             "-m", "payloadrun.cli", "writer", "--log-format", "json",
-            "--listen", f"127.0.0.1:{port}", "--metrics-port", "0",
+            "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
         )  # fmt: skip
     assert result.returncode == 1
     (entry,) = json_lines(result.stderr)

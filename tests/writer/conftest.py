@@ -33,8 +33,9 @@ from payloadrun.serving import app_runner
 from payloadrun.testing.fakevllm import FAKE_KEY, FakeConfig
 from payloadrun.testing.fakevllm import build_app as build_fake
 from payloadrun.testing.processes import StartError, VLLMServer, fake_vllm, free_port
-from payloadrun.writer.app import WRITER_KEY, WriterConfig
-from payloadrun.writer.app import build_app as build_writer
+from payloadrun.writer.config import WriterConfig
+from payloadrun.writer.server import WRITER_KEY
+from payloadrun.writer.server import build_app as build_writer
 from payloadrun_devkit import required
 
 CREATED = 1_764_460_800  # fixed, so direct and proxied answers are byte-comparable

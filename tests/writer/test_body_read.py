@@ -1,4 +1,4 @@
-"""vLLM's answer read into one preallocated buffer (``app.read_body``), not joined from chunks.
+"""vLLM's answer read into one preallocated buffer (``body.read_body``), not joined from chunks.
 
 Every path a by-handle answer can take is run twice: read the usual way, and read into the
 buffer (the threshold lowered to 0 so that small answers take that path too). Both must give the
@@ -15,7 +15,7 @@ import pytest
 from payloadrun.codec import decode_npy_base64
 from payloadrun.reader import PayloadReader
 from payloadrun.segments import ROUTED_EXPERTS, segments_from_json
-from payloadrun.writer import app as writer_app
+from payloadrun.writer import body as writer_body
 
 from .conftest import files_under, http, metric
 
@@ -27,15 +27,15 @@ BIG = {"x-fake-layers": "48", "x-fake-top-k": "8"}  # 384 B of routing per token
 def read_path(request, monkeypatch):
     """Which way the writer reads; yields the sizes of the buffers it allocated."""
     sizes: list[int] = []
-    real = writer_app.body_buffer
+    real = writer_body.body_buffer
 
     def spy(size: int):
         sizes.append(size)
         return real(size)
 
-    monkeypatch.setattr(writer_app, "body_buffer", spy)
+    monkeypatch.setattr(writer_body, "body_buffer", spy)
     threshold = 0 if request.param == "buffer" else 1 << 62
-    monkeypatch.setattr(writer_app, "PREALLOCATE_FROM", threshold)
+    monkeypatch.setattr(writer_body, "PREALLOCATE_FROM", threshold)
     yield sizes
     assert bool(sizes) == (request.param == "buffer")
 
@@ -110,7 +110,7 @@ def test_an_answer_broken_off_is_502_either_way(read_path, writer, fake, root):
 
 
 def test_body_buffer_has_what_the_cutter_needs():
-    buf = writer_app.body_buffer(3 << 20)
+    buf = writer_body.body_buffer(3 << 20)
     memoryview(buf)[:5] = b'{"a":'
     assert len(buf) == 3 << 20
     assert buf.find(b'"a"') == 1

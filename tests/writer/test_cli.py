@@ -1,4 +1,4 @@
-"""``payloadrun writer`` and ``payloadrun fake-vllm`` as processes: flags, environment, metrics."""
+"""``payloadrun writer`` and the fake vLLM as processes: flags, environment, metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from payloadrun.testing.processes import FAKE_VLLM_MODULE
 
 from .conftest import fake_process, free_port, http
 
@@ -24,11 +26,17 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def test_help_names_every_flag_and_its_variable():
     for command, words in (
-        ("writer", ["--upstream", "--listen", "--payload-root", "--metrics-port", "PAYLOAD_ROOT"]),
-        ("fake-vllm", ["--experts", "x-fake-status", "0.33.0"]),
+        (
+            ["payloadrun.cli", "writer"],
+            [
+                *("--upstream", "--host", "--port", "--listen", "--payload-root", "--metrics-port"),
+                *("PAYLOAD_ROOT", "PAYLOADRUN_WRITER_PORT", "deprecated: use --host and --port"),
+            ],
+        ),
+        ([FAKE_VLLM_MODULE], ["--experts", "x-fake-status", "0.33.0"]),
     ):
         out = subprocess.run(
-            [sys.executable, "-m", "payloadrun.cli", command, "--help"],
+            [sys.executable, "-m", *command, "--help"],
             capture_output=True,
             text=True,
             check=True,
@@ -64,7 +72,8 @@ def test_writer_from_environment_serves_and_exports_metrics(tmp_path):
         "writer",
         env={
             "PAYLOADRUN_WRITER_UPSTREAM": fake.url,
-            "PAYLOADRUN_WRITER_LISTEN": f"127.0.0.1:{port}",
+            "PAYLOADRUN_WRITER_HOST": "127.0.0.1",
+            "PAYLOADRUN_WRITER_PORT": str(port),
             "PAYLOADRUN_WRITER_METRICS_PORT": str(metrics_port),
             "PAYLOAD_ROOT": str(tmp_path),
         },

@@ -1,4 +1,9 @@
-"""Hang-ups: each ends in one counted outcome, one log line, no traceback, no file left."""
+"""Hang-ups: each ends in one counted outcome, one log line, no traceback, no file left.
+
+Nothing here waits a fixed time: each step waits, with a timeout, for the fact it needs (the
+fake vLLM received the request, its answer found its client gone, the writer counted the
+disconnect, the writer stopped).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ import time
 
 import pytest
 
-from payloadrun.writer import app as writer_app
+from payloadrun.writer import server as writer_server
 
-from .conftest import fake_config, files_under, http, metric
+from .conftest import fake_config, fake_posts, files_under, http, metric
 
 GEN = "/inference/v1/generate"
 
@@ -26,8 +31,17 @@ def _body(payload_dir=None, stream=False, max_tokens=4):
     return json.dumps(body).encode()
 
 
-def _send_and_hang_up(url, body, headers, *, after, read=0):
-    """Send a POST over a raw socket, read ``read`` bytes of the answer, close after ``after`` s."""
+def _wait_for(predicate, timeout=10.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _send_and_hang_up(url, body, headers, *, when, read=0):
+    """Send a POST over a raw socket, read ``read`` bytes of the answer, close once ``when()``."""
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -39,16 +53,7 @@ def _send_and_hang_up(url, body, headers, *, after, read=0):
         got = b""
         while len(got) < read:
             got += sock.recv(65536)
-        time.sleep(after)
-
-
-def _wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
+        _wait_for(when, what="the moment to hang up")
 
 
 def _disconnected(writer):
@@ -57,7 +62,7 @@ def _disconnected(writer):
 
 def _served(writer):
     total = 0.0
-    for family in writer.app[writer_app.WRITER_KEY].metrics.registry.collect():
+    for family in writer.app[writer_server.WRITER_KEY].metrics.registry.collect():
         if family.name == "payloadrun_writer_requests":
             total += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return total
@@ -82,9 +87,12 @@ def logs(caplog):
 def test_a_client_that_hangs_up_before_vllm_answers(writer, fake, root, logs, by_handle):
     """The defect: an ERROR with a traceback and a request missing from requests_total."""
     body = _body(f"{root}/v1" if by_handle else None)
-    _send_and_hang_up(writer.url, body, {"x-fake-delay": "0.6"}, after=0.2)
+    # the fake holds its answer a while: the client hangs up once the request reached it
+    _send_and_hang_up(writer.url, body, {"x-fake-delay": "0.6"}, when=lambda: fake_posts(fake))
     _wait_for(lambda: _disconnected(writer) == 1)
-    time.sleep(0.8)  # past the fake's answer: nothing is written for nobody
+    # the fake's answer, once made, found the writer gone: it never reached the writer, so
+    # nothing is written for nobody
+    _wait_for(lambda: fake_config(fake).stats["aborted"] == 1, what="the fake's answer")
     assert files_under(root) == []
     assert _served(writer) == 1, "one request, one outcome"
     _assert_one_quiet_line(logs)
@@ -92,7 +100,8 @@ def test_a_client_that_hangs_up_before_vllm_answers(writer, fake, root, logs, by
 
 def test_a_client_that_hangs_up_mid_stream(writer, fake, logs):
     knobs = {"x-fake-stream-interval": "0.05"}
-    _send_and_hang_up(writer.url, _body(stream=True, max_tokens=60), knobs, after=0.1, read=1)
+    body = _body(stream=True, max_tokens=60)
+    _send_and_hang_up(writer.url, body, knobs, when=lambda: True, read=1)
     _wait_for(lambda: _disconnected(writer) == 1)
     _wait_for(lambda: fake_config(fake).stats["aborted"] == 1)  # the upstream request went too
     assert _served(writer) == 1
@@ -101,18 +110,20 @@ def test_a_client_that_hangs_up_mid_stream(writer, fake, logs):
 
 def test_a_file_written_for_a_client_that_left_is_deleted(writer, fake, root, logs, monkeypatch):
     """The client leaves while its payload is being written: the file goes with it."""
-    original = writer_app.rewrite_response
+    original = writer_server.rewrite_response
 
-    written = []
+    started, written = [], []
 
     def slow_rewrite(*args):
-        time.sleep(0.5)
+        started.append(True)
+        # the rewrite runs on until the writer has counted its client gone
+        _wait_for(lambda: _disconnected(writer) == 1, what="the disconnect")
         result = original(*args)
         written.append(result.file)
         return result
 
-    monkeypatch.setattr(writer_app, "rewrite_response", slow_rewrite)
-    _send_and_hang_up(writer.url, _body(f"{root}/v1"), {}, after=0.2)
+    monkeypatch.setattr(writer_server, "rewrite_response", slow_rewrite)
+    _send_and_hang_up(writer.url, _body(f"{root}/v1"), {}, when=lambda: started)
     _wait_for(lambda: _disconnected(writer) == 1)
     _wait_for(lambda: written)
     assert written[0] is not None and written[0].startswith(str(root))
@@ -129,7 +140,7 @@ def test_vllm_breaking_off_a_body_is_one_warning_without_traceback(writer, fake,
         reply_error = exc
     assert reply_error is not None
     _wait_for(lambda: metric(writer, "payloadrun_writer_upstream_failures_total", kind="broken"))
-    time.sleep(0.1)
+    writer.stop()  # once stopped, everything it had to log about the request is logged
     assert not [r for r in logs.records if r.levelno >= logging.ERROR or r.exc_info]
     assert len([r for r in logs.records if "broke off a response" in r.getMessage()]) == 1
     assert _served(writer) == 1

@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from payloadrun import settings
 from payloadrun.settings import parse_bytes
 from payloadrun.testing import processes
-from payloadrun.writer.app import WriterConfig
 from payloadrun.writer.budget import (
     COST_PER_BODY_BYTE,
     GIB,
@@ -28,6 +27,7 @@ from payloadrun.writer.budget import (
     default_budget,
     response_cost,
 )
+from payloadrun.writer.config import WriterConfig
 
 from .conftest import http
 

@@ -10,7 +10,17 @@ Endpoints (JSON in, JSON out; errors are ``{"error": message, ...}``):
 - ``POST /v1/batches``  ``{"step": int, "files": [path], "empty": bool}``
 - ``POST /v1/policy``   ``{"step": int}``
 - ``POST /v1/discard``  ``{"files": [path]}``  (409: a pending batch holds one)
-- ``GET /v1/status``, ``GET /healthz``; ``GET /metrics`` on the metrics port.
+- ``GET /v1/status``, ``GET /healthz``; ``GET /metrics``, ``/healthz``, ``/readyz`` on the
+  metrics port.
+
+Errors: a request the service refuses as sent (:class:`BadRequestError`) is 400, a discard a
+batch holds 409, a service not running or a journal that cannot be written 503; anything else
+is the service's own failure, 500, logged with its traceback (never a 4xx: that would tell the
+client to fix a request that was fine).
+
+The service starts in the API app's lifecycle (:func:`payloadrun.serving.lifecycle`), before
+the API's address is bound: its journal is replayed on a thread, and a journal that cannot be
+read stops the sidecar with one line (:class:`~payloadrun.serving.StartError`).
 """
 
 from __future__ import annotations
@@ -25,7 +35,14 @@ from typing import Any
 from aiohttp import web
 
 from payloadrun import serving
-from payloadrun.retention.service import DiscardRefusedError, RefusedPathError, RetentionService
+from payloadrun.retention.journal import JournalError
+from payloadrun.retention.service import (
+    BadRequestError,
+    DiscardRefusedError,
+    RefusedPathError,
+    RetentionService,
+    ServiceUnavailableError,
+)
 from payloadrun.serving import Listener
 from payloadrun.settings import Env
 
@@ -66,7 +83,7 @@ async def _body(request: web.Request, required: tuple[str, ...]) -> dict[str, An
 def _files(body: dict[str, Any]) -> list[Any]:
     files = body["files"]
     if not isinstance(files, list):
-        raise ValueError(f"files must be a JSON list of paths, got {type(files).__name__}")
+        raise BadRequestError(f"files must be a JSON list of paths, got {type(files).__name__}")
     return files
 
 
@@ -82,10 +99,10 @@ def build_api_app(service: RetentionService) -> web.Application:
         except DiscardRefusedError as exc:
             conflicts = [{"file": f, "step": s} for f, s in exc.conflicts.items()]
             return _error(409, str(exc), conflicts=conflicts)
-        except ValueError as exc:
+        except BadRequestError as exc:
             service.metrics.refused.labels("bad_request").inc()
             return _error(400, str(exc))
-        except RuntimeError as exc:
+        except ServiceUnavailableError as exc:
             return _error(503, str(exc))
         except OSError as exc:
             log.exception("retention journal write failed")
@@ -93,6 +110,17 @@ def build_api_app(service: RetentionService) -> web.Application:
                 503,
                 f"the event was not recorded: writing the journal failed ({exc}); check the "
                 "volume and retry",
+            )
+        except web.HTTPException:
+            raise
+        except (
+            Exception
+        ) as exc:  # a bug or a broken deletion worker: the service's, not the client's
+            log.exception("retention %s %s failed", request.method, request.path)
+            return _error(
+                500,
+                f"the retention sidecar failed on {request.method} {request.path}: "
+                f"{type(exc).__name__}: {exc}; see its log",
             )
 
     async def batches(request: web.Request) -> web.Response:
@@ -112,15 +140,74 @@ def build_api_app(service: RetentionService) -> web.Application:
         return web.json_response(service.status())
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "mode": service.mode and service.mode.value})
+        return serving.health_response(mode=service.mode and service.mode.value)
 
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors])
+    app.cleanup_ctx.append(serving.lifecycle(lambda: start(service), lambda: stop(service)))
     app.router.add_post("/v1/batches", batches)
     app.router.add_post("/v1/policy", policy)
     app.router.add_post("/v1/discard", discard)
     app.router.add_get("/v1/status", status)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get(serving.HEALTH_PATH, healthz)
     return app
+
+
+async def start(service: RetentionService) -> None:
+    """Start ``service`` (replay or wipe, on a thread) unless its caller already did; one that
+    cannot start is a StartError."""
+    if service.mode is not None:
+        return
+    try:
+        await asyncio.to_thread(service.start)
+    except (OSError, JournalError, ValueError) as exc:
+        raise serving.StartError(
+            f"the retention service cannot start on {service.root.path}: {exc}; check the "
+            "volume (and the journal under its state directory)"
+        ) from exc
+
+
+async def stop(service: RetentionService) -> None:
+    """Close ``service``; queued deletions are not waited for (the journal replays them)."""
+    await asyncio.to_thread(service.close)
+
+
+def listeners(
+    service: RetentionService, *, host: str, port: int, metrics_host: str, metrics_port: int
+) -> list[Listener]:
+    """The API and the metrics server (with the probes) of ``service``.
+
+    The API listens on the pod's loopback, so the kubelet probes the metrics port: ``/healthz``
+    says the process serves, ``/readyz`` that the service has started (journal replayed) and is
+    not closing.
+    """
+    return [
+        Listener(
+            "api",
+            build_api_app(service),
+            host,
+            port,
+            f"{serving.PORT_FLAG} or {Env.RETENTION_PORT}",
+        ),
+        Listener(
+            "metrics",
+            serving.metrics_app(service.registry, service.ready),
+            metrics_host,
+            metrics_port,
+            f"{serving.METRICS_PORT_FLAG} or {Env.RETENTION_METRICS_PORT}",
+        ),
+    ]
+
+
+def log_started(ready_file: Path | None = None) -> Callable[[dict[str, str]], None]:
+    """What the sidecar logs once it listens; the URLs go to ``ready_file`` too."""
+
+    def started(urls: dict[str, str]) -> None:
+        urls = {"api": urls["api"], "metrics": f"{urls['metrics']}/metrics"}
+        log.info("retention API on %s, metrics on %s", urls["api"], urls["metrics"])
+        if ready_file is not None:
+            serving.write_ready_file(ready_file, urls)
+
+    return started
 
 
 async def serve(
@@ -133,34 +220,7 @@ async def serve(
     ready_file: Path | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the API and the metrics server until SIGTERM/SIGINT (or ``stop``); then close.
-
-    Queued deletions are not waited for at shutdown: the journal replays them at the next start.
-    The API listens on the pod's loopback, so the kubelet probes the metrics port: ``/healthz``
-    says the process serves, ``/readyz`` that the service has started (journal replayed) and is
-    not closing.
-    """
-    listeners = [
-        Listener(
-            "api",
-            build_api_app(service),
-            host,
-            port,
-            f"--port or {Env.RETENTION_PORT}",
-        ),
-        Listener(
-            "metrics",
-            serving.metrics_app(service.registry, service.ready),
-            metrics_host,
-            metrics_port,
-            f"--metrics-port or {Env.RETENTION_METRICS_PORT}",
-        ),
-    ]
-
-    def started(urls: dict[str, str]) -> None:
-        urls = {"api": urls["api"], "metrics": f"{urls['metrics']}/metrics"}
-        log.info("retention API on %s, metrics on %s", urls["api"], urls["metrics"])
-        if ready_file is not None:
-            serving.write_ready_file(ready_file, urls)
-
-    await serving.serve(listeners, stop=stop, started=started, stopped=service.close)
+    """Start ``service``, run the API and the metrics server until SIGTERM/SIGINT (or ``stop``);
+    then close. :func:`payloadrun.serving.serve` with this sidecar's listeners."""
+    where = {"host": host, "port": port, "metrics_host": metrics_host, "metrics_port": metrics_port}
+    await serving.serve(listeners(service, **where), stop=stop, started=log_started(ready_file))

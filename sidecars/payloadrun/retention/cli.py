@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from payloadrun import serving, settings
-from payloadrun.retention.config import RetentionConfig
+from payloadrun.retention.config import COMMAND, RetentionConfig
 from payloadrun.settings import RETENTION_METRICS_PORT, RETENTION_PORT, Env, setting
 
 SWITCH_INTERVAL_S = 0.0005
@@ -24,23 +24,19 @@ log = logging.getLogger("payloadrun.retention")
 
 @dataclass(frozen=True)
 class RetentionListen:
-    """Where the retention sidecar serves, and how it logs."""
+    """Where the retention sidecar serves, and how it logs (every sidecar's listen flags)."""
 
-    host: str = setting("127.0.0.1", help="API address", flag="--host", env=Env.RETENTION_HOST)
-    port: int = settings.port(
-        RETENTION_PORT,
-        help="API port, 0 for any free port",
-        flag="--port",
-        env=Env.RETENTION_PORT,
+    host: str = serving.host_setting("127.0.0.1", env=Env.RETENTION_HOST, help="API address")
+    port: int = serving.port_setting(
+        RETENTION_PORT, env=Env.RETENTION_PORT, help="API port, 0 for any free port"
     )
-    metrics_host: str = setting(
-        "0.0.0.0", help="metrics address", flag="--metrics-host", env=Env.RETENTION_METRICS_HOST
+    metrics_host: str = serving.metrics_host_setting(
+        "0.0.0.0", env=Env.RETENTION_METRICS_HOST, help="metrics address"
     )
-    metrics_port: int = settings.port(
+    metrics_port: int = serving.metrics_port_setting(
         RETENTION_METRICS_PORT,
-        help="metrics port, 0 for any free port",
-        flag="--metrics-port",
         env=Env.RETENTION_METRICS_PORT,
+        help="metrics port, 0 for any free port",
     )
     ready_file: Path | None = setting(
         None,
@@ -57,7 +53,7 @@ class RetentionListen:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "retention",
+        COMMAND,
         help="run the retention sidecar (delete payload files once the trainer consumed them)",
         description=__doc__,
     )
@@ -66,14 +62,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from payloadrun.retention.app import serve
+    from payloadrun.retention.app import listeners, log_started
     from payloadrun.retention.service import RetentionService
 
     try:
         where = settings.from_args(RetentionListen, args)
         config = settings.from_args(RetentionConfig, args)
     except settings.SettingsError as exc:
-        print(f"payloadrun retention: {exc}", file=sys.stderr)
+        print(f"payloadrun {COMMAND}: {exc}", file=sys.stderr)
         return 2
     serving.configure_logging(where.log_level, where.log_format)
     try:
@@ -90,15 +86,14 @@ def run(args: argparse.Namespace) -> int:
     # wait that long behind one of them. A shorter interval keeps API calls in the millisecond
     # range while a step's files are being deleted.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    service.start()
+    # the service starts in the API app's lifecycle, before its address is bound
+    served = listeners(
+        service,
+        host=where.host,
+        port=where.port,
+        metrics_host=where.metrics_host,
+        metrics_port=where.metrics_port,
+    )
     return serving.run_sidecar(
-        "retention",
-        serve(
-            service,
-            host=where.host,
-            port=where.port,
-            metrics_host=where.metrics_host,
-            metrics_port=where.metrics_port,
-            ready_file=where.ready_file,
-        ),
+        COMMAND, serving.serve(served, started=log_started(where.ready_file))
     )

@@ -23,6 +23,9 @@ from payloadrun.settings import (
     setting,
 )
 
+# The subcommand that runs the retention sidecar (``payloadrun retention``); the operator's
+# builders start the sidecar with it.
+COMMAND = "retention"
 # What the retention sidecar keeps directly under the payload root, beside the ``v<k>``
 # directories (``payloadrun wipe`` removes exactly these and the ``v<k>``).
 STATE_DIR = ".retention"  # the journal's directory, unless --state-dir puts it elsewhere

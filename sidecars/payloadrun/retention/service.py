@@ -43,7 +43,20 @@ class StartMode(StrEnum):
     RESTARTED = "restarted"  # same run id as the journal: replay it, wipe nothing
 
 
-class RefusedPathError(PayloadPathError):
+class BadRequestError(ValueError):
+    """A request the service refuses as sent (a step that is not an integer, files that are not
+    a list, a path outside the root): the client's to fix, answered 400 by the HTTP API.
+
+    Only this type is a client error; any other exception from the service is the service's
+    own failure (500, or 503 when it is not running or cannot journal).
+    """
+
+
+class ServiceUnavailableError(RuntimeError):
+    """The service is not running (not started yet, or closing): answered 503, retry later."""
+
+
+class RefusedPathError(BadRequestError, PayloadPathError):
     """A file in a request is not ``<root>/v<k>/<name>``; ``path`` is the value as sent."""
 
     def __init__(self, path: object, message: str) -> None:
@@ -70,7 +83,7 @@ class DiscardRefusedError(RuntimeError):
 
 def _check_step(step: object) -> int:
     if type(step) is not int or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        raise BadRequestError(f"step must be an integer >= 0, got {step!r}")
     return step
 
 
@@ -80,8 +93,13 @@ def _step_or_minus_one(step: int | None) -> int:
 
 def _as_list(files: Iterable[object]) -> list[object]:
     if isinstance(files, (str, bytes)):
-        raise ValueError(f"files must be a list of paths, got a single string {files!r:.200}")
-    return list(files)
+        raise BadRequestError(f"files must be a list of paths, got a single string {files!r:.200}")
+    try:
+        return list(files)
+    except TypeError:
+        raise BadRequestError(
+            f"files must be a list of paths, got {type(files).__name__}"
+        ) from None
 
 
 class RetentionService:
@@ -230,7 +248,7 @@ class RetentionService:
         """Record the files of batch ``step`` (every selected trace, shipped or pruned)."""
         step = _check_step(step)
         if type(empty) is not bool:
-            raise ValueError(f"empty must be true or false, got {empty!r}")
+            raise BadRequestError(f"empty must be true or false, got {empty!r}")
         keys = self._keys(files)
         with self._lock:
             self._check_open()
@@ -336,7 +354,9 @@ class RetentionService:
 
     def _check_open(self) -> None:
         if self._closing or self._journal is None:
-            raise RuntimeError("the retention service is not running (start it, or it is closing)")
+            raise ServiceUnavailableError(
+                "the retention service is not running (start it, or it is closing)"
+            )
 
     def _header(self) -> journal.Record:
         return journal.run_op(self.config.run_id, self.config.max_off_policy_steps)
@@ -400,9 +420,11 @@ class RetentionService:
 
 
 __all__ = [
+    "BadRequestError",
     "DiscardRefusedError",
     "RefusedPathError",
     "RetentionConfig",
     "RetentionService",
+    "ServiceUnavailableError",
     "StartMode",
 ]

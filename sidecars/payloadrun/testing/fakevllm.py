@@ -54,7 +54,7 @@ knobs, with the bytes prepared for that one, without generating again; the last
 :data:`CACHED_ANSWERS` are kept) and ``x-fake-hold`` (``N``: hold each prepared non-streaming
 answer until ``N`` are held, then send them all at the same instant, as when a batch of
 generations finishes together). ``GET /fake/stats`` counts the requests received per path (and
-``aborted``: streams whose client went away).
+``aborted``: answers whose client went away before they were sent, streams cut short included).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from payloadrun import serving
 from payloadrun.codec import encode_npy_base64
 from payloadrun.settings import VLLM_PORT
 from payloadrun.vllm import (
@@ -569,6 +570,8 @@ class FakeVLLM:
             await resp.write(payload[: len(payload) // 2])
             request.transport.close()
             return resp
+        if request.transport is None or request.transport.is_closing():
+            self.config.stats["aborted"] += 1  # its client went away: nobody reads this answer
         if cfg.content_encoding:
             return web.Response(
                 body=_encode(payload, cfg.content_encoding),
@@ -855,6 +858,36 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     return app
 
 
+COMMAND = "fake-vllm"
+
+
+def int_in(lo: int, hi: int | None = None):
+    """An argparse type: an integer in ``[lo, hi]``, or a usage error that says the range."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be in {bound}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def non_negative_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m payloadrun.testing.fakevllm",
@@ -862,31 +895,43 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = FakeConfig()
-    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=VLLM_PORT, help=f"port (default {VLLM_PORT})")
-    p.add_argument("--model", default=d.model, help="served model name")
-    p.add_argument("--layers", type=int, default=d.layers, help="MoE layers (default 4)")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (default 2)")
     p.add_argument(
-        "--experts",
-        type=int,
-        default=d.experts,
-        help="experts per layer; above 256 the ids are uint16 (default 64)",
+        serving.HOST_FLAG, default="127.0.0.1", help="address to serve on (default 127.0.0.1)"
     )
     p.add_argument(
-        "--mask-width", type=int, default=d.mask_width, help="most ids in a mask row (default 8)"
+        serving.PORT_FLAG,
+        type=int_in(0, 65535),
+        default=VLLM_PORT,
+        help=f"port, 0 for any free port (default {VLLM_PORT})",
+    )
+    p.add_argument("--model", default=d.model, help="served model name")
+    p.add_argument("--layers", type=int_in(0), default=d.layers, help="MoE layers (default 4)")
+    p.add_argument("--top-k", type=int_in(0), default=d.top_k, help="experts per token (default 2)")
+    p.add_argument(
+        "--experts",
+        type=int_in(1, 65536),
+        default=d.experts,
+        help="experts per layer, 1 to 65536; above 256 the ids are uint16 (default 64)",
+    )
+    p.add_argument(
+        "--mask-width",
+        type=int_in(0),
+        default=d.mask_width,
+        help="most ids in a mask row (default 8)",
     )
     p.add_argument("--no-routed-experts", action="store_true", help="as vLLM without router replay")
     p.add_argument("--no-sampling-mask", action="store_true", help="as vLLM without masks")
-    p.add_argument("--status", type=int, default=200, help="answer every request with this")
-    p.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    p.add_argument(
+        "--status", type=int_in(100, 599), default=200, help="answer every request with this"
+    )
+    p.add_argument(
+        "--delay", type=non_negative_float, default=0.0, help="seconds before each answer"
+    )
     p.add_argument("--created", type=int, help="fixed 'created' timestamp (byte-stable output)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.experts < 1 or args.experts > 65536:
-        raise SystemExit(f"--experts must be in [1, 65536], got {args.experts}")
     config = FakeConfig(
         model=args.model,
         layers=args.layers,
@@ -899,9 +944,12 @@ def run(args: argparse.Namespace) -> int:
         delay=args.delay,
         created=args.created,
     )
-    print(f"fake vLLM {VLLM_VERSION} wire format on http://{args.host}:{args.port}", flush=True)
-    web.run_app(build_app(config), host=args.host, port=args.port, access_log=None, print=None)
-    return 0
+
+    def started(urls: dict[str, str]) -> None:
+        print(f"fake vLLM {VLLM_VERSION} wire format on {urls['api']}", flush=True)
+
+    listener = serving.Listener("api", build_app(config), args.host, args.port, serving.PORT_FLAG)
+    return serving.run_sidecar(COMMAND, serving.serve([listener], started=started))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,14 +15,11 @@ parses the whole body instead.
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 from typing import Any
 
 from payloadrun.segments import ROUTED_EXPERTS
-
-# A response body: bytes, or the preallocated buffer the writer reads a large one into.
-Body = bytes | bytearray | mmap.mmap
+from payloadrun.writer.body import Body
 
 _KEY = b'"' + ROUTED_EXPERTS.encode() + b'":"'
 # Parses to "\x00payloadrun-inline:<k>": a NUL is never part of a base64 value.

@@ -2,7 +2,7 @@
 
 Every metric lives in the registry the app is built with (one per app), so tests and benchmarks
 can run several writers in one process. Labels are bounded: ``mode`` is one of
-:class:`~payloadrun.writer.transform.Mode`, ``code`` the HTTP status code, ``field`` one of the
+:class:`~payloadrun.writer.plan.Mode`, ``code`` the HTTP status code, ``field`` one of the
 two payload fields, ``reason`` one of the fallback reasons, ``kind`` one of three upstream
 failures.
 """
@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from payloadrun import process_metrics
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK
-from payloadrun.writer.rewrite import FALLBACK_REASONS
-from payloadrun.writer.transform import Mode
+from payloadrun.writer.blocking import FALLBACK_REASONS
+from payloadrun.writer.plan import Mode
 
 PREFIX = "payloadrun_writer_"
 UPSTREAM_FAILURES = ("unreachable", "timeout", "broken")

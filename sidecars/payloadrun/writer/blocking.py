@@ -1,4 +1,5 @@
-"""The blocking half of the writer: parsing bodies, writing payload files, serializing.
+"""The writer's blocking work, run on its thread pool: decoding and parsing bodies, writing
+payload files, serializing.
 
 Each function here runs on a worker thread, never on the event loop: a vLLM response with router
 replay is tens of MB of JSON, and parsing it or fsyncing its file would stall every other request
@@ -18,9 +19,10 @@ from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError
 from payloadrun.store import PayloadStore, PayloadWriteError
 from payloadrun.vllm import dumps
-from payloadrun.writer import coding
-from payloadrun.writer.inline import Body, cut_routed_experts, restore_into_choices
-from payloadrun.writer.transform import (
+from payloadrun.writer import content_coding
+from payloadrun.writer.body import Body, CodedBody
+from payloadrun.writer.inline import cut_routed_experts, restore_into_choices
+from payloadrun.writer.plan import (
     Endpoint,
     Mode,
     RequestError,
@@ -43,11 +45,15 @@ FALLBACK_REASONS = (
 )
 
 
+# The most bytes a by-handle answer is decoded to (its content coding undone): the in-flight
+# budget reserved it whole, so this only stops a runaway decompression.
+ANSWER_DECODE_LIMIT = 1 << 40
+
+
 def admit_request(
     store: PayloadStore | None,
     endpoint: Endpoint,
-    body: bytes,
-    content_encoding: str | None = None,
+    request: CodedBody,
     limit: int = 256 * 1024 * 1024,
 ) -> RequestPlan | None:
     """The by-handle plan of a request body, None to pass it through.
@@ -56,21 +62,20 @@ def admit_request(
     not a string, outside the payload root, not ``v<digits>``, through ``..``, a percent-encoded
     character or a symlink (all checked by ``PayloadRoot.version_dir``). A body that is not JSON
     passes through: vLLM answers it with its own 400. A compressed body is decoded here, a copy
-    to read (at most ``limit`` bytes, else :class:`~payloadrun.writer.coding.TooLarge`); one in
-    a coding the writer cannot read, or not valid in it, passes through as sent.
+    to read (at most ``limit`` bytes, else :class:`~payloadrun.writer.content_coding.TooLarge`);
+    one in a coding the writer cannot read, or not valid in it, passes through as sent.
     """
-    if coding.codings(content_encoding):
-        try:
-            body = coding.decode(body, content_encoding, limit)
-        except coding.CodingError:
-            return None
+    try:
+        body = request.decoded(limit)
+    except content_coding.CodingError:
+        return None
     if not may_name_payload_dir(body):
         return None
     try:
-        request = json.loads(body)
+        parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    plan = plan_request(endpoint, request)
+    plan = plan_request(endpoint, parsed)
     if plan is not None and store is not None:
         try:
             store.root.version_dir(plan.payload_dir)
@@ -85,7 +90,8 @@ def admit_request(
 
 @dataclass(slots=True)
 class RewriteResult:
-    """What became of one by-handle response; ``body`` is what aiohttp sends as it is."""
+    """What became of one by-handle response; ``body`` is what aiohttp sends as it is, in the
+    content coding ``encoding`` (None: identity, a new body or vLLM's decoded one)."""
 
     mode: Mode
     body: bytes | bytearray
@@ -94,6 +100,8 @@ class RewriteResult:
     write_seconds: float | None = None
     written: dict[str, int] = field(default_factory=dict)
     file: str | None = None  # the payload file written, by handle
+    encoding: str | None = None
+    reduction: int = 0  # bytes of vLLM's (decoded) answer not sent, by handle
 
 
 def _sendable(body: Body) -> bytes | bytearray:
@@ -102,8 +110,10 @@ def _sendable(body: Body) -> bytes | bytearray:
     return body if isinstance(body, bytes | bytearray) else bytes(body)
 
 
-def _inline(body: Body, reason: str, detail: str) -> RewriteResult:
-    return RewriteResult(Mode.INLINE, _sendable(body), fallback=reason, detail=detail)
+def _inline(body: Body, reason: str, detail: str, encoding: str | None = None) -> RewriteResult:
+    return RewriteResult(
+        Mode.INLINE, _sendable(body), fallback=reason, detail=detail, encoding=encoding
+    )
 
 
 def parse_response(body: Body) -> Any:
@@ -120,12 +130,21 @@ def parse_response(body: Body) -> Any:
     return json.loads(_sendable(body))
 
 
-def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: Body) -> RewriteResult:
+def rewrite_response(
+    store: PayloadStore | None, plan: RequestPlan, answer: CodedBody
+) -> RewriteResult:
     """Take the inline arrays off a vLLM response, write them, and return the smaller body.
 
     Whatever goes wrong, the caller gets a body to send: the original one, untouched, with the
-    reason it stayed inline. No response is lost to a full disk or a missing volume.
+    reason it stayed inline. No response is lost to a full disk or a missing volume. A body in
+    a content coding is decoded first; one the writer cannot decode goes back as received,
+    coding and all (the client may read what the writer cannot).
     """
+    try:
+        body = answer.decoded(ANSWER_DECODE_LIMIT)
+    except (content_coding.CodingError, content_coding.TooLarge) as exc:
+        detail = f"Content-Encoding {answer.encoding}: {exc}"
+        return _inline(answer.data, "content_encoding", detail, answer.encoding)
     try:
         response = parse_response(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -149,10 +168,12 @@ def rewrite_response(store: PayloadStore | None, plan: RequestPlan, body: Body) 
         return _inline(body, failure_reason(exc), str(exc))
     elapsed = time.perf_counter() - started
     apply_segments(response, payload, segments)
+    sent = dumps(response)
     return RewriteResult(
         Mode.HANDLE,
-        dumps(response),
+        sent,
         write_seconds=elapsed,
         written=payload.bytes_by_field(),
         file=segments[0].file if segments else None,
+        reduction=max(0, len(body) - len(sent)),
     )

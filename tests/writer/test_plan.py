@@ -9,9 +9,9 @@ import pytest
 
 from payloadrun.codec import CodecError, encode_npy_base64
 from payloadrun.segments import Segment
+from payloadrun.writer.blocking import parse_response
 from payloadrun.writer.inline import cut_routed_experts, restore_into_choices
-from payloadrun.writer.rewrite import parse_response
-from payloadrun.writer.transform import (
+from payloadrun.writer.plan import (
     ChoiceLengths,
     Endpoint,
     RequestError,

@@ -6,20 +6,24 @@ Three paths through it:
   every other path and method. The body goes to vLLM as sent and vLLM's answer comes back as it
   arrives, chunk by chunk, status, headers and bytes unchanged.
 - **handle**: a non-streaming generate / completions / chat request that names a valid
-  ``payload_dir``. vLLM's answer is read whole, its inline arrays are written to one payload file
-  (fsynced and closed first) and replaced by segments (see :mod:`payloadrun.writer.transform`).
+  ``payload_dir``. vLLM's answer is read whole (:mod:`~payloadrun.writer.body`), its inline
+  arrays are written to one payload file (fsynced and closed first) and replaced by segments
+  (:mod:`~payloadrun.writer.plan`, :mod:`~payloadrun.writer.blocking`).
 - **rejected**: a ``payload_dir`` outside the root, not ``v<digits>``, through ``..``, a
   percent-encoded character or a symlink: 400, nothing forwarded, nothing written.
 
 Request bodies go upstream as received, content coding included (the server does not decode
-them: see :mod:`payloadrun.writer.coding`). A client that hangs up cancels its request: the
+them: see :mod:`payloadrun.writer.content_coding`); headers as a proxy forwards them
+(:mod:`payloadrun.writer.forwarding`). A client that hangs up cancels its request: the
 upstream connection is closed (vLLM aborts the generation, as it does for a client of its own),
 the request is counted as ``disconnected`` with code 499, logged in one line, and a payload file
 written for it is deleted.
 
-Parsing, writing and serializing run on a thread pool (:mod:`payloadrun.writer.rewrite`); the
-event loop only moves bytes. Liveness is ``/healthz``, readiness ``/readyz``; metrics are served
-on their own port so that vLLM's own ``/metrics`` still passes through.
+Parsing, writing and serializing run on a thread pool; the event loop only moves bytes. Each
+request takes one pool hop to be admitted (the store looked up and the body planned) and, by
+handle, one to be rewritten. The probes are :data:`payloadrun.serving.HEALTH_PATH` and
+:data:`~payloadrun.serving.READY_PATH`; metrics are served on their own port so that vLLM's own
+``/metrics`` still passes through.
 """
 
 from __future__ import annotations
@@ -28,60 +32,41 @@ import asyncio
 import contextlib
 import functools
 import logging
-import mmap
 import os
-import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 from yarl import URL
 
-from payloadrun import serving, settings
-from payloadrun.paths import PayloadPathError
+from payloadrun import serving
 from payloadrun.serving import Listener
-from payloadrun.settings import VLLM_PORT, Env, parse_bytes, parse_float, parse_int, setting
+from payloadrun.settings import Env
 from payloadrun.store import PayloadStore
-from payloadrun.vllm import HEALTH_PATH, error_response
-from payloadrun.writer import coding
+from payloadrun.vllm import HEALTH_PATH as VLLM_HEALTH_PATH
+from payloadrun.vllm import error_response
+from payloadrun.writer import content_coding
+from payloadrun.writer.blocking import RewriteResult, admit_request, rewrite_response
+from payloadrun.writer.body import CodedBody, UpstreamAnswer, read_answer
 from payloadrun.writer.budget import (
     InFlightBudget,
     container_memory_limit,
     default_budget,
     response_cost,
 )
+from payloadrun.writer.config import WriterConfig, WriterListen
+from payloadrun.writer.forwarding import is_chunked, request_headers, response_headers
 from payloadrun.writer.metrics import WriterMetrics
-from payloadrun.writer.rewrite import RewriteResult, admit_request, rewrite_response
-from payloadrun.writer.transform import Mode, RequestError, RequestPlan, endpoint_of
+from payloadrun.writer.payload_root import StoreHolder, probe_root
+from payloadrun.writer.plan import Endpoint, Mode, RequestError, RequestPlan, endpoint_of
 
 log = logging.getLogger("payloadrun.writer")
 
 T = TypeVar("T")
 
-# Headers that belong to one connection, not to the message (RFC 9110 section 7.6.1), and those
-# aiohttp computes itself from the body it sends.
-_HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "Proxy-Connection",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-    )
-)
-_REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length"}
-_RESPONSE_DROP = _HOP_BY_HOP | {"content-length"}
 MODE_HEADER = "X-Payloadrun-Mode"
 FALLBACK_HEADER = "X-Payloadrun-Fallback"
 # The status a request is counted with when its client went away (nginx's "client closed
@@ -91,173 +76,6 @@ CLIENT_CLOSED = 499
 # a compressed body untouched), and a handler cancelled when its client hangs up (so that the
 # upstream request is cancelled too and nothing is written for nobody).
 RUNNER_OPTIONS = {"auto_decompress": False, "handler_cancellation": True}
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """Everything the writer is configured with (flags and environment, see ``cli.py``)."""
-
-    upstream: str = setting(
-        f"http://127.0.0.1:{VLLM_PORT}",
-        help="vLLM's base URL",
-        flag="--upstream",
-        env=Env.WRITER_UPSTREAM,
-    )
-    payload_root: str | None = setting(
-        None,
-        help="the shared volume's mount; payload_dir must be <root>/v<k>",
-        flag="--payload-root",
-        env=Env.PAYLOAD_ROOT,
-    )
-    connect_timeout: float = setting(
-        5.0,
-        help="seconds to connect to vLLM",
-        flag="--connect-timeout",
-        env=Env.WRITER_CONNECT_TIMEOUT,
-        parse=parse_float,
-        minimum=1e-3,
-    )
-    read_timeout: float = setting(
-        1800.0,
-        help="seconds vLLM may stay silent on a connection (a whole generation when not "
-        "streaming) before the writer answers 504",
-        flag="--read-timeout",
-        env=Env.WRITER_READ_TIMEOUT,
-        parse=parse_float,
-        minimum=1e-3,
-    )
-    workers: int = setting(
-        8,
-        help="threads that parse bodies and write payload files",
-        flag="--workers",
-        env=Env.WRITER_WORKERS,
-        parse=parse_int,
-        minimum=1,
-    )
-    in_flight_budget: int | None = setting(
-        None,
-        help="bytes of vLLM answers the writer holds at once (each by-handle answer counts "
-        "twice its body); when used up, the writer stops reading vLLM's answers until some are "
-        "sent. An answer larger than the budget is read alone. Default: 1Gi, or half the "
-        "container's memory limit when that is less",
-        flag="--in-flight-budget",
-        env=Env.WRITER_IN_FLIGHT_BUDGET,
-        parse=parse_bytes,
-        minimum=1,
-        metavar="BYTES",
-    )
-    health_timeout: float = 2.0
-    max_request_bytes: int = 256 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        settings.validate(self)
-
-
-class StoreHolder:
-    """The payload store, opened on first use and reopened while the root is missing.
-
-    The root may not be mounted yet when the sidecar starts (or may go away): the writer still
-    serves, sends responses inline, and reports not ready, instead of crash-looping. ``get`` runs
-    on worker threads only (it stats the root, which can hang on a dead NFS mount).
-    """
-
-    def __init__(self, root: str | None) -> None:
-        self.root = root
-        self._store: PayloadStore | None = None
-        self._lock = threading.Lock()
-        self.error = f"no payload root configured: set --payload-root or {Env.PAYLOAD_ROOT}"
-
-    def get(self) -> PayloadStore | None:
-        if self._store is not None or self.root is None:
-            return self._store
-        with self._lock:
-            if self._store is None:
-                try:
-                    self._store = PayloadStore(self.root)
-                except PayloadPathError as exc:
-                    self.error = str(exc)
-        return self._store
-
-
-def probe_root(holder: StoreHolder) -> str | None:
-    """None when a file can be created and deleted in the payload root, else what failed."""
-    store = holder.get()
-    if store is None:
-        return holder.error
-    path = store.root.path / f".payloadrun-writer-probe-{uuid.uuid4().hex}"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        os.close(fd)
-        os.unlink(path)
-    except OSError as exc:
-        return f"payload root {str(store.root.path)!r} is not writable: {exc}"
-    return None
-
-
-# A by-handle response at least this big is read into one buffer sized by its Content-Length.
-PREALLOCATE_FROM = 1 << 20
-
-
-def body_buffer(size: int) -> mmap.mmap:
-    """A private anonymous mapping of ``size`` bytes, backed by huge pages when the kernel can.
-
-    Reading 45 MB into fresh 4 KiB pages costs about 11,000 page faults (20-25 ms measured);
-    with huge pages a few dozen. The mapping has ``find`` and the buffer protocol, which is all
-    :mod:`payloadrun.writer.inline` needs, and it is unmapped when the last reference goes.
-    """
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE: 4 KiB pages then
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return buf
-
-
-async def read_body(upstream: aiohttp.ClientResponse) -> bytes | mmap.mmap:
-    """vLLM's whole response body, copied once, chunk by chunk, into one preallocated buffer.
-
-    ``ClientResponse.read`` keeps every chunk until the end and then joins them: the chunks and
-    the joined copy are all fresh memory, and the join (one 45 MB memcpy) runs on the event loop
-    in one go. Here each chunk is copied as it arrives and then freed. A body without a
-    Content-Length, or a small one, is read the usual way.
-    """
-    size = upstream.content_length
-    chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
-    if size is None or chunked or size < PREALLOCATE_FROM:
-        return await upstream.read()
-    buf = body_buffer(size)
-    view = memoryview(buf)
-    filled = 0
-    try:
-        async for chunk in upstream.content.iter_any():
-            end = filled + len(chunk)
-            if end > size:
-                raise aiohttp.ClientPayloadError(
-                    f"response body is longer than its Content-Length of {size} bytes"
-                )
-            view[filled:end] = chunk
-            filled = end
-    finally:
-        view.release()
-    if filled != size:
-        raise aiohttp.ClientPayloadError(
-            f"response body ended after {filled} of its Content-Length of {size} bytes"
-        )
-    return buf
-
-
-def _forward_headers(headers: Any, *, drop: frozenset[str]) -> CIMultiDict[str]:
-    """The end-to-end headers of a message: ``drop`` and every header ``Connection`` names
-    (a proxy must remove those too, RFC 9110 section 7.6.1) are left out."""
-    named = {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-    }
-    out: CIMultiDict[str] = CIMultiDict()
-    for key, value in headers.items():
-        lower = key.lower()
-        if lower not in drop and lower not in named:
-            out.add(key, value)
-    return out
 
 
 class Writer:
@@ -279,9 +97,9 @@ class Writer:
         self.metrics.in_flight_peak_bytes.set(self.budget.peak)
         self.metrics.budget_waiting.set(waiting)
 
-    # --- lifecycle ---
+    # --- lifecycle (serving.lifecycle: before the address is bound, after it closed) ---
 
-    async def start(self, _app: web.Application) -> None:
+    async def start(self) -> None:
         self.executor = ThreadPoolExecutor(
             max_workers=self.config.workers, thread_name_prefix="payloadrun-writer"
         )
@@ -297,7 +115,7 @@ class Writer:
         )
         await self.run(self.holder.get)  # open the store now when the root is there
 
-    async def stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         if self.session is not None:
             await self.session.close()
         if self.executor is not None:
@@ -308,40 +126,43 @@ class Writer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
-    # --- handlers ---
+    # --- probes ---
 
     async def healthz(self, _request: web.Request) -> web.Response:
-        return web.json_response({"alive": True})
+        return serving.health_response()
 
     async def readyz(self, _request: web.Request) -> web.Response:
         upstream_problem, root_problem = await asyncio.gather(
             self._upstream_problem(), self.run(probe_root, self.holder)
         )
-        ready = upstream_problem is None and root_problem is None
-        body = {
-            "ready": ready,
-            "upstream": upstream_problem or "ok",
-            "payload_root": root_problem or "ok",
-        }
-        return web.json_response(body, status=200 if ready else 503)
+        return serving.ready_response(
+            upstream_problem is None and root_problem is None,
+            upstream=upstream_problem or "ok",
+            payload_root=root_problem or "ok",
+        )
 
     async def _upstream_problem(self) -> str | None:
         assert self.session is not None
-        url = self.upstream / HEALTH_PATH.lstrip("/")
+        url = self.upstream / VLLM_HEALTH_PATH.lstrip("/")
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
             async with self.session.get(url, timeout=timeout) as resp:
                 await resp.read()
                 if resp.status != 200:
-                    return f"vLLM at {self.upstream} is not healthy: /health answered {resp.status}"
+                    return (
+                        f"vLLM at {self.upstream} is not healthy: {VLLM_HEALTH_PATH} answered "
+                        f"{resp.status}"
+                    )
         except TimeoutError:
             return (
-                f"vLLM at {self.upstream} did not answer /health within "
+                f"vLLM at {self.upstream} did not answer {VLLM_HEALTH_PATH} within "
                 f"{self.config.health_timeout} s"
             )
         except aiohttp.ClientError as exc:
             return f"vLLM at {self.upstream} is unreachable: {exc}"
         return None
+
+    # --- the proxy ---
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         self.metrics.in_flight.inc()
@@ -368,33 +189,36 @@ class Writer:
             "the client closed the connection" if closed else why,
         )
 
+    def _admit(
+        self, endpoint: Endpoint, body: CodedBody
+    ) -> tuple[PayloadStore | None, RequestPlan | None]:
+        """The store (looked up once per request) and the request's plan; on the pool."""
+        store = self.holder.get()
+        return store, admit_request(store, endpoint, body, self.config.max_request_bytes)
+
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         endpoint = endpoint_of(request.method, request.path)
-        plan: RequestPlan | None = None
-        if endpoint is not None and body:
-            store = await self.run(self.holder.get)
-            encoding = request.headers.get("Content-Encoding")
-            limit = self.config.max_request_bytes
-            try:
-                plan = await self.run(admit_request, store, endpoint, body, encoding, limit)
-            except RequestError as exc:
-                self.metrics.request(Mode.REJECTED, 400)
-                log.warning("refused a request: %s", exc)
-                return error_response(
-                    400, str(exc), param="payload_dir", value=_jsonable(exc.value)
-                )
-            except coding.TooLarge:
-                self.metrics.request(Mode.REJECTED, 413)
-                message = (
-                    f"the request body (Content-Encoding: {encoding}) decodes to more than "
-                    f"{limit} bytes, the most the writer reads"
-                )
-                log.warning("refused a request: %s", message)
-                return error_response(413, message)
+        if endpoint is None or not body:
+            return await self._passthrough(request, body)
+        coded = CodedBody(body, request.headers.get("Content-Encoding"))
+        try:
+            store, plan = await self.run(self._admit, endpoint, coded)
+        except RequestError as exc:
+            self.metrics.request(Mode.REJECTED, 400)
+            log.warning("refused a request: %s", exc)
+            return error_response(400, str(exc), param="payload_dir", value=_jsonable(exc.value))
+        except content_coding.TooLarge:
+            self.metrics.request(Mode.REJECTED, 413)
+            message = (
+                f"the request body (Content-Encoding: {coded.encoding}) decodes to more than "
+                f"{self.config.max_request_bytes} bytes, the most the writer reads"
+            )
+            log.warning("refused a request: %s", message)
+            return error_response(413, message)
         if plan is None or plan.stream:
             return await self._passthrough(request, body)
-        return await self._by_handle(request, body, plan)
+        return await self._by_handle(request, body, store, plan)
 
     # --- upstream ---
 
@@ -402,7 +226,7 @@ class Writer:
         return URL(str(self.upstream) + request.raw_path, encoded=True)
 
     async def _send_upstream(
-        self, request: web.Request, body: bytes, headers: CIMultiDict[str]
+        self, request: web.Request, body: bytes, *, by_handle: bool
     ) -> aiohttp.ClientResponse | web.Response:
         """vLLM's response (headers read), or the 502/504 to send instead."""
         assert self.session is not None
@@ -410,7 +234,7 @@ class Writer:
             return await self.session.request(
                 request.method,
                 self._upstream_url(request),
-                headers=headers,
+                headers=request_headers(request.headers, by_handle=by_handle),
                 data=body if body else None,
                 allow_redirects=False,
             )
@@ -443,8 +267,7 @@ class Writer:
         return error_response(status, message)
 
     async def _passthrough(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        headers = _forward_headers(request.headers, drop=_REQUEST_DROP)
-        upstream = await self._send_upstream(request, body, headers)
+        upstream = await self._send_upstream(request, body, by_handle=False)
         if isinstance(upstream, web.Response):
             return upstream
         async with upstream:
@@ -466,11 +289,10 @@ class Writer:
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
-            headers=_forward_headers(upstream.headers, drop=_RESPONSE_DROP),
+            headers=response_headers(upstream.headers),
         )
         resp.headers.update(extra_headers or {})
-        chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
-        if upstream.content_length is not None and not chunked:
+        if upstream.content_length is not None and not is_chunked(upstream.headers):
             resp.content_length = upstream.content_length
         await resp.prepare(request)
         sent = 0
@@ -497,14 +319,12 @@ class Writer:
         self.metrics.sent(mode, sent)
         return resp
 
+    # --- by handle ---
+
     async def _by_handle(
-        self, request: web.Request, body: bytes, plan: RequestPlan
+        self, request: web.Request, body: bytes, store: PayloadStore | None, plan: RequestPlan
     ) -> web.StreamResponse:
-        # The writer has to read the answer: ask for it uncompressed. Leaving Accept-Encoding
-        # out would not do: no Accept-Encoding means any coding is acceptable (RFC 9110 12.5.3).
-        headers = _forward_headers(request.headers, drop=_REQUEST_DROP | {"accept-encoding"})
-        headers["Accept-Encoding"] = coding.IDENTITY
-        upstream = await self._send_upstream(request, body, headers)
+        upstream = await self._send_upstream(request, body, by_handle=True)
         if isinstance(upstream, web.Response):
             return upstream
         async with upstream:
@@ -517,24 +337,18 @@ class Writer:
                 )
                 fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: "bad_response"}
                 return await self._stream_back(request, upstream, Mode.INLINE, fallback)
-            encoding = upstream.headers.get("Content-Encoding")
-            chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
             cost = response_cost(
-                None if chunked else upstream.content_length,
-                bool(coding.codings(encoding)),
+                None if is_chunked(upstream.headers) else upstream.content_length,
+                bool(content_coding.codings(upstream.headers.get("Content-Encoding"))),
                 self.budget.budget,
             )
             async with self._reserved(cost):
                 try:
-                    raw = await read_body(upstream)
+                    answer = await read_answer(upstream)
                 except Exception as exc:
                     return self._upstream_error(exc, "reading the response")
-                received = time.perf_counter()
-                upstream.release()  # read to the end: the connection may serve another request
-                response_headers = _forward_headers(
-                    upstream.headers, drop=_RESPONSE_DROP | {"content-type"}
-                )
-                return await self._answer(request, plan, raw, encoding, response_headers, received)
+                result = await self._rewrite(store, plan, answer)
+                return await self._send_result(request, answer, result)
 
     @contextlib.asynccontextmanager
     async def _reserved(self, cost: int) -> AsyncIterator[None]:
@@ -549,44 +363,16 @@ class Writer:
         finally:
             self.budget.release(cost)
 
-    async def _answer(
-        self,
-        request: web.Request,
-        plan: RequestPlan,
-        raw: bytes | mmap.mmap,
-        encoding: str | None,
-        response_headers: CIMultiDict[str],
-        received: float,
-    ) -> web.StreamResponse:
-        """Take the arrays off vLLM's answer ``raw`` (its last byte came at ``received``) and
-        send the client what is left."""
-        if coding.codings(encoding):
-            try:
-                raw = await self.run(coding.decode, raw, encoding, 1 << 40)
-            except (coding.CodingError, coding.TooLarge) as exc:
-                # Sent back as received, coding and all: the client may read what we cannot.
-                result = RewriteResult(
-                    Mode.INLINE,
-                    bytes(raw),
-                    "content_encoding",
-                    f"Content-Encoding {encoding}: {exc}",
-                )
-                return await self._send_result(request, raw, result, response_headers, received)
-            del response_headers["Content-Encoding"]  # the body sent is a new one, identity
-        store = await self.run(self.holder.get)
-        result = await self._rewrite(store, plan, raw)
-        return await self._send_result(request, raw, result, response_headers, received)
-
     def _count_fallback(self, reason: str, detail: str) -> None:
         self.metrics.fallbacks.labels(reason=reason).inc()
         log.warning("payload sent back inline (%s): %s", reason, detail)
 
     async def _rewrite(
-        self, store: PayloadStore | None, plan: RequestPlan, raw: bytes | mmap.mmap
+        self, store: PayloadStore | None, plan: RequestPlan, answer: UpstreamAnswer
     ) -> RewriteResult:
         """``rewrite_response`` on the pool; a file it writes for a cancelled request is deleted."""
         loop = asyncio.get_running_loop()
-        call = functools.partial(rewrite_response, store, plan, raw)
+        call = functools.partial(rewrite_response, store, plan, answer.body)
         job = loop.run_in_executor(self.executor, call)
         try:
             return await asyncio.shield(job)
@@ -608,15 +394,13 @@ class Writer:
             self.executor.submit(_unlink, result.file)
 
     async def _send_result(
-        self,
-        request: web.Request,
-        raw: bytes | mmap.mmap,
-        result: RewriteResult,
-        headers: CIMultiDict[str],
-        received: float,
+        self, request: web.Request, answer: UpstreamAnswer, result: RewriteResult
     ) -> web.StreamResponse:
-        """Send a by-handle answer; ``received`` is when its last byte came from vLLM."""
+        """Send a by-handle answer, with vLLM's headers and the coding of the body sent."""
         m = self.metrics
+        headers = answer.headers.copy()
+        if answer.body.coded and result.encoding is None:  # a new body, or vLLM's decoded
+            headers.popall("Content-Encoding", None)
         if result.fallback is not None:
             self._count_fallback(result.fallback, result.detail)
             headers[FALLBACK_HEADER] = result.fallback
@@ -632,14 +416,14 @@ class Writer:
         try:  # sent here, not by aiohttp after we return, to know whether the client took it
             await resp.prepare(request)
             m.response_work_seconds.labels(mode=result.mode.value).observe(
-                time.perf_counter() - received
+                time.perf_counter() - answer.received
             )
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
             self._discard(result)
             raise
-        if result.mode is Mode.HANDLE:
-            m.response_reduction_bytes.inc(max(0, len(raw) - len(result.body)))
+        if result.reduction:
+            m.response_reduction_bytes.inc(result.reduction)
         m.request(result.mode, 200)
         m.sent(result.mode, len(result.body))
         return resp
@@ -664,44 +448,40 @@ WRITER_KEY = web.AppKey("writer", Writer)
 
 
 def build_app(config: WriterConfig, metrics: WriterMetrics | None = None) -> web.Application:
-    """The proxy app; ``app[WRITER_KEY]`` is its :class:`Writer`."""
+    """The proxy app; ``app[WRITER_KEY]`` is its :class:`Writer`, started by the app's lifecycle
+    (whoever runs the app starts and stops it)."""
     writer = Writer(config, metrics)
     app = web.Application(client_max_size=config.max_request_bytes)
     app[WRITER_KEY] = writer
     app[serving.RUNNER_OPTIONS] = RUNNER_OPTIONS
-    app.on_startup.append(writer.start)
-    app.on_cleanup.append(writer.stop)
-    app.router.add_get("/healthz", writer.healthz)
-    app.router.add_get("/readyz", writer.readyz)
+    app.cleanup_ctx.append(serving.lifecycle(writer.start, writer.stop))
+    app.router.add_get(serving.HEALTH_PATH, writer.healthz)
+    app.router.add_get(serving.READY_PATH, writer.readyz)
     app.router.add_route("*", "/{tail:.*}", writer.proxy)
     return app
 
 
-async def serve(
-    config: WriterConfig,
-    host: str,
-    port: int,
-    metrics_host: str,
-    metrics_port: int,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """Serve the proxy (and metrics, unless ``metrics_port`` is 0) until SIGTERM or ``stop``."""
+def listeners(config: WriterConfig, where: WriterListen) -> list[Listener]:
+    """The proxy and, unless ``where.metrics_port`` is 0, its metrics (on the proxy's host
+    unless ``where.metrics_host`` says otherwise)."""
     metrics = WriterMetrics()
-    listeners = [
-        Listener(
-            "proxy", build_app(config, metrics), host, port, f"--listen or {Env.WRITER_LISTEN}"
-        )
-    ]
-    if metrics_port:
-        listeners.append(
+    moved_by = f"{serving.PORT_FLAG} or {Env.WRITER_PORT}"
+    out = [Listener("proxy", build_app(config, metrics), where.host, where.port, moved_by)]
+    if where.metrics_port:
+        out.append(
             Listener(
                 "metrics",
                 serving.metrics_app(metrics.registry),
-                metrics_host,
-                metrics_port,
-                f"--metrics-port or {Env.WRITER_METRICS_PORT}",
+                where.metrics_host or where.host,
+                where.metrics_port,
+                f"{serving.METRICS_PORT_FLAG} or {Env.WRITER_METRICS_PORT}",
             )
         )
+    return out
+
+
+def log_started(config: WriterConfig) -> Callable[[dict[str, str]], None]:
+    """What the writer logs once it listens (its first line)."""
 
     def started(urls: dict[str, str]) -> None:
         log.info(
@@ -709,7 +489,7 @@ async def serve(
             urls["proxy"],
             config.upstream,
             config.payload_root,
-            f"{urls['metrics']}/metrics" if metrics_port else "off",
+            f"{urls['metrics']}/metrics" if "metrics" in urls else "off",
         )
 
-    await serving.serve(listeners, stop=stop, started=started)
+    return started
