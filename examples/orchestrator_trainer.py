@@ -15,7 +15,7 @@ bytes move), records the batch with the retention sidecar, the trainer reads the
 the new policy is out the orchestrator reports it: the batch's files are deleted.
 
 Every name it takes from payloadrun is the package's public API, ``import payloadrun`` (see
-``help(payloadrun)``); tests/unit/test_public_api.py keeps it so.
+``help(payloadrun)``); tests/dataplane/test_public_api.py keeps it so.
 """
 
 from __future__ import annotations

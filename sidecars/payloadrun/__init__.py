@@ -50,7 +50,7 @@ nor a Kubernetes client, and the names above are imported on first use, so that
 """
 
 # The TYPE_CHECKING imports are this package's exports, which ruff cannot see in a computed
-# __all__; tests/unit/test_public_api.py checks them against __all__ instead.
+# __all__; tests/dataplane/test_public_api.py checks them against __all__ instead.
 # ruff: noqa: F401
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 # The one listing: role, then the module each name lives in. __all__ and __getattr__ derive from
-# it; the TYPE_CHECKING block below repeats it for type checkers, and tests/unit/test_public_api.py
+# it; the TYPE_CHECKING block below repeats it for type checkers, and tests/dataplane/test_public_api.py
 # proves the two agree.
 _PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
     "orchestrator": {
