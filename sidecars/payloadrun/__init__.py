@@ -61,8 +61,8 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 # The one listing: role, then the module each name lives in. __all__ and __getattr__ derive from
-# it; the TYPE_CHECKING block below repeats it for type checkers, and tests/dataplane/test_public_api.py
-# proves the two agree.
+# it; the TYPE_CHECKING block below repeats it for type checkers, and
+# tests/dataplane/test_public_api.py proves the two agree.
 _PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
     "orchestrator": {
         "payloadrun.paths": ("payload_dir",),

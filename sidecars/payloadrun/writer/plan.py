@@ -38,11 +38,16 @@ from payloadrun.codec import (
     mask_rows,
     routing_pos,
 )
-from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK, Segment, segments_to_json
+from payloadrun.segments import (
+    PAYLOAD_DIR_ARG,
+    PAYLOAD_FIELD,
+    ROUTED_EXPERTS,
+    SAMPLING_MASK,
+    Segment,
+    segments_to_json,
+)
 from payloadrun.vllm import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATHS
 
-PAYLOAD_DIR = "payload_dir"
-PAYLOAD_KEY = "payload"
 INLINE_FIELDS = (ROUTED_EXPERTS, SAMPLING_MASK)
 
 
@@ -143,9 +148,9 @@ def plan_request(endpoint: Endpoint, request: Any) -> RequestPlan | None:
     if not isinstance(request, Mapping):
         return None
     extra = _extra_args(endpoint, request)
-    if not isinstance(extra, Mapping) or PAYLOAD_DIR not in extra:
+    if not isinstance(extra, Mapping) or PAYLOAD_DIR_ARG not in extra:
         return None
-    payload_dir = extra[PAYLOAD_DIR]
+    payload_dir = extra[PAYLOAD_DIR_ARG]
     if payload_dir is None:  # an explicit null asks for nothing
         return None
     if not isinstance(payload_dir, str) or not payload_dir:
@@ -313,15 +318,13 @@ def apply_segments(response: dict[str, Any], payload: PayloadPlan, segments: Seq
     for i, name in payload.inline_fields:
         choices[i][name] = None
     for i, segs in by_choice.items():
-        choices[i][PAYLOAD_KEY] = segments_to_json(segs)
+        choices[i][PAYLOAD_FIELD] = segments_to_json(segs)
     return response
 
 
 __all__ = [
     "ENDPOINT_PATHS",
     "INLINE_FIELDS",
-    "PAYLOAD_DIR",
-    "PAYLOAD_KEY",
     "ChoiceLengths",
     "Endpoint",
     "Mode",
