@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from payloadrun import process_metrics
 
 RESULTS = ("applied", "rejected", "error")
+UNKNOWN_MODE = "Unknown"  # the mode label of a run not yet accepted (no status.payloadMode)
 
 
 class OperatorMetrics:
