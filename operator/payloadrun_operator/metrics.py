@@ -42,6 +42,15 @@ class OperatorMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        # With status_refreshes, what a test (or an operator) waits on instead of sleeping: once
+        # the counter has moved past a moment and nothing is pending, every watch event the
+        # operator received by then has been acted on.
+        self.status_pending = Gauge(
+            "payloadrun_operator_status_pending_runs",
+            "Runs queued for a status refresh or being refreshed now (0: the operator has acted "
+            "on every watch event it received).",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "payloadrun_operator_leader",
             "1 while this operator acts (it holds the election's Lease, or runs without an "
