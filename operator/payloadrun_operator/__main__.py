@@ -13,14 +13,14 @@ import threading
 from pathlib import Path
 
 import kopf
-from prometheus_client import start_http_server
 
 from payloadrun import logs, settings
+from payloadrun.serving import Listener, ListenError, metrics_app
 from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
 from payloadrun_operator import credentials, election, render
 from payloadrun_operator.handlers import QuietWatchHandlers, register
-from payloadrun_operator.health import HealthServer
+from payloadrun_operator.health import Endpoints, Health, health_app
 from payloadrun_operator.kube import KubeClient
 from payloadrun_operator.metrics import OperatorMetrics
 from payloadrun_operator.runtime import Operator
@@ -109,6 +109,32 @@ def lost(why: str) -> None:
     os._exit(1)
 
 
+def listeners(host: str, config: OperatorSettings, op: Operator, health: Health) -> list[Listener]:
+    """The operator's metrics and liveness endpoints, each unless its port is 0."""
+    found = []
+    if config.metrics_port:
+        found.append(
+            Listener(
+                "metrics",
+                metrics_app(op.metrics.registry),
+                host,
+                config.metrics_port,
+                f"{env_of(OperatorSettings, 'metrics_port')} (0 turns metrics off)",
+            )
+        )
+    if config.health_port:
+        found.append(
+            Listener(
+                "liveness",
+                health_app(health),
+                host,
+                config.health_port,
+                f"{env_of(OperatorSettings, 'health_port')} (0 turns /healthz off)",
+            )
+        )
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "render":
@@ -130,32 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     op = Operator(config, KubeClient(), OperatorMetrics(), namespaces)
     registry = kopf.OperatorRegistry()
     register(registry, op)
-    if config.metrics_port:
-        try:
-            start_http_server(config.metrics_port, addr=args.host, registry=op.metrics.registry)
-        except OSError as exc:
-            print(
-                f"payloadrun-operator: cannot serve metrics on {args.host}:"
-                f"{config.metrics_port} ({exc.strerror}): set "
-                f"{env_of(OperatorSettings, 'metrics_port')} to a free port, or 0 to turn "
-                "metrics off",
-                file=sys.stderr,
-            )
-            return 2
     identity = operator_identity()
     heartbeat = op.heartbeat
-    health = None
-    if config.health_port:
-        try:
-            health = HealthServer(args.host, config.health_port, heartbeat).start()
-        except OSError as exc:
-            print(
-                f"payloadrun-operator: cannot serve /healthz on {args.host}:{config.health_port} "
-                f"({exc.strerror}): set {env_of(OperatorSettings, 'health_port')} to a free "
-                "port, or 0 to turn it off",
-                file=sys.stderr,
-            )
-            return 2
+    health = Health(heartbeat)
+    try:
+        endpoints = Endpoints(listeners(args.host, config, op, health)).start()
+    except ListenError as exc:
+        print(f"payloadrun-operator: {exc.strerror}", file=sys.stderr)
+        return 2
     elector = None
     stop = threading.Event()
     if config.leader_election:
@@ -169,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             target=elector.keep, args=(stop, heartbeat, lost), name="lease-renewal", daemon=True
         ).start()
     op.metrics.leader.set(1)  # acting: the Lease's holder, or alone without an election
-    if health is not None:
-        health.role = "leader" if elector else "alone"
+    health.role = "leader" if elector else "alone"
     try:
         kopf.run(
             registry=registry,
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         op.metrics.leader.set(0)
+        endpoints.stop()
         if elector is not None:
             elector.release()
     return 0

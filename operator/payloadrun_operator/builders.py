@@ -219,13 +219,18 @@ def sidecar_security_context(ctx: RunContext) -> Manifest:
 # --- what the pods learn -------------------------------------------------------------------------
 
 
+def identity_env(ctx: RunContext) -> dict[str, str | None]:
+    """Which run a container belongs to and how its payloads move: every container of a run's
+    pods is told, the sidecars and the cleanup Job included (docs/operator.md#what-every-pod-learns
+    is the table, tests/operator/test_pod_env.py holds the pods to it)."""
+    return {Env.RUN: ctx.name, Env.RUN_ID: ctx.uid, Env.PAYLOAD_MODE: str(ctx.decision.mode)}
+
+
 def run_env(ctx: RunContext) -> dict[str, str | None]:
     """What the main container of every role is told about the run."""
     run_dir = ctx.spec.run_directory
     return {
-        Env.RUN: ctx.name,
-        Env.RUN_ID: ctx.uid,
-        Env.PAYLOAD_MODE: str(ctx.decision.mode),
+        **identity_env(ctx),
         Env.PAYLOAD_ROOT: ctx.root,
         Env.RUN_DIRECTORY: run_dir.mount_path if run_dir else None,
         Env.ORCHESTRATOR_HOST: ctx.host(ORCHESTRATOR),
@@ -651,6 +656,7 @@ def writer_container(ctx: RunContext) -> Manifest:
         "args": [writer_config.COMMAND, *writer.args],
         "env": env_list(
             {
+                **identity_env(ctx),
                 Env.WRITER_UPSTREAM: f"http://127.0.0.1:{inference.port}",
                 Env.WRITER_HOST: "0.0.0.0",
                 Env.WRITER_PORT: str(writer.port),
@@ -682,8 +688,8 @@ def retention_container(ctx: RunContext) -> Manifest:
         "args": [retention_config.COMMAND, *retention.args],
         "env": env_list(
             {
+                **identity_env(ctx),
                 Env.PAYLOAD_ROOT: ctx.root,
-                Env.RUN_ID: ctx.uid,
                 Env.RESUME: str(spec.resume).lower(),
                 **step_env(ctx),
                 Env.RETENTION_PORT: str(retention.port),
@@ -877,7 +883,7 @@ def build_cleanup(ctx: RunContext) -> Manifest:
         "image": ctx.settings.sidecar_image,
         "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
         "args": wipe.command_line(ctx.root),
-        "env": env_list({Env.LOG_FORMAT: ctx.settings.sidecar_log_format}),
+        "env": env_list({**identity_env(ctx), Env.LOG_FORMAT: ctx.settings.sidecar_log_format}),
         "resources": CLEANUP_RESOURCES,
         "securityContext": sidecar_security_context(ctx),
         "volumeMounts": [volume_mount(ctx, read_only=False)],

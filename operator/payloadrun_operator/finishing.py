@@ -16,8 +16,8 @@ import aiohttp
 
 from payloadrun_operator import lifecycle
 from payloadrun_operator.builders import RunContext, build_cleanup
-from payloadrun_operator.decisions import claim_owned_by_run
-from payloadrun_operator.models import DeletionPolicy, PayloadRunSpec
+from payloadrun_operator.decisions import PayloadMode, claim_owned_by_run
+from payloadrun_operator.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
 from payloadrun_operator.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
@@ -26,11 +26,18 @@ from payloadrun_operator.names import (
     child_name,
 )
 from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import PAYLOADS_RELEASED, PHASE_FAILED, Check, condition
+from payloadrun_operator.status import (
+    JOB_FAILED,
+    PAYLOADS_RELEASED,
+    PHASE_FAILED,
+    Check,
+    condition,
+)
 
 log = logging.getLogger("payloadrun.finishing")
 Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+POD_RUNNING = "Running"  # a pod's status.phase
 POLICY_STEP = re.compile(rb"^payloadrun_retention_policy_step (\S+)$", re.MULTILINE)
 
 
@@ -58,14 +65,14 @@ async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any
 async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
     """The policy step the run's retention sidecar last saw, from its /metrics (None when the run
     is inline, the orchestrator's pod is gone, or the endpoint does not answer in 3 s)."""
-    if (run.get("status") or {}).get("payloadMode") != "ByHandle":
+    if (run.get("status") or {}).get("payloadMode") != PayloadMode.BY_HANDLE:
         return None
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
     port = spec.orchestrator.retention.metrics_port
     for pod in await job_pods(op, ns, child_name(name, ORCHESTRATOR)):
         ip = pod.get("status", {}).get("podIP")
-        if not ip or pod["status"].get("phase") != "Running":
+        if not ip or pod["status"].get("phase") != POD_RUNNING:
             continue
         try:
             timeout = aiohttp.ClientTimeout(total=3)
@@ -88,9 +95,9 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     Retain; the PayloadsReleased condition that says how far it got."""
     status = run.get("status") or {}
     released = condition(status.get("conditions") or [], PAYLOADS_RELEASED)
-    if released is not None and released["status"] == "True":
+    if released is not None and released["status"] == ConditionStatus.TRUE:
         return Check(True, released["reason"], released["message"])
-    if status.get("payloadMode") != "ByHandle":
+    if status.get("payloadMode") != PayloadMode.BY_HANDLE:
         return Check(True, "NoPayloadFiles", "payloads moved inline: no file is on a volume")
     if status.get("phase") == PHASE_FAILED:
         return Check(
@@ -120,7 +127,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     outcome = lifecycle.job_outcome(job)
     if outcome is None:
         return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
-    if outcome == "Failed":
+    if outcome == JOB_FAILED:
         return Check(
             False,
             "CleanupFailed",

@@ -176,6 +176,11 @@ class Follower:
         self._again: set[RunKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
+        op.metrics.status_pending.set_function(self.pending)
+
+    def pending(self) -> int:
+        """Runs queued or being refreshed (a delayed retry or recheck counts once it is due)."""
+        return len(self._queued | self._busy)
 
     # -- the watches' side --
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:

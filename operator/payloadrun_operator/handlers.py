@@ -19,6 +19,7 @@ from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import RunContext, build_children
 from payloadrun_operator.following import Follower
 from payloadrun_operator.kube import ChildRefused, KubeApiError
+from payloadrun_operator.metrics import UNKNOWN_MODE
 from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.names import (
     ACTIVITY_MANAGER,
@@ -112,7 +113,7 @@ def report(
         patch.status[key] = value
     for event_type, reason, message in update.events:
         kopf.event(body, type=event_type, reason=reason, message=message)
-    mode = fields.get("payloadMode") or status.get("payloadMode") or "Unknown"
+    mode = fields.get("payloadMode") or status.get("payloadMode") or UNKNOWN_MODE
     op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
     return update.phase
 

@@ -1,56 +1,116 @@
-"""The operator's ``/healthz``, served from its start, on standby too.
+"""The operator's ``/healthz`` and ``/metrics``, served from its start, on standby too.
 
 kopf's own liveness endpoint exists only once kopf runs, which a standby never does (it waits for
 the Lease without starting kopf): its pod would fail its liveness probe and restart forever. This
 one answers 200 from the start, saying whether the process leads, stands by or acts alone, and 503
 once a leader's event loop has not run for ``STALLED_SECONDS`` (a hung operator is restarted; its
 renewals stopped long before, see :class:`election.Heartbeat`).
+
+Both are aiohttp apps served the way the sidecars serve theirs
+(:func:`payloadrun.serving.start_site`), on an event loop of their own in a thread
+(:class:`Endpoints`): a standby has no other loop, and kopf's, once it runs, is the one
+``/healthz`` watches. A port that cannot be bound is the
+sidecars' :class:`payloadrun.serving.ListenError`, whose one line names the port and the
+variable that moves it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from aiohttp import web
+
+from payloadrun.serving import Listener, start_site
 from payloadrun_operator.election import Heartbeat
 
 PATH = "/healthz"
 STALLED_SECONDS = 30.0
 
 
-class HealthServer:
-    def __init__(self, host: str, port: int, heartbeat: Heartbeat) -> None:
-        self.role = "standby"
+class Health:
+    """What ``/healthz`` answers: this process's role and whether its event loop still runs."""
+
+    def __init__(self, heartbeat: Heartbeat, role: str = "standby") -> None:
         self.heartbeat = heartbeat
-        health = self
+        self.role = role
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != PATH:
-                    self._answer(HTTPStatus.NOT_FOUND, f"not found: try {PATH}")
-                elif health.heartbeat.stale(STALLED_SECONDS):
-                    self._answer(
-                        HTTPStatus.SERVICE_UNAVAILABLE,
-                        f"stalled: the event loop has not run for over {STALLED_SECONDS:g} s",
-                    )
-                else:
-                    self._answer(HTTPStatus.OK, f"ok {health.role}")
+    def answer(self) -> tuple[HTTPStatus, str]:
+        if self.heartbeat.stale(STALLED_SECONDS):
+            return (
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"stalled: the event loop has not run for over {STALLED_SECONDS:g} s",
+            )
+        return HTTPStatus.OK, f"ok {self.role}"
 
-            def _answer(self, status: HTTPStatus, text: str) -> None:
-                body = (text + "\n").encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
 
-            def log_message(self, *_: object) -> None:  # probes every few seconds: no log line
-                pass
+def health_app(health: Health) -> web.Application:
+    """``GET /healthz`` of ``health``, as plain text (probes every few seconds: no access log)."""
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+    async def healthz(_: web.Request) -> web.Response:
+        status, text = health.answer()
+        return web.Response(status=status, text=text + "\n")
 
-    def start(self) -> HealthServer:
-        threading.Thread(target=self._server.serve_forever, name="healthz", daemon=True).start()
+    app = web.Application()
+    app.router.add_get(PATH, healthz)
+    return app
+
+
+class Endpoints:
+    """Listeners served on an event loop of their own, in a daemon thread."""
+
+    def __init__(self, listeners: Sequence[Listener]) -> None:
+        self._listeners = tuple(listeners)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runners: list[web.AppRunner] = []
+        self.urls: dict[str, str] = {}
+
+    def start(self) -> Endpoints:
+        """Bind every listener, or raise the :class:`~payloadrun.serving.ListenError` of the
+        first that cannot be bound (none stays bound); then serve them until :meth:`stop`."""
+        bound: Future[dict[str, str]] = Future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(bound,), name="endpoints", daemon=True
+        )
+        self._thread.start()
+        try:
+            self.urls = bound.result()
+        except BaseException:
+            self._thread.join()
+            raise
         return self
+
+    def _serve(self, bound: Future[dict[str, str]]) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            urls = {}
+            for listener in self._listeners:
+                runner, urls[listener.name] = self._loop.run_until_complete(start_site(listener))
+                self._runners.append(runner)
+        except BaseException as exc:
+            self._loop.run_until_complete(self._cleanup())
+            self._loop.close()
+            bound.set_exception(exc)
+            return
+        bound.set_result(urls)
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._cleanup())
+        self._loop.close()
+
+    async def _cleanup(self) -> None:
+        for runner in reversed(self._runners):
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        self._runners.clear()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None or not thread.is_alive():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        thread.join()

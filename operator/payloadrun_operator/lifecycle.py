@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.models import PayloadRunSpec
+from payloadrun_operator.models import ConditionStatus, PayloadRunSpec
 from payloadrun_operator.names import (
     INFERENCE,
     INPUTS_ANNOTATION,
@@ -37,6 +37,8 @@ from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.status import (
     COMPLETE,
     FAILED,
+    JOB_COMPLETE,
+    JOB_FAILED,
     PHASE_FAILED,
     PHASE_SUCCEEDED,
     SUSPENDED,
@@ -175,16 +177,19 @@ def runs_pods(suspend: bool, phase: str | None) -> bool:
 def job_outcome(job: Mapping[str, Any] | None) -> str | None:
     """``Complete`` or ``Failed`` once the Job has finished, else None."""
     for cond in (job or {}).get("status", {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+        if (
+            cond.get("type") in (JOB_COMPLETE, JOB_FAILED)
+            and cond.get("status") == ConditionStatus.TRUE
+        ):
             return str(cond["type"])
     return None
 
 
 def job_failure_reason(job: Mapping[str, Any]) -> tuple[str, str]:
     for cond in job.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return cond.get("reason") or "Failed", cond.get("message") or ""
-    return "Failed", ""
+        if cond.get("type") == JOB_FAILED and cond.get("status") == ConditionStatus.TRUE:
+            return cond.get("reason") or JOB_FAILED, cond.get("message") or ""
+    return JOB_FAILED, ""
 
 
 def failed_containers(
@@ -263,12 +268,15 @@ def end_checks(
     """Failed once a component's Job has (``failure``), Complete once the trainers' Job is (the
     orchestrator exiting 0 is not the run's end); nothing before, and nothing new after."""
     conds = status.get("conditions") or []
-    if any((condition(conds, c) or {}).get("status") == "True" for c in (COMPLETE, FAILED)):
+    if any(
+        (condition(conds, c) or {}).get("status") == ConditionStatus.TRUE
+        for c in (COMPLETE, FAILED)
+    ):
         return {}
     if failure is not None:
         reason = f"{failure['component'].title()}Failed"
         return {FAILED: Check(True, reason, failure["message"], warning=True)}
-    if job_outcome(trainer) == "Complete":
+    if job_outcome(trainer) == JOB_COMPLETE:
         done = (trainer or {}).get("status", {}).get("succeeded", 0)
         return {COMPLETE: Check(True, "TrainersSucceeded", f"every trainer exited 0 ({done})")}
     return {}

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from payloadrun import process_metrics
 
 RESULTS = ("applied", "rejected", "error")
+UNKNOWN_MODE = "Unknown"  # the mode label of a run not yet accepted (no status.payloadMode)
 
 
 class OperatorMetrics:
@@ -39,6 +40,15 @@ class OperatorMetrics:
             "Runs whose status was recomputed after a watch event, by outcome (written, "
             "unchanged).",
             ["outcome"],
+            registry=self.registry,
+        )
+        # With status_refreshes, what a test (or an operator) waits on instead of sleeping: once
+        # the counter has moved past a moment and nothing is pending, every watch event the
+        # operator received by then has been acted on.
+        self.status_pending = Gauge(
+            "payloadrun_operator_status_pending_runs",
+            "Runs queued for a status refresh or being refreshed now (0: the operator has acted "
+            "on every watch event it received).",
             registry=self.registry,
         )
         self.leader = Gauge(

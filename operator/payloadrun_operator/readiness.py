@@ -17,6 +17,7 @@ from typing import Any
 from payloadrun_operator import finishing, lifecycle, restarts
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import build_trainer
+from payloadrun_operator.metrics import UNKNOWN_MODE
 from payloadrun_operator.models import KIND, FailurePolicy
 from payloadrun_operator.names import (
     API_VERSION,
@@ -29,6 +30,7 @@ from payloadrun_operator.names import (
 )
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.status import (
+    JOB_FAILED,
     PAYLOADS_RELEASED,
     PHASE_REJECTED,
     READY,
@@ -77,7 +79,7 @@ async def refresh_run(
     else:
         restart = await follow_active(op, run, children, now, checks, fields)
     update = status_update(status, meta.get("generation"), checks, fields, now)
-    op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or "Unknown")
+    op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or UNKNOWN_MODE)
     if update.fields is not None:
         if await client.patch_status(run, update.fields) is None:
             return Refreshed(False)  # the run changed since it was read: its event follows
@@ -196,7 +198,7 @@ async def failure_of(
 ) -> dict[str, Any] | None:
     """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None."""
     for component, job in jobs.items():
-        if job is not None and lifecycle.job_outcome(job) == "Failed":
+        if job is not None and lifecycle.job_outcome(job) == JOB_FAILED:
             pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
             lead = trainers_lead if component == TRAINER else None
             return lifecycle.failure_of(

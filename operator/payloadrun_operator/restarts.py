@@ -21,6 +21,7 @@ from typing import Any
 
 from payloadrun_operator import lifecycle
 from payloadrun_operator.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
+from payloadrun_operator.status import JOB_FAILED
 
 NONE = "none"  # nothing to do
 RESTART = "restart"  # record a new restart, then delete the failed Job
@@ -32,7 +33,7 @@ def plan(status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, l
     """What to do about the trainers' Job of a run whose status is ``status``."""
     if layout < 2 or job is None or job["metadata"].get("deletionTimestamp"):
         return NONE
-    if lifecycle.job_outcome(job) != "Failed":
+    if lifecycle.job_outcome(job) != JOB_FAILED:
         return NONE
     last = status.get("lastTrainerRestart") or {}
     if last.get("jobUid") == job["metadata"].get("uid"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN
+from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
 
 # The conditions, each True or False with a reason:
 VALIDATED = "Validated"  # the spec was accepted (False: refused, the phase is Rejected)
@@ -22,6 +22,9 @@ APPLIED = "Applied"  # every child was applied (False: the API server refused on
 VOLUME_READY = "VolumeReady"  # the payload volume's claim is bound, or inline needs none
 READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase is Running)
 SUSPENDED = "Suspended"  # spec.suspend: no pod runs (the phase is Suspended)
+# A batch/v1 Job's condition types once it has ended (lifecycle.job_outcome's values).
+JOB_COMPLETE = "Complete"
+JOB_FAILED = "Failed"
 COMPLETE = "Complete"  # every trainer exited 0 (the phase is Succeeded, for good)
 FAILED = "Failed"  # a component failed beyond spec.failurePolicy (the phase is Failed, for good)
 PAYLOADS_RELEASED = "PayloadsReleased"  # a finished run's files were deleted (unless Retain)
@@ -82,7 +85,7 @@ def set_condition(
     ``now`` is an RFC 3339 time (:func:`rfc3339`); a condition that has no transition time yet
     gets it.
     """
-    status = "True" if check.ok else "False"
+    status = ConditionStatus.TRUE if check.ok else ConditionStatus.FALSE
     out = []
     found = False
     for cond in conditions:
@@ -127,15 +130,15 @@ def transitions(
 def phase(conditions: Iterable[dict[str, Any]]) -> str:
     conds = list(conditions)
     validated = condition(conds, VALIDATED)
-    if validated is not None and validated["status"] == "False":
+    if validated is not None and validated["status"] == ConditionStatus.FALSE:
         return PHASE_REJECTED
     for ctype, final_phase in ((FAILED, PHASE_FAILED), (COMPLETE, PHASE_SUCCEEDED)):
-        if (condition(conds, ctype) or {}).get("status") == "True":
+        if (condition(conds, ctype) or {}).get("status") == ConditionStatus.TRUE:
             return final_phase
-    if (condition(conds, SUSPENDED) or {}).get("status") == "True":
+    if (condition(conds, SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
         return PHASE_SUSPENDED
     ready = condition(conds, READY)
-    if ready is not None and ready["status"] == "True":
+    if ready is not None and ready["status"] == ConditionStatus.TRUE:
         return PHASE_RUNNING
     return PHASE_PROVISIONING
 
@@ -167,7 +170,7 @@ def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
     status = obj.get("status", {})
     if obj.get("kind") == "Job":  # its template never changes: no generation to wait for
         if any(
-            c.get("type") == "Complete" and c.get("status") == "True"
+            c.get("type") == JOB_COMPLETE and c.get("status") == ConditionStatus.TRUE
             for c in status.get("conditions") or []
         ):  # an orchestrator may exit 0 before the trainers are done
             return True, f"{name} complete"

@@ -103,11 +103,44 @@ class Operator:
     def reconciled(self) -> float:
         """How many reconciles this operator process has applied (from its /metrics)."""
         assert self.process is not None
-        with urllib.request.urlopen(self.process.metrics_url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith('payloadrun_operator_reconciles_total{result="applied"}'):
-                    return float(line.split()[-1])
-        return 0.0
+        return metric_sum(self.process.metrics_url, RECONCILES, 'result="applied"')
+
+    def caught_up(self, refreshes: float = 1) -> bool:
+        """Whether this operator process has refreshed run statuses ``refreshes`` times and
+        has none pending (:func:`status_caught_up`)."""
+        assert self.process is not None
+        return status_caught_up(self.process.metrics_url, refreshes)
+
+
+RECONCILES = "payloadrun_operator_reconciles_total"
+REFRESHES = "payloadrun_operator_status_refreshes_total"
+PENDING = "payloadrun_operator_status_pending_runs"
+
+
+def metric_sum(metrics_url: str, family: str, having: str = "") -> float:
+    """The sum of ``family``'s samples (those whose labels contain ``having``) at
+    ``metrics_url``; 0 when it has none."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        name, _, labels = sample.partition("{")
+        if name == family and having in labels:
+            total += float(value)
+    return total
+
+
+def status_refreshes(metrics_url: str) -> float:
+    """How many run statuses the operator at ``metrics_url`` has recomputed since it started."""
+    return metric_sum(metrics_url, REFRESHES)
+
+
+def status_caught_up(metrics_url: str, refreshes: float) -> bool:
+    """Whether the operator has recomputed run statuses at least ``refreshes`` times since it
+    started and has no run pending: it has acted on every watch event it received. What a test
+    waits for instead of sleeping for "a readiness pass or two"."""
+    return status_refreshes(metrics_url) >= refreshes and metric_sum(metrics_url, PENDING) == 0
 
 
 def kubectl(cluster, namespace: str, *args: str, input: str | None = None) -> str:

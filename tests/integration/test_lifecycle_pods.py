@@ -9,7 +9,6 @@ orchestrator and trainer containers that sleep, exit 0 or fail as each test need
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -141,7 +140,8 @@ def test_restart_and_upgrade_leave_a_live_run_alone_new_runs_get_the_new_sidecar
     # an upgrade: new sidecar image defaults
     operator.start(sidecar_image=NEXT_IMAGE)
     wait_for("the upgraded operator's reconcile", lambda: operator.reconciled() >= 1)
-    time.sleep(3)  # a few readiness passes too
+    # and its status passes: every run its start listed refreshed, and none pending
+    wait_for("the upgraded operator's status passes", operator.caught_up)
     assert templates(cluster, namespace, "live") == before
     assert {p["metadata"]["uid"] for p in live_pods(cluster, namespace, "live")} == pod_uids
     assert get(cluster, namespace, "payloadrun", "live")["status"]["sidecars"]["image"] == IMAGE
@@ -308,7 +308,7 @@ def test_a_run_whose_trainers_exit_0_succeeds_and_releases_what_it_holds(operato
     # an operator restart changes nothing of a finished run
     operator.start()
     wait_for("the restarted operator's reconcile", lambda: operator.reconciled() >= 1)
-    time.sleep(3)
+    wait_for("the restarted operator's status passes", operator.caught_up)
     assert get(cluster, namespace, "payloadrun", "done")["status"]["phase"] == "Succeeded"
     assert not live_pods(cluster, namespace, "done")
     assert not root_on_host.exists()

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from example_runs import example_run
 from kubernetes.client.rest import ApiException
+from pod_helpers import status_caught_up
 
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator.crd import build_crd
@@ -445,9 +446,16 @@ def test_runs_carry_no_finalizer_and_delete_without_the_operator(operator, api, 
     body = load_example("singlenode-inline.yaml")
     name = body["metadata"]["name"]
     create_run(api, namespace, body)
-    run = reconciled(api, namespace, name)
-    time.sleep(2)  # a readiness pass or two
-    run = get_run(api, namespace, name)
+    reconciled(api, namespace, name)
+
+    def passed() -> Any:
+        """A status pass of this run is done (it wrote VolumeReady, which the reconcile does
+        not), and no other is pending."""
+        run = get_run(api, namespace, name)
+        kinds = {c["type"] for c in run["status"].get("conditions", [])}
+        return "VolumeReady" in kinds and status_caught_up(operator.metrics_url, 1) and run
+
+    run = eventually("a status pass of the run", passed)
     assert not run["metadata"].get("finalizers")
     operator.stop()
     try:

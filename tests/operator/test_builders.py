@@ -93,6 +93,9 @@ def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
     assert writer["restartPolicy"] == "Always" and writer["args"][0] == "writer"
     assert writer["image"] == "registry.example/payloadrun:test"
     assert env_of(writer) == {
+        "PAYLOADRUN_RUN": "run1",
+        "PAYLOADRUN_RUN_ID": "uid-123",
+        "PAYLOADRUN_PAYLOAD_MODE": "ByHandle",
         "PAYLOADRUN_WRITER_UPSTREAM": "http://127.0.0.1:8000",
         "PAYLOADRUN_WRITER_HOST": "0.0.0.0",
         "PAYLOADRUN_WRITER_PORT": "8001",
@@ -146,6 +149,7 @@ def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
     renv = env_of(retention)
     assert renv["PAYLOAD_ROOT"] == "/payloads/ml/run1/payloads"
     assert renv["PAYLOADRUN_RUN_ID"] == "uid-123"
+    assert (renv["PAYLOADRUN_RUN"], renv["PAYLOADRUN_PAYLOAD_MODE"]) == ("run1", "ByHandle")
     assert renv["PAYLOADRUN_RESUME"] == "false"
     assert renv["PAYLOADRUN_MAX_OFF_POLICY_STEPS"] == "8"
     assert renv["PAYLOADRUN_LOG_FORMAT"] == "json"

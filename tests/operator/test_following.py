@@ -76,3 +76,45 @@ def test_a_list_replaces_the_cache_but_keeps_what_a_later_event_brought():
     assert cache.children[("ml", "Job", "r1-trainer")]["apiVersion"] == "batch/v1"
     cache.put("Job", job("r1-trainer", "8"), deleted=True)
     assert ("ml", "Job", "r1-trainer") not in cache.children
+
+
+def test_pending_runs_count_what_the_workers_still_owe_until_a_pass_is_done():
+    """``payloadrun_operator_status_pending_runs``: a run queued twice is pending once; once a
+    worker has taken it and finished with it, nothing is (with ``status_refreshes_total``, what
+    the integration tests wait on instead of sleeping)."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from payloadrun_operator.following import Follower
+    from payloadrun_operator.kube import KubeClient
+    from payloadrun_operator.metrics import OperatorMetrics
+    from payloadrun_operator.runtime import Operator
+    from payloadrun_operator.settings import OperatorSettings
+
+    def sample(metrics: OperatorMetrics, line_start: str) -> float:
+        text = generate_latest(metrics.registry).decode()
+        (line,) = [line for line in text.splitlines() if line.startswith(line_start + " ")]
+        return float(line.split()[-1])
+
+    async def main() -> None:
+        metrics = OperatorMetrics()
+        op = Operator(OperatorSettings(), KubeClient(), metrics)
+        follower = Follower(op, lambda: "2026-12-03T00:00:00Z")
+        run = {"metadata": {"name": "r1", "namespace": "ml", "resourceVersion": "1"}}
+        # not reconciled yet (no observedGeneration): the pass reads no child, calls no API
+        for rv in ("1", "2"):
+            event = {"type": "MODIFIED", "object": {**run, "metadata": {**run["metadata"]}}}
+            event["object"]["metadata"]["resourceVersion"] = rv
+            follower.observe("PayloadRun", event)
+        assert follower.pending() == 1
+        assert sample(metrics, "payloadrun_operator_status_pending_runs") == 1
+        worker = asyncio.create_task(follower._work())
+        for _ in range(100):
+            if follower.pending() == 0:
+                break
+            await asyncio.sleep(0.01)
+        worker.cancel()
+        assert sample(metrics, "payloadrun_operator_status_pending_runs") == 0
+
+    asyncio.run(main())
