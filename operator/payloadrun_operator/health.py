@@ -6,10 +6,9 @@ one answers 200 from the start, saying whether the process leads, stands by or a
 once a leader's event loop has not run for ``STALLED_SECONDS`` (a hung operator is restarted; its
 renewals stopped long before, see :class:`election.Heartbeat`).
 
-Both are aiohttp apps served the way the sidecars serve theirs
-(:func:`payloadrun.serving.start_site`), on an event loop of their own in a thread
-(:class:`Endpoints`): a standby has no other loop, and kopf's, once it runs, is the one
-``/healthz`` watches. A port that cannot be bound is the
+Both are aiohttp apps served by the sidecars' own :func:`payloadrun.serving.serve`, on an
+event loop of their own in a thread (:class:`Endpoints`): a standby has no other loop, and
+kopf's, once it runs, is the one ``/healthz`` watches. A port that cannot be bound is the
 sidecars' :class:`payloadrun.serving.ListenError`, whose one line names the port and the
 variable that moves it.
 """
@@ -17,7 +16,6 @@ variable that moves it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -25,7 +23,7 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from payloadrun.serving import Listener, start_site
+from payloadrun.serving import Listener, serve
 from payloadrun_operator.election import Heartbeat
 
 PATH = "/healthz"
@@ -61,13 +59,14 @@ def health_app(health: Health) -> web.Application:
 
 
 class Endpoints:
-    """Listeners served on an event loop of their own, in a daemon thread."""
+    """Listeners served by :func:`payloadrun.serving.serve` on an event loop of their own, in a
+    daemon thread (kopf owns the main thread's loop and its signals)."""
 
     def __init__(self, listeners: Sequence[Listener]) -> None:
         self._listeners = tuple(listeners)
-        self._loop = asyncio.new_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self._runners: list[web.AppRunner] = []
         self.urls: dict[str, str] = {}
 
     def start(self) -> Endpoints:
@@ -75,7 +74,7 @@ class Endpoints:
         first that cannot be bound (none stays bound); then serve them until :meth:`stop`."""
         bound: Future[dict[str, str]] = Future()
         self._thread = threading.Thread(
-            target=self._serve, args=(bound,), name="endpoints", daemon=True
+            target=asyncio.run, args=(self._serve(bound),), name="endpoints", daemon=True
         )
         self._thread.start()
         try:
@@ -85,32 +84,19 @@ class Endpoints:
             raise
         return self
 
-    def _serve(self, bound: Future[dict[str, str]]) -> None:
-        asyncio.set_event_loop(self._loop)
+    async def _serve(self, bound: Future[dict[str, str]]) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:
-            urls = {}
-            for listener in self._listeners:
-                runner, urls[listener.name] = self._loop.run_until_complete(start_site(listener))
-                self._runners.append(runner)
+            await serve(self._listeners, stop=self._stop, started=bound.set_result, signals=())
         except BaseException as exc:
-            self._loop.run_until_complete(self._cleanup())
-            self._loop.close()
-            bound.set_exception(exc)
-            return
-        bound.set_result(urls)
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._cleanup())
-        self._loop.close()
-
-    async def _cleanup(self) -> None:
-        for runner in reversed(self._runners):
-            with contextlib.suppress(Exception):
-                await runner.cleanup()
-        self._runners.clear()
+            if not bound.done():
+                bound.set_exception(exc)
+                return
+            raise
 
     def stop(self) -> None:
         thread, self._thread = self._thread, None
         if thread is None or not thread.is_alive():
             return
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop.call_soon_threadsafe(self._stop.set)
         thread.join()

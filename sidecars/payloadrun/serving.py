@@ -203,11 +203,16 @@ async def serve(
     stop: asyncio.Event | None = None,
     started: Callable[[dict[str, str]], None] | None = None,
     stopped: Callable[[], Awaitable[None] | None] | None = None,
+    signals: Sequence[signal.Signals] = STOP_SIGNALS,
 ) -> None:
-    """Serve every listener until SIGTERM/SIGINT or ``stop``; ``started`` gets name -> URL."""
+    """Serve every listener until one of ``signals`` or ``stop``; ``started`` gets name -> URL.
+
+    A loop outside the main thread cannot take signals: it passes ``signals=()`` and a ``stop``
+    (the operator's endpoints, beside kopf).
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     runners: list[web.AppRunner] = []
     try:
@@ -226,7 +231,7 @@ async def serve(
             result = stopped()
             if result is not None:
                 await result
-        for sig in STOP_SIGNALS:
+        for sig in signals:
             loop.remove_signal_handler(sig)
 
 

@@ -70,15 +70,6 @@ def test_no_port_no_endpoint():
     assert listeners("127.0.0.1", off, op, Health(Heartbeat())) == []
 
 
-@pytest.fixture
-def busy_port():
-    """A port some other process holds (listening) for the test's length."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
 def test_endpoints_that_cannot_bind_raise_the_sidecars_listen_error_and_keep_nothing(busy_port):
     app = health_app(Health(Heartbeat()))
     with socket.socket() as probe:

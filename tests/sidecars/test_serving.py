@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
-
-import pytest
 
 from payloadrun.serving import HEALTH_PATH, READY_PATH, health_body, ready_body
 from payloadrun.testing.processes import (
@@ -32,14 +29,6 @@ def test_error_body_is_vllms_shape():
         "error": {"message": "no", "type": "BadRequestError", "param": "payload_dir", "code": 400}
     }
     assert dumps({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'.encode()
-
-
-@pytest.fixture
-def busy_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 def _cli(*args: str, module: str = "payloadrun.cli") -> subprocess.CompletedProcess:

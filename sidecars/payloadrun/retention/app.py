@@ -113,9 +113,8 @@ def build_api_app(service: RetentionService) -> web.Application:
             )
         except web.HTTPException:
             raise
-        except (
-            Exception
-        ) as exc:  # a bug or a broken deletion worker: the service's, not the client's
+        except Exception as exc:
+            # a bug or a broken deletion worker: the service's failure, not the client's
             log.exception("retention %s %s failed", request.method, request.path)
             return _error(
                 500,
