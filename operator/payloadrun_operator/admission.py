@@ -37,7 +37,8 @@ def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[st
     value leaves the rules unchecked (their words would be about a value that is not there)."""
     found = schema_check.run_errors(body)
     errors = [str(e) for e in found]
-    name = (body.get("metadata") or {}).get("name")
+    meta = body.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
     if isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
         errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
     if any(e.blocking for e in found):
