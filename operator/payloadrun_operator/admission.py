@@ -44,7 +44,7 @@ def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[st
     if any(e.blocking for e in found):
         return None, [*errors, schema_check.NOT_CHECKED]
     try:
-        spec = PayloadRunSpec.model_validate(dict(body.get("spec") or {}))
+        spec = PayloadRunSpec.model_validate(schema_check.spec_as_stored(body.get("spec") or {}))
     except ValidationError as exc:
         if found:  # the schema's errors say it in the API server's words
             return None, errors

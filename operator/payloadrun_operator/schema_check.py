@@ -495,6 +495,41 @@ def metadata_errors(meta: Any) -> list[FieldError]:
     return errors
 
 
+def spec_as_stored(spec: Any) -> Any:
+    """A copy of a run's spec with its nulls as the API server stores them: dropped, or the
+    field's default where it has one. Nothing else is defaulted, so what the operator builds
+    from a file is the file (an API server would also add the template's defaults, such as a
+    port's protocol; the operator reads them from the run it stores)."""
+    doc = plain(spec)
+    schema = run_schema()["properties"]["spec"]
+    _nulls_as_stored(doc, schema)
+    return doc
+
+
+def _nulls_as_stored(value: Any, schema: Mapping[str, Any] | None) -> None:
+    if schema is None:
+        return
+    if isinstance(value, dict):
+        for key in list(value):
+            sub = _field_schema(schema, key)
+            if sub is None:
+                continue
+            if value[key] is None and not sub.get("nullable"):
+                if "default" in sub:
+                    value[key] = copy.deepcopy(sub["default"])
+                else:
+                    del value[key]
+                    continue
+            _nulls_as_stored(value[key], sub)
+    elif isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            for i, item in enumerate(value):
+                if item is None and not items.get("nullable") and "default" in items:
+                    value[i] = copy.deepcopy(items["default"])
+                _nulls_as_stored(value[i], items)
+
+
 def run_errors(body: Mapping[str, Any]) -> list[FieldError]:
     """Every error of a PayloadRun body against the CRD's schema, as the API server would
     refuse it at create: nulls pruned and defaults applied to a copy first, the status left

@@ -225,3 +225,47 @@ def test_a_date_in_yaml_stays_a_string_as_kubectl_sends_it(tmp_path: Path) -> No
         if d and d["kind"] == "Job" and d["metadata"]["name"].endswith("trainer")
     ]
     assert job["spec"]["template"]["metadata"]["annotations"]["since"] == "2026-12-04"
+
+
+# A value of another type put in each field of the examples, templates included, one at a time.
+OTHER_TYPES = ["x", 2.5, True, None, ["x"], {"a": "b"}]
+
+
+def every_path(node: Any, prefix: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    found = [prefix]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += every_path(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += every_path(value, (*prefix, i))
+    return found
+
+
+@pytest.mark.parametrize("example", ["multinode-by-handle.yaml", "prime-rl.yaml"])
+def test_admission_never_raises_whatever_type_a_field_is_given(example: str) -> None:
+    """The operator's path: a run the API server let in under an older CRD, or any file render
+    reads, is refused with words or built, never a traceback (before the schema check, a
+    list where a map belongs raised AttributeError or ValueError in the builders)."""
+    from payloadrun_operator.builders import build_children
+
+    docs = yaml.safe_load_all((REPO / "examples" / example).read_text())
+    (run,) = [d for d in docs if d and d["kind"] == "PayloadRun"]
+    run["metadata"] |= {"namespace": "ml", "uid": "u"}
+    settings = OperatorSettings()
+    refused = built = 0
+    for path in every_path(run["spec"], ("spec",)):
+        for other in OTHER_TYPES:
+            body = copy.deepcopy(run)
+            node = body
+            for step in path[:-1]:
+                node = node[step]
+            node[path[-1]] = copy.deepcopy(other)
+            verdict = admit(body, settings)
+            if verdict.ctx is None:
+                assert verdict.errors, (path, other)
+                refused += 1
+            else:
+                assert build_children(verdict.ctx)
+                built += 1
+    assert refused > built > 0  # most are refused; a null or a string where either fits is not
