@@ -2,7 +2,10 @@
 ``tests/operator/bad_runs.py`` sent with ``kubectl apply --dry-run=server`` (kubectl's default
 strict field validation) is refused by the API server, and ``payloadrun-operator render``
 refuses it too, with every line the API server printed among its own; the near misses both
-accept. So render's schema check is held to the real thing, not to a copy of its rules."""
+accept. So render's schema check is held to the real thing, not to a copy of its rules.
+
+And the operator's side: a run that an older, looser CRD let in is refused with the same words
+in its Validated condition, where it used to crash the reconcile with a traceback."""
 
 from __future__ import annotations
 
@@ -12,12 +15,18 @@ import io
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator import render
+from payloadrun_operator.admission import admit
+from payloadrun_operator.crd import build_crd
+from payloadrun_operator.models import GROUP, PLURAL
+from payloadrun_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +103,70 @@ def test_render_takes_what_the_api_server_takes(crd, kube_cluster, namespace, ca
     assert server.returncode == 0, server.stderr
     code, ours = render_lines(run, tmp_path)
     assert code == 0, ours
+
+
+# The table's runs that crashed the builders before the schema check (issue 33).
+CRASHED = ("container port in words", "env as a map", "template labels as a list")
+
+
+def install_crd(cluster, crd: dict[str, Any]) -> None:
+    applied = cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
+    )
+    assert applied.returncode == 0, applied.stderr
+    cluster.wait_established(f"{PLURAL}.{GROUP}")
+
+
+def test_the_operator_refuses_what_an_older_crd_let_in_with_renders_words(
+    crd, kube_cluster, namespace, tmp_path
+):
+    full = build_crd()
+    loose = json.loads(json.dumps(full))
+    (version,) = loose["spec"]["versions"]
+    version["schema"]["openAPIV3Schema"]["properties"]["spec"] = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    cases = {f"crashed-{i}": c for i, c in enumerate(TABLE.BAD) if c.id in CRASHED}
+    assert len(cases) == len(CRASHED)
+    install_crd(kube_cluster, loose)
+    try:
+        with LocalOperator(
+            kube_cluster.kubeconfig, namespaces=(namespace,), log_path=tmp_path / "operator.log"
+        ) as op:
+            for name, case in cases.items():
+                run = case.run()
+                run["metadata"]["name"] = name
+                created = kube_cluster.kubectl(
+                    "apply", "-n", namespace, "-f", "-", input=json.dumps(run)
+                )
+                assert created.returncode == 0, f"{case.id}: {created.stderr}"
+            rejected = wait_rejected(kube_cluster, namespace, set(cases), op)
+            log = (tmp_path / "operator.log").read_text()
+    finally:
+        install_crd(kube_cluster, full)
+    assert "Traceback" not in log, log[-4000:]
+    for name, got in rejected.items():
+        validated = {c["type"]: c for c in got["status"]["conditions"]}["Validated"]
+        assert (validated["status"], validated["reason"]) == ("False", "InvalidSpec")
+        expected = admit({**got, "status": {}}, OperatorSettings()).errors
+        assert validated["message"] == "; ".join(expected)
+        for path, *words in cases[name].errors:
+            assert any(
+                part.startswith(f"{path}: ") and all(w in part for w in words) for part in expected
+            ), (path, words, expected)
+
+
+def wait_rejected(cluster, namespace: str, names: set[str], op) -> dict[str, Any]:
+    """Each run once the operator has set its phase to Rejected (polled: a status fact)."""
+    deadline = time.monotonic() + 90
+    seen: dict[str, Any] = {}
+    while names - set(seen) and time.monotonic() < deadline:
+        for name in sorted(names - set(seen)):
+            got = cluster.kubectl("get", "payloadrun", name, "-n", namespace, "-o", "json")
+            run = json.loads(got.stdout) if got.returncode == 0 else {}
+            if run.get("status", {}).get("phase") == "Rejected":
+                seen[name] = run
+        time.sleep(0.5)
+    assert not names - set(seen), f"not rejected: {names - set(seen)}\n{op.log_tail()}"
+    return seen
