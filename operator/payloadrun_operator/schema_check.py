@@ -298,6 +298,17 @@ def _type_error(value: Any, schema: Mapping[str, Any], path: str) -> FieldError 
     return None
 
 
+def _fits(value: float, fmt: str) -> bool:
+    """Whether ``value`` parses as an integer of ``fmt`` (values.go, IsValueValidAgainstRange:
+    Go's strconv on the number's shortest decimal form)."""
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            return False
+        value = int(value)
+    bits = 32 if fmt == "int32" else 64
+    return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
+
+
 def _invalid_type(path: str, wanted: str, shown: str, given: Any) -> FieldError:
     detail = f"{path} in body must be of type {wanted}: {json.dumps(shown)}"
     return FieldError(path, INVALID, shown, detail, given=given, wrong_type=True)
@@ -333,7 +344,15 @@ class _Checker:
             self.object(value, schema, path)
 
     def number(self, value: float, schema: Mapping[str, Any], path: str) -> None:
-        """validate/validator.go, numberValidator."""
+        """validate/validator.go, numberValidator: an integer field's value must parse as one
+        of its format (an int32 field takes no 3000000000), then the bounds."""
+        if schema.get("type") == "integer" and not schema.get("x-kubernetes-int-or-string"):
+            fmt = schema.get("format") if schema.get("format") in ("int32", "int64") else ""
+            if not _fits(value, fmt):
+                # kube-openapi's plain error: the API server gives it no field path
+                wanted = f"with format {fmt}" if fmt else "(default format)"
+                detail = f"Checked value must be of type integer {wanted} in {path}"
+                self.add(FieldError("<nil>", INVALID, "", detail, given=value))
         if "minimum" in schema:
             low, exclusive = schema["minimum"], bool(schema.get("exclusiveMinimum"))
             if value < low or (exclusive and value == low):

