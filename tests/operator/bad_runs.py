@@ -310,6 +310,54 @@ BAD: list[Case] = [
         [("metadata.name", 'Invalid value: "My_Run": a lowercase RFC 1123 subdomain')],
     ),
     Case(
+        "an env value as a number (a YAML slip)",
+        {INF: container("vllm", env=[{"name": "WORKERS", "value": 4}])},
+        [type_error(f"{VLLM}.env[0].value", "string", "integer", "4")],
+    ),
+    Case(
+        "the run's own env value as a number",
+        {"spec.trainer.env": [{"name": "WORKERS", "value": 4}]},
+        [type_error("spec.trainer.env[0].value", "string", "integer", "4")],
+    ),
+    Case(
+        "a node selector value as a boolean",
+        {"spec.trainer.template": {"spec": {"nodeSelector": {"gpu": True}}}},
+        [type_error("spec.trainer.template.spec.nodeSelector.gpu", "string", "boolean", "true")],
+    ),
+    Case(
+        "a CPU count with a fraction (a quantity is an integer or a string here)",
+        {INF: container("vllm", resources={"requests": {"cpu": 0.5}})},
+        [type_error(f"{VLLM}.resources.requests.cpu", "integer,string", "number", "0.5")],
+    ),
+    Case(
+        "containers as a map",
+        {INF: {"spec": {"containers": {"name": "vllm"}}}},
+        [
+            type_error(f"{INF}.spec.containers", "array", "object", '{"name":"vllm"}'),
+            (f"{INF}.spec.containers.name", f'unknown field "{INF}.spec.containers.name"'),
+        ],
+    ),
+    Case(
+        "a null container",
+        {INF: {"spec": {"containers": [None]}}},
+        [type_error(f"{INF}.spec.containers[0]", "object", "null", "null")],
+    ),
+    Case(
+        "a template's own name (a template has none)",
+        {INF: {"metadata": {"name": "mine"}}},
+        [(f"{INF}.metadata.name", f'unknown field "{INF}.metadata.name"')],
+    ),
+    Case(
+        "a mount option twice (a set list)",
+        {
+            INF: container(
+                "vllm",
+                volumeMounts=[{"name": "c", "mountPath": "/c", "bindMountOptions": ["ro", "ro"]}],
+            )
+        },
+        [(f"{VLLM}.volumeMounts[0].bindMountOptions[1]", 'Duplicate value: "ro"')],
+    ),
+    Case(
         "every error of a document at once",
         {
             "spec.trainer.replicas": "two",
