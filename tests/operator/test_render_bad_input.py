@@ -167,11 +167,13 @@ def test_every_keyword_of_the_crds_schema_is_one_the_check_knows() -> None:
     (version,) = crd["spec"]["versions"]
     seen: set[str] = set()
     formats: set[str] = set()
+    integer_formats: set[str] = set()
 
     def walk(node: dict[str, Any]) -> None:
         seen.update(node)
-        if "format" in node and node.get("type") == "string":
-            formats.add(node["format"])
+        if "format" in node:
+            wanted = integer_formats if node.get("type") == "integer" else formats
+            wanted.add(node["format"])
         for sub in (node.get("properties") or {}).values():
             walk(sub)
         for key in ("items", "additionalProperties"):
@@ -183,6 +185,7 @@ def test_every_keyword_of_the_crds_schema_is_one_the_check_knows() -> None:
     assert seen <= schema_check.KNOWN_KEYWORDS, seen - schema_check.KNOWN_KEYWORDS
     # a string format would need a check of its own (the API server validates date-time, ...)
     assert formats == set(), formats
+    assert integer_formats <= schema_check.INTEGER_FORMATS, integer_formats
 
 
 def test_the_schema_check_does_not_change_the_body_it_reads() -> None:
