@@ -2,12 +2,17 @@
 reconcile and for ``payloadrun-operator render``, so both refuse the same specs with the same
 messages.
 
-Three layers of checks, each with a message that says what collided and what to do:
+Four layers of checks, each with a message that says what was wrong and what to do:
 
-1. the schema (pydantic, the same bounds the CRD gives the API server);
-2. the rules the CRD states in CEL (:func:`decisions.validation_errors`, for clusters without
+1. the CRD's own schema, as the API server applies it (:mod:`schema_check`): types, required
+   fields, enums, bounds, list-map keys and unknown fields, in the whole body, pod templates
+   included, each error with its field path in the API server's words. ``render`` has no API
+   server to do it, and the operator may read a run an older CRD let in; nothing is built from
+   a body that fails it, so no builder meets a value of the wrong type;
+2. the pydantic models (the same bounds, the parsed spec the rest works on);
+3. the rules the CRD states in CEL (:func:`decisions.validation_errors`, for clusters without
    CEL);
-3. what needs the payload mode and the operator's settings: the pod templates against the
+4. what needs the payload mode and the operator's settings: the pod templates against the
    operator's parts (:func:`builders.run_errors`).
 """
 
@@ -19,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from payloadrun_operator import lifecycle
+from payloadrun_operator import lifecycle, schema_check
 from payloadrun_operator.builders import RunContext, run_errors
 from payloadrun_operator.decisions import validation_errors
 from payloadrun_operator.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
@@ -27,19 +32,27 @@ from payloadrun_operator.settings import OperatorSettings
 
 
 def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
-    """The parsed spec, or the reasons it is refused (the same rules the CRD's CEL applies)."""
-    name = body["metadata"]["name"]
-    errors = []
-    if len(name) > MAX_NAME_LENGTH:
+    """The parsed spec, or the reasons it is refused: the CRD's schema first, then the rules
+    its CEL states. As the API server does, a type error, a missing field or an unsupported
+    value leaves the rules unchecked (their words would be about a value that is not there)."""
+    found = schema_check.run_errors(body)
+    errors = [str(e) for e in found]
+    meta = body.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
         errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
+    if any(e.blocking for e in found):
+        return None, [*errors, schema_check.NOT_CHECKED]
     try:
-        spec = PayloadRunSpec.model_validate(dict(body.get("spec") or {}))
+        spec = PayloadRunSpec.model_validate(schema_check.spec_as_stored(body.get("spec") or {}))
     except ValidationError as exc:
+        if found:  # the schema's errors say it in the API server's words
+            return None, errors
         details = "; ".join(
             f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         return None, [*errors, details]
-    return spec, errors + validation_errors(spec)
+    return (None if found else spec), errors + validation_errors(spec)
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,33 @@
 """``payloadrun-operator render -f RUN.yaml``: every child the operator would create, offline.
 
-What ``helm template`` is to a chart: read what a template became before spending GPUs on it.
-The same checks as the operator (:func:`admission.admit`: the schema, the CRD's rules, the pod
-templates against the operator's parts), the same builders, the operator's settings from the
-same ``PAYLOADRUN_*`` variables; no cluster. The output is YAML in apply order; a refused run
-prints why on stderr and exits 1.
+What `helm template` is to a chart: read what a template became before spending GPUs on it.
+The same checks as the operator, the same builders, the operator's settings from the same
+PAYLOADRUN_* variables; no cluster. The output is YAML in apply order.
 
-Not checked offline: the fields of a pod template against Kubernetes' schema (the API server
-does that at ``kubectl apply``; ``kubectl apply --dry-run=server -f RUN.yaml`` asks it), and
-anything that depends on the cluster (storage classes, claims, quotas).
+Each run is first checked against the CRD's own schema, as the API server checks it at
+`kubectl apply`: the run's fields and each pod template (Kubernetes' own PodTemplateSpec
+schema, pinned to the Kubernetes version the CRD is generated from) for types, required fields,
+supported values, bounds, list keys (an env entry without a name) and unknown fields, after
+dropping nulls and applying the CRD's defaults. Every error of a run is printed at once, in the
+API server's words with the value given, for example
+
+  spec.trainer.replicas: Invalid value: "string": spec.trainer.replicas in body must be of
+  type integer: "string" (the value given: "two")
+
+Then the CRD's rules (its CEL validations) and the pod templates against the operator's parts,
+in the operator's words. A refused run prints why on stderr and exits 1; unreadable input
+exits 2.
+
+Not checked offline: what only the cluster knows (storage classes, claims, quotas, admission
+webhooks, Pod Security), and the rules of the children's own kinds that no schema states (the
+API server checks a StatefulSet's pod when it is applied): `kubectl apply --dry-run=server -f
+RUN.yaml` asks the API server about the run itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -52,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(command="render")
 
 
-def load(paths: Iterable[str], stdin: TextIO) -> list[tuple[str, dict[str, Any]]]:
-    """Every YAML document of ``paths``, with where it came from."""
+def load(paths: Iterable[str], stdin: TextIO) -> list[tuple[str, Any]]:
+    """Every YAML document of ``paths``, with where it came from, as the JSON kubectl would
+    send: timestamps stay strings, keys become strings."""
     import yaml
 
     docs = []
@@ -63,10 +78,43 @@ def load(paths: Iterable[str], stdin: TextIO) -> list[tuple[str, dict[str, Any]]
         else:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-        for i, doc in enumerate(yaml.safe_load_all(text)):
+        for i, doc in enumerate(yaml.load_all(text, Loader=json_like_loader())):
             if doc is not None:
-                docs.append((f"{path} (document {i + 1})", doc))
+                docs.append((f"{path} (document {i + 1})", as_json(doc)))
     return docs
+
+
+@functools.cache
+def json_like_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """YAML as kubectl reads it (sigs.k8s.io/yaml): a date is a string, not a datetime."""
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return Loader
+
+
+def as_json(value: Any) -> Any:
+    """``value`` with every mapping key a string, as in the JSON kubectl sends."""
+    if isinstance(value, dict):
+        return {_key(k): as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    if isinstance(value, bytes | set):  # !!binary, !!set: not JSON
+        return str(value)
+    return value
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else str(key)
 
 
 def is_run(doc: Any) -> bool:
@@ -77,15 +125,23 @@ def is_run(doc: Any) -> bool:
     )
 
 
+def describe(doc: Any, namespace: str) -> str:
+    """A document as a note names it: ``kind name``, or the run's ``namespace/name``."""
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    if is_run(doc):
+        return f"{meta.get('namespace', namespace)}/{meta.get('name', '?')}"
+    kind = doc.get("kind", "?") if isinstance(doc, dict) else type(doc).__name__
+    return f"{kind} {meta.get('name', '?')}"
+
+
 def render_run(
     doc: dict[str, Any], namespace: str, settings: OperatorSettings
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The run's children in apply order, or the reasons it is refused."""
-    meta = dict(doc.get("metadata") or {})
-    if not meta.get("name"):
-        return [], ["metadata.name is missing: a PayloadRun needs a name"]
-    meta.setdefault("namespace", namespace)
-    meta.setdefault("uid", PLACEHOLDER_UID)
+    meta = doc.get("metadata")
+    if isinstance(meta, dict):  # else the schema check says what is wrong with it
+        meta = {"namespace": namespace, "uid": PLACEHOLDER_UID, **meta}
     body = {**doc, "metadata": meta, "status": {}}
     admission = admit(body, settings)
     if admission.ctx is None:
@@ -108,12 +164,10 @@ def run(args: argparse.Namespace, stdout: TextIO = sys.stdout, stderr: TextIO = 
         return 2
     refused = rendered = 0
     for where, doc in docs:
+        name = describe(doc, args.namespace)
         if not is_run(doc):
-            what = f"{doc.get('kind', '?')} {(doc.get('metadata') or {}).get('name', '?')}"
-            print(f"# skipped {what} from {where}: not a PayloadRun", file=stderr)
+            print(f"# skipped {name} from {where}: not a PayloadRun", file=stderr)
             continue
-        meta = doc.get("metadata") or {}
-        name = f"{meta.get('namespace', args.namespace)}/{meta.get('name', '?')}"
         children, errors = render_run(doc, args.namespace, settings)
         if errors:
             refused += 1
