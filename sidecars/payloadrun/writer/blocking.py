@@ -42,6 +42,9 @@ FALLBACK_REASONS = (
     "bad_payload",  # an inline array could not be decoded or placed
     "bad_response",  # the upstream body is not a JSON completion
     "content_encoding",  # the upstream body is in a content coding the writer cannot read
+    "write_timeout",  # the write did not finish within --write-deadline
+    "breaker_open",  # writes hung lately: the volume is skipped until a probe write succeeds
+    "write_threads_full",  # every write thread is held by a write still blocked past its deadline
 )
 
 

@@ -87,6 +87,28 @@ class WriterConfig:
         minimum=1,
         metavar="BYTES",
     )
+    write_deadline: float = setting(
+        5.0,
+        help="seconds a by-handle write (create, write, fsync, close) may take; an answer whose "
+        "write is not done by then goes back inline at once (fallback reason write_timeout), "
+        "and the file of the late write is removed when the write returns. Also the deadline "
+        "of each probe of the payload root",
+        flag="--write-deadline",
+        env=Env.WRITER_WRITE_DEADLINE,
+        parse=parse_float,
+        minimum=1e-3,
+    )
+    root_probe_interval: float = setting(
+        10.0,
+        help="seconds between probes of the payload root (a file created and deleted on a "
+        "thread of its own, never the request pool; a probe not done within --write-deadline "
+        "marks the root not writable). The result is a metric, a log line per change and a "
+        "field of /readyz's body: readiness never depends on the volume",
+        flag="--root-probe-interval",
+        env=Env.WRITER_ROOT_PROBE_INTERVAL,
+        parse=parse_float,
+        minimum=1e-3,
+    )
     health_timeout: float = 2.0
     max_request_bytes: int = 256 * 1024 * 1024
 

@@ -118,6 +118,19 @@ class WriterMetrics:
             "Seconds answers spent waiting for the in-flight budget, summed.",
             registry=r,
         )
+        self.root_writable = Gauge(
+            PREFIX + "payload_root_writable",
+            "1 when the last probe of the payload root created and deleted a file in time, 0 "
+            "when it failed or hung, -1 before the first probe. Information only: readiness "
+            "never depends on it.",
+            registry=r,
+        )
+        self.root_writable.set(-1)
+        self.root_last_writable = Gauge(
+            PREFIX + "payload_root_last_writable_timestamp_seconds",
+            "Unix time of the last probe that found the payload root writable (0: none yet).",
+            registry=r,
+        )
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
             self.payload_bytes.labels(field=name)
         for reason in FALLBACK_REASONS:
@@ -128,6 +141,8 @@ class WriterMetrics:
             self.response_bytes.labels(mode=mode.value)
         for mode in (Mode.HANDLE, Mode.INLINE):
             self.response_work_seconds.labels(mode=mode.value)
+            # from 0, so that the share of answers sent inline (an alert) counts the first ones
+            self.requests.labels(mode=mode.value, code="200")
 
     def request(self, mode: Mode, status: int) -> None:
         self.requests.labels(mode=mode.value, code=str(status)).inc()

@@ -62,6 +62,7 @@ from payloadrun.writer.forwarding import is_chunked, request_headers, response_h
 from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.payload_root import StoreHolder, probe_root
 from payloadrun.writer.plan import Endpoint, Mode, RequestError, RequestPlan, endpoint_of
+from payloadrun.writer.root_monitor import RootHealth, RootMonitor
 
 log = logging.getLogger("payloadrun.writer")
 
@@ -85,6 +86,12 @@ class Writer:
         self.config = config
         self.metrics = metrics or WriterMetrics()
         self.holder = StoreHolder(config.payload_root)
+        self.monitor = RootMonitor(
+            functools.partial(probe_root, self.holder),
+            interval=config.root_probe_interval,
+            deadline=config.write_deadline,
+            on_probe=self._root_probed,
+        )
         self.upstream = URL(config.upstream.rstrip("/"))
         self.session: aiohttp.ClientSession | None = None
         self.executor: ThreadPoolExecutor | None = None
@@ -96,6 +103,11 @@ class Writer:
         self.metrics.in_flight_bytes.set(in_flight)
         self.metrics.in_flight_peak_bytes.set(self.budget.peak)
         self.metrics.budget_waiting.set(waiting)
+
+    def _root_probed(self, health: RootHealth) -> None:
+        self.metrics.root_writable.set(1 if health.writable else 0)
+        if health.last_ok is not None:
+            self.metrics.root_last_writable.set(health.last_ok)
 
     # --- lifecycle (serving.lifecycle: before the address is bound, after it closed) ---
 
@@ -113,9 +125,16 @@ class Writer:
             auto_decompress=False,  # passthrough is byte for byte, compressed or not
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
         )
-        await self.run(self.holder.get)  # open the store now when the root is there
+        # The monitor's first probe opens the store when the root is there; the writer serves
+        # after it answered or timed out (a hung mount delays the start by the deadline only).
+        if self.config.payload_root is None:  # nothing to watch: every answer goes inline
+            self.metrics.root_writable.set(0)
+            return
+        self.monitor.start()
+        await asyncio.to_thread(self.monitor.wait_first, self.config.write_deadline + 1.0)
 
     async def stop(self) -> None:
+        self.monitor.stop()
         if self.session is not None:
             await self.session.close()
         if self.executor is not None:
@@ -132,14 +151,22 @@ class Writer:
         return serving.health_response()
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        upstream_problem, root_problem = await asyncio.gather(
-            self._upstream_problem(), self.run(probe_root, self.holder)
-        )
+        """Ready when the proxy listens (it answers this) and vLLM answers its health check.
+
+        The payload root's health is in the body as information (the monitor's last probe), never
+        in the status: a volume outage means inline answers, not a pod out of its Service.
+        """
+        upstream_problem = await self._upstream_problem()
         return serving.ready_response(
-            upstream_problem is None and root_problem is None,
+            upstream_problem is None,
             upstream=upstream_problem or "ok",
-            payload_root=root_problem or "ok",
+            payload_root=self._root_health(),
         )
+
+    def _root_health(self) -> str:
+        if self.config.payload_root is None:
+            return f"not writable: {self.holder.error}"
+        return self.monitor.health.describe()
 
     async def _upstream_problem(self) -> str | None:
         assert self.session is not None
