@@ -87,7 +87,9 @@ class WriterConfig:
         minimum=1,
         metavar="BYTES",
     )
-    write_deadline: float = setting(
+    # None (in code only): writes run on the request pool with no deadline and no breaker, as
+    # before issue 33; bench/writer_deadline.py measures that path against this one.
+    write_deadline: float | None = setting(
         5.0,
         help="seconds a by-handle write (create, write, fsync, close) may take; an answer whose "
         "write is not done by then goes back inline at once (fallback reason write_timeout), "
@@ -97,6 +99,27 @@ class WriterConfig:
         env=Env.WRITER_WRITE_DEADLINE,
         parse=parse_float,
         minimum=1e-3,
+    )
+    write_threads: int = setting(
+        16,
+        help="threads that write payload files, apart from the request pool; a write blocked "
+        "past its deadline holds its thread until the kernel lets go, so this caps what a hung "
+        "volume can hold. While every one is held, answers go inline at once (fallback reason "
+        "write_threads_full)",
+        flag="--write-threads",
+        env=Env.WRITER_WRITE_THREADS,
+        parse=parse_int,
+        minimum=1,
+    )
+    breaker_cooldown: float = setting(
+        5.0,
+        help="seconds the writer skips the volume after a write missed its deadline (answers "
+        "inline, fallback reason breaker_open); then one request at a time probes it, and the "
+        "first write done in time closes the breaker",
+        flag="--breaker-cooldown",
+        env=Env.WRITER_BREAKER_COOLDOWN,
+        parse=parse_float,
+        minimum=0.0,
     )
     root_probe_interval: float = setting(
         10.0,

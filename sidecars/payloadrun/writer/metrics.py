@@ -18,6 +18,7 @@ from payloadrun.writer.plan import Mode
 
 PREFIX = "payloadrun_writer_"
 UPSTREAM_FAILURES = ("unreachable", "timeout", "broken")
+LATE_WRITE_OUTCOMES = ("removed", "failed")
 # Write-and-fsync of one file: from a small response on local disk to tens of MB on NFS.
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # The writer's work on one answer: 1 ms (a small one) to seconds (tens of MB on a slow volume).
@@ -131,6 +132,43 @@ class WriterMetrics:
             "Unix time of the last probe that found the payload root writable (0: none yet).",
             registry=r,
         )
+        self.write_deadline = Gauge(
+            PREFIX + "write_deadline_seconds",
+            "--write-deadline: seconds a by-handle write may take before its answer goes "
+            "inline (0: no deadline).",
+            registry=r,
+        )
+        self.write_threads_cap = Gauge(
+            PREFIX + "write_threads_max",
+            "--write-threads: the most threads volume calls may hold at once.",
+            registry=r,
+        )
+        self.write_threads_held = Gauge(
+            PREFIX + "write_threads_held",
+            "Volume calls still blocked past their deadline: threads a hung volume holds. At "
+            "write_threads_max, answers go inline at once (write_threads_full).",
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            PREFIX + "write_breaker_state",
+            "The write breaker: 1 for its state now (closed, open, half_open), 0 for the others.",
+            ["state"],
+            registry=r,
+        )
+        self.breaker_opened = Counter(
+            PREFIX + "write_breaker_opened",
+            "Times the write breaker opened: a volume call missed its deadline.",
+            registry=r,
+        )
+        self.late_writes = Counter(
+            PREFIX + "late_writes",
+            "Writes that returned after their deadline (their answers went inline): removed "
+            "(written, then its file removed) or failed (returned an error, nothing to remove).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in LATE_WRITE_OUTCOMES:
+            self.late_writes.labels(outcome=outcome)
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
             self.payload_bytes.labels(field=name)
         for reason in FALLBACK_REASONS:
