@@ -87,18 +87,17 @@ class WriterConfig:
         minimum=1,
         metavar="BYTES",
     )
-    # None (in code only): writes run on the request pool with no deadline and no breaker, as
-    # before issue 33; bench/writer_deadline.py measures that path against this one.
-    write_deadline: float | None = setting(
+    write_deadline: float = setting(
         5.0,
         help="seconds a by-handle write (create, write, fsync, close) may take; an answer whose "
         "write is not done by then goes back inline at once (fallback reason write_timeout), "
         "and the file of the late write is removed when the write returns. Also the deadline "
-        "of each probe of the payload root",
+        "of each probe of the payload root. 0: no deadline and no breaker (writes on the "
+        "request pool, as before issue 33: a hung volume then hangs its requests)",
         flag="--write-deadline",
         env=Env.WRITER_WRITE_DEADLINE,
         parse=parse_float,
-        minimum=1e-3,
+        minimum=0.0,
     )
     write_threads: int = setting(
         16,
