@@ -69,7 +69,8 @@ class WriterConfig:
     )
     workers: int = setting(
         8,
-        help="threads that parse bodies and write payload files",
+        help="threads that parse bodies and serialize answers (the volume is touched on "
+        "--write-threads, unless --write-deadline is 0)",
         flag="--workers",
         env=Env.WRITER_WORKERS,
         parse=parse_int,
@@ -101,7 +102,8 @@ class WriterConfig:
     )
     write_threads: int = setting(
         16,
-        help="threads that write payload files, apart from the request pool; a write blocked "
+        help="threads that write payload files and check payload_dir on the volume, apart "
+        "from the request pool (--workers); a call blocked "
         "past its deadline holds its thread until the kernel lets go, so this caps what a hung "
         "volume can hold. While every one is held, answers go inline at once (fallback reason "
         "write_threads_full)",
