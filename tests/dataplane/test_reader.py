@@ -16,6 +16,7 @@ from payloadrun.reader import (
 )
 from payloadrun.segments import Segment
 from payloadrun.store import PayloadStore
+from payloadrun_devkit.required import skip_or_fail
 
 
 @pytest.fixture
@@ -333,7 +334,10 @@ def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns
 
 @pytest.mark.torch
 def test_torch_output_shares_memory(root):
-    torch = pytest.importorskip("torch")
+    try:
+        import torch
+    except ImportError:
+        skip_or_fail("torch is not installed (pip install 'payloadrun[torch]')")
     rows = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
     seg = write(root, 1, "routed_experts", rows, pos=0)
     buf = np.zeros((3, 2, 2), np.uint8)
