@@ -7,7 +7,6 @@ import errno
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -148,32 +147,21 @@ def test_backstop_sweeps_old_versions_but_spares_pending_files(service_factory, 
     assert svc.status()["deleted"]["backstop"]["files"] == 10
 
 
-def test_a_directory_still_being_swept_is_listed_again_after_not_queued_twice(
-    service_factory, root
-):
+def test_a_directory_still_being_swept_is_listed_again_after_not_queued_twice(stalled, root):
     """Policy updates that come while the backstop is still deleting a directory do not queue
     its files again; what was written there meanwhile goes once the first sweep is done."""
-    volume_up = threading.Event()
-
-    def unlink(name, *, dir_fd):
-        volume_up.wait(10)
-        os.unlink(name, dir_fd=dir_fd)
-
-    svc = service_factory(unlink=unlink, max_off_policy_steps=2)
+    svc = stalled.service(max_off_policy_steps=2)
     loose = make_files(root, 0, 6)
     svc.policy_updated(4)  # bound 2: v0 goes, and its unlinks wait for the volume
-    deadline = time.monotonic() + 10
-    while svc.status()["queue_files"] != 6 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: svc.status()["queue_files"] == 6)
     straggler = make_files(root, 0, 1)  # a slow writer's file, after the sweep listed v0
     for step in (5, 6, 7):
         svc.policy_updated(step)
-    deadline = time.monotonic() + 10
-    while svc.status()["outstanding_jobs"] > 1 and time.monotonic() < deadline:
-        time.sleep(0.005)  # until their sweeps have run: they find v0 busy and are done
+    # until their sweeps have run: they find v0 busy and are done
+    wait_for(lambda: svc.status()["outstanding_jobs"] == 1)
     st = svc.status()
     assert (st["outstanding_jobs"], st["queue_files"]) == (1, 6)  # not 6 + 3 x 7
-    volume_up.set()
+    stalled.release()
     assert svc.wait_idle(10)
     assert existing(loose + straggler) == [] and not (root / "v0").exists()
     assert svc.status()["deleted"]["backstop"]["files"] == 7
