@@ -8,6 +8,8 @@ needs root and mount rights: without them the test skips, or fails when
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,14 +43,9 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
 def fill(directory: Path, leave: int = 0) -> None:
     """Fill the file system of ``directory`` with one file until at most ``leave`` bytes are
     free (a tmpfs counts in pages: what is left may be less)."""
-    import os
-
     free = os.statvfs(directory)
     room = free.f_bavail * free.f_frsize - leave
     if room > 0:
-        with open(directory / ".filler", "wb") as f:
-            try:
-                f.write(b"\0" * room)
-                f.flush()
-            except OSError:
-                pass
+        # unbuffered: nothing left to flush at close; full before ``room`` is full all the same
+        with open(directory / ".filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+            f.write(b"\0" * room)
