@@ -277,7 +277,9 @@ def test_fresh_run_wipes_resumed_keeps(service_factory, root):
 
 
 def test_restart_in_the_same_run_replays_and_wipes_nothing(stalled, service_factory, root):
-    svc = stalled.service()  # never deletes before the "crash"
+    # never deletes before the "crash": more threads than tasks, so that every task is held
+    # (none still queued, to run on a worker started after the kill), and no later round
+    svc = stalled.service(workers=8, retry=Retry(later_s=3600))
     consumed, pending, loose = (
         make_files(root, 0, 6),
         make_files(root, 1, 4),
@@ -287,7 +289,9 @@ def test_restart_in_the_same_run_replays_and_wipes_nothing(stalled, service_fact
     svc.record_batch(2, pending)
     svc.discard(loose[:1])
     svc.policy_updated(1)
-    stalled.crash()  # queued deletions dropped, those held fail
+    # held: the discarded and the consumed chunk; on the worker, both batches' sizes too
+    wait_for(lambda: stalled.held() == (4 if stalled.kind == "worker" else 2))
+    stalled.crash()  # the deletions held fail
     assert existing(consumed) == consumed and existing(loose) == loose
     with open(svc.state_dir / "journal.jsonl", "ab") as f:
         f.write(b'{"op":"discard","files":["v1/')  # an unacknowledged, torn append
