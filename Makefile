@@ -57,6 +57,7 @@ bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 bench-all: cluster-binaries node ## every benchmark (docs/benchmarks.md): data plane, writer, retention, shared filesystem, the writer's deadline, operator, failover
 	@-$(PY) bench/dataplane.py
 	@-$(PY) bench/writer.py
+	@-$(PY) bench/loop_latency.py
 	@-$(PY) bench/retention.py
 	@-$(PY) bench/sharedfs.py
 	@-$(PY) bench/writer_deadline.py

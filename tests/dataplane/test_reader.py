@@ -1,5 +1,6 @@
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from payloadrun.codec import PositionedRows, mask_rows_from_csr
 from payloadrun.paths import PayloadPathError, PayloadRoot
 from payloadrun.reader import (
+    DEFAULT_RETRY_DELAYS,
     PayloadReader,
     SegmentOverlapError,
     ShortReadError,
@@ -14,6 +16,7 @@ from payloadrun.reader import (
 )
 from payloadrun.segments import Segment
 from payloadrun.store import PayloadStore
+from payloadrun_devkit.required import skip_or_fail
 
 
 @pytest.fixture
@@ -268,20 +271,38 @@ def test_short_read_completed_by_another_thread_while_retrying(root, read_with, 
 
 
 def test_short_read_real_backoff_with_concurrent_writer(root):
-    """The same with the real sleep: the writer thread races the reader's 0.1 s backoff."""
+    """The same with the real sleep: the writer finishes the file while the reader backs off."""
     rows = np.arange(1000 * 8, dtype=np.uint16).reshape(1000, 8)
     data = rows.tobytes()
     (root.path / "v2").mkdir()
     path = root.path / "v2" / "racing.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(fd, data[: len(data) // 3])
-    timer = threading.Timer(0.05, lambda: (os.write(fd, data[len(data) // 3 :]), os.close(fd)))
-    timer.start()
+    backing_off = threading.Event()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the reader's real backoff, recorded
+        sleeps.append(seconds)
+        backing_off.set()
+        time.sleep(seconds)
+
+    def finish() -> None:  # once the reader has seen the file short, while it sleeps
+        backing_off.wait()
+        os.write(fd, data[len(data) // 3 :])
+        os.close(fd)
+
+    writer = threading.Thread(target=finish)
+    writer.start()
     seg = Segment("routed_experts", str(path), 0, 0, 1000, "uint16", (8,))
-    with PayloadReader(root) as reader:
-        out = reader.read([seg], "routed_experts", 0, 1000)
-    timer.join()
+    try:
+        with PayloadReader(root, sleep=sleep) as reader:
+            out = reader.read([seg], "routed_experts", 0, 1000)
+    finally:
+        backing_off.set()  # a reader that never backed off must not leave the writer waiting
+        writer.join()
     np.testing.assert_array_equal(out, rows)
+    # it retried, on the default schedule (a second backoff only if the writer was slower)
+    assert sleeps and sleeps == list(DEFAULT_RETRY_DELAYS[: len(sleeps)])
 
 
 def test_read_field_one_off(root):
@@ -313,15 +334,24 @@ def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns
 
 @pytest.mark.torch
 def test_torch_output_shares_memory(root):
-    torch = pytest.importorskip("torch")
+    try:
+        import torch
+    except ImportError:
+        skip_or_fail("torch is not installed (pip install 'payloadrun[torch]')")
     rows = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
     seg = write(root, 1, "routed_experts", rows, pos=0)
+    buf = np.zeros((3, 2, 2), np.uint8)
     with PayloadReader(root) as reader:
-        out = reader.read([seg], "routed_experts", 0, 3, as_torch=True)
+        out = reader.read([seg], "routed_experts", 0, 3, out=buf, as_torch=True)
+        fresh = reader.read([seg], "routed_experts", 0, 3, as_torch=True)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.uint8
-    assert out.numpy().tolist() == rows.tolist()
-    out.numpy()[0, 0, 0] = 99  # same memory: no copy was made
-    assert out[0, 0, 0].item() == 99
+    assert out.tolist() == rows.tolist() and fresh.tolist() == rows.tolist()
+    # the tensor is the array the rows were read into, not a copy of it
+    assert out.data_ptr() == buf.ctypes.data
+    buf[0, 0, 0] = 99  # written through the numpy array...
+    assert out[0, 0, 0].item() == 99  # ...seen through the tensor
+    out[2, 1, 1] = 77  # and the other way
+    assert buf[2, 1, 1] == 77
 
 
 def test_read_into_a_reused_buffer(root, reader):

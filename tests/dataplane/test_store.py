@@ -1,6 +1,5 @@
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +9,7 @@ from payloadrun.codec import PositionedRows, mask_rows, routing_rows
 from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError, PayloadRoot
 from payloadrun.store import PayloadStore, PayloadWriteError, layout_segments
+from payloadrun_devkit.mounts import tmpfs
 
 
 @pytest.fixture
@@ -102,22 +102,8 @@ def test_failure_reason(code, reason):
     assert failure_reason(OSError(code, os.strerror(code))) == reason
 
 
-def _mount_tmpfs(path, options):
-    path.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return result.returncode == 0
-
-
 def test_disk_full_raises_no_space_and_removes_the_partial_file(tmp_path):
-    mnt = tmp_path / "small"
-    if not _mount_tmpfs(mnt, "size=256k"):
-        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
-    try:
+    with tmpfs(tmp_path / "small", "size=256k") as mnt:
         store = PayloadStore(PayloadRoot(mnt))
         big = PositionedRows("routed_experts", np.ones((4096, 48, 8), np.uint8), 0)
         with pytest.raises(PayloadWriteError) as info:
@@ -125,20 +111,13 @@ def test_disk_full_raises_no_space_and_removes_the_partial_file(tmp_path):
         assert info.value.reason == "no_space"
         assert "no_space" in str(info.value) and str(mnt) in str(info.value)
         assert os.listdir(mnt / "v1") == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_read_only_volume_raises_permission_and_writes_nothing(tmp_path):
-    mnt = tmp_path / "ro"
-    if not _mount_tmpfs(mnt, "ro,size=64k"):
-        pytest.skip("cannot mount a tmpfs here (needs root and mount rights)")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as mnt:
         store = PayloadStore(PayloadRoot(mnt))
         part = PositionedRows("routed_experts", np.zeros((1, 1, 1), np.uint8), 0)
         with pytest.raises(PayloadWriteError) as info:
             store.write("v1", [part])
         assert info.value.reason == "permission"
         assert os.listdir(mnt) == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)

@@ -14,6 +14,7 @@ import pytest
 from payloadrun.cli import main
 from payloadrun.retention.config import STATE_DIR, TRASH_DIR
 from payloadrun.wipe import plan
+from payloadrun_devkit.required import skip_or_fail
 
 
 def write(path: Path, size: int) -> int:
@@ -202,11 +203,13 @@ def test_what_cannot_be_deleted_is_reported_with_its_path_and_the_rest_goes(root
     files, size = make_run(root)
     stuck = [root / "v2", root / TRASH_DIR / "1733000000" / "v8"]
     if shutil.which("chattr") is None:
-        pytest.skip("no chattr: cannot make a directory undeletable for root")
+        skip_or_fail(
+            "no chattr: cannot make a directory undeletable for root (apt-get install e2fsprogs)"
+        )
     try:
         chattr("+i", stuck[0])
     except subprocess.CalledProcessError as exc:
-        pytest.skip(f"chattr +i failed here (needs root and ext4/xfs/btrfs): {exc.stderr!r}")
+        skip_or_fail(f"chattr +i failed here (needs root and ext4/xfs/btrfs): {exc.stderr!r}")
     try:
         chattr("+i", stuck[1])
         code, summary, progress = wipe_json(capsys, "--root", str(root))

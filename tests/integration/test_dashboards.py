@@ -165,11 +165,22 @@ def scraped(kube_cluster, tmp_path_factory):
             result = http(f"{base}/api/v1/query?query=up")["data"]["result"]
             return len(result) == 3 and all(r["value"][1] == "1" for r in result)
 
+        def scrapes() -> dict[str, int]:
+            """Scrapes so far per target (one ``up`` sample each)."""
+            query = urllib.parse.quote("count_over_time(up[1h])")
+            result = http(f"{base}/api/v1/query?query={query}")["data"]["result"]
+            return {r["metric"]["instance"]: int(r["value"][1]) for r in result}
+
         deadline = time.monotonic() + 30
         while not all_up():
             assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-2000:]
             time.sleep(0.5)
-        time.sleep(4)  # a few more scrapes after the traffic, so every rate() has two samples
+        # two more scrapes of every target after the traffic, so every rate() has two samples
+        after = scrapes()
+        deadline = time.monotonic() + 30
+        while not all(n >= after[target] + 2 for target, n in scrapes().items()):
+            assert time.monotonic() < deadline, (scrapes(), after)
+            time.sleep(0.5)
         yield base
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from payloadrun_devkit.images import build_images
+from payloadrun_devkit.required import skip_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +41,10 @@ DISABLED = [
 
 def _need_containerd() -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root (buildah and a throwaway containerd)")
+        skip_or_fail("needs root (buildah and a throwaway containerd)")
     missing = [name for name in ("containerd", "ctr") if shutil.which(name) is None]
     if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed (Debian: apt-get install containerd)")
+        skip_or_fail(f"{' and '.join(missing)} not installed (Debian: apt-get install containerd)")
 
 
 @pytest.mark.timeout(1800)  # the first run on a machine builds the images

@@ -27,6 +27,7 @@ import referencing.jsonschema
 from kubernetes_validate import utils as kubernetes_validate
 
 from payloadrun_devcluster.binaries import cache_dir, read_versions
+from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.builders import RunContext, build_children, build_cleanup
 from payloadrun_operator.crd import build_crd
 from payloadrun_operator.decisions import decide_payload_mode
@@ -323,7 +324,7 @@ def test_bundled_schema_is_the_control_planes_api():
         / "swagger.json"
     )
     if not swagger.exists():
-        pytest.skip(f"{swagger} is absent: bash cluster/build.sh fetches it")
+        skip_or_fail(f"{swagger} is absent: bash cluster/build.sh fetches it")
     upstream = json.loads(swagger.read_text())["definitions"]
     bundled = schema_file("_definitions.json")["$defs"]
     assert sorted(upstream) == sorted(bundled)

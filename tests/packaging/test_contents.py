@@ -28,6 +28,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from packaging.requirements import Requirement
 
+from payloadrun_devkit.required import skip_or_fail
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = (REPO / "sidecars" / "Dockerfile", REPO / "operator" / "Dockerfile")
 PRODUCT_PACKAGES = {"payloadrun", "payloadrun_operator"}
@@ -205,7 +207,7 @@ def image_files(tarball: Path) -> list[str]:
 @pytest.mark.timeout(1800)  # the first run on a machine builds the images
 def test_the_images_hold_the_wheels_modules_and_nothing_dev_only(wheel: zipfile.ZipFile) -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root (hack/images.sh runs debootstrap and buildah)")
+        skip_or_fail("needs root (hack/images.sh runs debootstrap and buildah)")
     from payloadrun_devkit.images import build_images
 
     want = product_modules(wheel.namelist())

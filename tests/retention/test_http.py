@@ -52,6 +52,13 @@ def post(url: str, body: bytes) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def idle(status: dict) -> bool:
+    """No deletion queued or running: no file waiting (``queue_files``) and no event's job
+    unfinished (``outstanding_jobs``: a backstop sweep queues no file until it has listed its
+    directories, so the files alone can read 0 while a sweep is still to run)."""
+    return status["queue_files"] == 0 and status["outstanding_jobs"] == 0
+
+
 def test_sync_client_round_trip_and_refusals(sidecar, root, tmp_path):
     with RetentionClient(sidecar.url, timeout=5) as client:
         batch, loose = make_files(root, 0, 10), make_files(root, 0, 3)
@@ -66,7 +73,7 @@ def test_sync_client_round_trip_and_refusals(sidecar, root, tmp_path):
         assert outside in str(info.value)
         client.discard(loose)
         assert client.policy_updated(1)["settled"] == [1]
-        st = wait_for(lambda: (s := client.status())["queue_files"] == 0 and s)
+        st = wait_for(lambda: idle(s := client.status()) and s)
         assert existing(batch + loose) == []
         assert st["policy_step"] == 1 and st["pending_batches"] == 0
         assert st["deleted"]["consumed"]["files"] == 10
@@ -97,7 +104,7 @@ def test_async_client(sidecar, root):
                 await client.discard(files[:1])
             assert (await client.status())["pending_files"] == 4
             await client.policy_updated(5)
-            while (await client.status())["queue_files"]:
+            while not idle(await client.status()):  # every job done, the sweep's too
                 await asyncio.sleep(0.01)
 
     asyncio.run(main())
@@ -129,7 +136,7 @@ def test_metrics_match_the_directory_after_the_periodic_scan(sidecar, root):
     with RetentionClient(sidecar.url) as client:
         client.record_batch(4, consumed)
         client.policy_updated(4)  # consumes batch 4; backstop below v3 (v0 goes, v2 emptied)
-        wait_for(lambda: client.status()["queue_files"] == 0)
+        wait_for(lambda: idle(client.status()))
         scans = client.status()["directory"]["scans"]
         wait_for(lambda: client.status()["directory"]["scans"] >= scans + 2)
     m = scrape(sidecar.metrics_url)

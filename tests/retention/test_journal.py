@@ -1,11 +1,11 @@
 import errno
 import json
-import os
 
 import pytest
 
 from payloadrun.retention import journal
 from payloadrun.retention.journal import Journal, JournalError, header, read_records
+from payloadrun_devkit.mounts import fill, tmpfs
 
 
 def test_append_is_read_back_in_order(tmp_path):
@@ -61,24 +61,21 @@ def test_rewrite_replaces_atomically_and_appends_continue(tmp_path):
     assert all(json.loads(line) for line in j.path.read_text().splitlines())
 
 
-def test_a_failed_append_is_cut_off_so_the_next_starts_a_clean_line(tmp_path, monkeypatch):
-    j = Journal(tmp_path / "j.jsonl")
-    j.open()
-    j.append({"op": "run", "run_id": "r"})
-    real_write = os.write
-
-    def volume_fills(fd, data):
-        real_write(fd, bytes(data[:7]))  # part of the record reaches the file
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "write", volume_fills)
-    with pytest.raises(OSError, match="No space"):
-        j.append({"op": "policy", "step": 1})
-    monkeypatch.undo()
-    j.append({"op": "policy", "step": 2})
-    j.close()
-    assert [r.get("step") for r in read_records(j.path)] == [None, 2]
-    assert j.size == j.path.stat().st_size
+def test_a_failed_append_is_cut_off_so_the_next_starts_a_clean_line(tmp_path):
+    """On a real full volume: the record's first bytes fill the journal's last page, the rest
+    meets ENOSPC, and the part that reached the file is cut off again."""
+    with tmpfs(tmp_path / "small", "size=64k") as volume:
+        j = Journal(volume / "j.jsonl")
+        j.open()
+        j.append({"op": "run", "run_id": "r"})  # the journal's first page, mostly free
+        fill(volume)  # every other page taken
+        with pytest.raises(OSError, match="No space") as info:
+            j.append({"op": "policy", "step": 1, "pad": "x" * 8192})  # more than the page holds
+        assert info.value.errno == errno.ENOSPC
+        j.append({"op": "policy", "step": 2})  # fits in the page left free by the cut
+        j.close()
+        assert [r.get("step") for r in read_records(j.path)] == [None, 2]
+        assert j.size == j.path.stat().st_size
 
 
 def test_a_rewrite_whose_directory_fsync_fails_appends_to_the_new_file(tmp_path, monkeypatch):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,70 @@ from payloadrun.retention.service import (
     RefusedPathError,
     StartMode,
 )
+from payloadrun.retention.worker import ProcessDeleter
+from payloadrun_devkit.mounts import fill, tmpfs
+
+
+class StalledVolume:
+    """Deletions that wait until released, on either deleter: in the service's own process (an
+    unlink that waits, ``LocalDeleter``), or in the production deletion worker process
+    (``ProcessDeleter``, stopped with SIGSTOP: every call it is sent waits)."""
+
+    def __init__(self, kind: str, service_factory) -> None:
+        self.kind = kind
+        self._factory = service_factory
+        self._released = threading.Event()
+        self._crashing = False
+        self._lock = threading.Lock()
+        self.entered = 0  # in-process unlinks waiting or done
+        self.svc = None
+
+    def _unlink(self, name, *, dir_fd):
+        with self._lock:
+            self.entered += 1
+        while not self._released.wait(0.005):
+            if self._crashing:
+                raise OSError(errno.EIO, "the process died")
+        os.unlink(name, dir_fd=dir_fd)
+
+    def service(self, **overrides):
+        """A started service whose deletions are stalled from now on."""
+        if self.kind == "in-process":
+            self.svc = self._factory(unlink=self._unlink, **overrides)
+        else:
+            self.svc = self._factory(**overrides)
+            assert isinstance(self.svc.queue._deleter, ProcessDeleter)
+            assert self.svc.wait_idle(10)  # the start's own job (the trash) is done
+            os.kill(self.svc.queue._deleter.pid, signal.SIGSTOP)
+        return self.svc
+
+    def held(self) -> int:
+        """Deletion calls the stall holds now: unlinks entered, or calls sent to the worker."""
+        if self.kind == "in-process":
+            return self.entered
+        return self.svc.queue._deleter.unanswered
+
+    def release(self) -> None:
+        self._released.set()
+        pid = self.svc.queue._deleter.pid if self.kind == "worker" and self.svc else None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def crash(self) -> None:
+        """Close the service as a crash would: the deletions it holds fail, the queue drops."""
+        if self.kind == "worker":
+            os.kill(self.svc.queue._deleter.pid, signal.SIGKILL)
+        self._crashing = True
+        self.svc.close()
+        self._crashing = False
+
+
+@pytest.fixture(params=["in-process", "worker"])
+def stalled(request, service_factory):
+    volume = StalledVolume(request.param, service_factory)
+    yield volume
+    volume.release()  # a test that failed still closes its service
 
 
 def test_batches_are_kept_until_consumed_then_deleted(service_factory, root):
@@ -82,32 +147,21 @@ def test_backstop_sweeps_old_versions_but_spares_pending_files(service_factory, 
     assert svc.status()["deleted"]["backstop"]["files"] == 10
 
 
-def test_a_directory_still_being_swept_is_listed_again_after_not_queued_twice(
-    service_factory, root
-):
+def test_a_directory_still_being_swept_is_listed_again_after_not_queued_twice(stalled, root):
     """Policy updates that come while the backstop is still deleting a directory do not queue
     its files again; what was written there meanwhile goes once the first sweep is done."""
-    volume_up = threading.Event()
-
-    def unlink(name, *, dir_fd):
-        volume_up.wait(10)
-        os.unlink(name, dir_fd=dir_fd)
-
-    svc = service_factory(unlink=unlink, max_off_policy_steps=2)
+    svc = stalled.service(max_off_policy_steps=2)
     loose = make_files(root, 0, 6)
     svc.policy_updated(4)  # bound 2: v0 goes, and its unlinks wait for the volume
-    deadline = time.monotonic() + 10
-    while svc.status()["queue_files"] != 6 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: svc.status()["queue_files"] == 6)
     straggler = make_files(root, 0, 1)  # a slow writer's file, after the sweep listed v0
     for step in (5, 6, 7):
         svc.policy_updated(step)
-    deadline = time.monotonic() + 10
-    while svc.status()["outstanding_jobs"] > 1 and time.monotonic() < deadline:
-        time.sleep(0.005)  # until their sweeps have run: they find v0 busy and are done
+    # until their sweeps have run: they find v0 busy and are done
+    wait_for(lambda: svc.status()["outstanding_jobs"] == 1)
     st = svc.status()
     assert (st["outstanding_jobs"], st["queue_files"]) == (1, 6)  # not 6 + 3 x 7
-    volume_up.set()
+    stalled.release()
     assert svc.wait_idle(10)
     assert existing(loose + straggler) == [] and not (root / "v0").exists()
     assert svc.status()["deleted"]["backstop"]["files"] == 7
@@ -149,6 +203,8 @@ def test_failed_unlinks_are_retried_counted_and_deferred_until_done(service_fact
 
     def flaky(name, *, dir_fd):
         attempts[name] = attempts.get(name, 0) + 1
+        if name.startswith("stuck") and attempts[name] > 10:
+            server_back.wait(30)  # the third round's first attempt waits for the server
         if (name.startswith("stuck") and not server_back.is_set()) or attempts[name] <= 2:
             raise OSError(errno.ENOTCONN, "injected: transport endpoint is not connected")
         os.unlink(name, dir_fd=dir_fd)
@@ -158,38 +214,35 @@ def test_failed_unlinks_are_retried_counted_and_deferred_until_done(service_fact
     (root / "v0" / "ok.bin").write_bytes(b"1")
     (root / "v0" / "stuck.bin").write_bytes(b"2")
     svc.discard([f"{root}/v0/ok.bin", f"{root}/v0/stuck.bin"])
-    wait_for(lambda: attempts.get("stuck.bin", 0) >= 10)  # two rounds of 5
+    wait_for(lambda: attempts.get("stuck.bin", 0) == 11)  # two rounds of 5 failed, a third waits
     assert not (root / "v0" / "ok.bin").exists() and (root / "v0" / "stuck.bin").exists()
     assert attempts["ok.bin"] == 3
-    assert svc.metrics.delete_errors.labels("volume_gone")._value.get() >= 2 + 10
-    assert svc.metrics.delete_given_up._value.get() >= 2  # one per failed round
+    # every failed attempt counted: ok.bin's 2, stuck.bin's 10; a file given up once a round
+    assert svc.metrics.delete_errors.labels("volume_gone")._value.get() == 2 + 10
+    assert svc.metrics.delete_given_up._value.get() == 2
     server_back.set()
     wait_for(lambda: not (root / "v0" / "stuck.bin").exists())
     wait_for(lambda: svc.queue.deferred_files == 0 and svc.wait_idle(0))
     assert svc.status()["deleted"]["discarded"]["files"] == 2
 
 
-def test_calls_return_while_unlinks_are_blocked(service_factory, root):
-    release = threading.Event()
-
-    def slow(name, *, dir_fd):
-        release.wait(30)
-        os.unlink(name, dir_fd=dir_fd)
-
-    svc = service_factory(unlink=slow, workers=2, chunk_files=10)
+def test_calls_return_while_unlinks_are_blocked(stalled, root):
+    svc = stalled.service(workers=2, chunk_files=10)  # a fresh start: made after it
     files = make_files(root, 0, 100)
     svc.record_batch(1, files)
-    t0 = time.perf_counter()
     svc.policy_updated(1)
     svc.record_batch(2, make_files(root, 1, 3))
     svc.policy_updated(2)
-    assert time.perf_counter() - t0 < 1.0
+    # the calls above returned; the deletions they released are held, none has finished:
+    # each of the queue's 2 threads holds one call (a chunk, or a batch's sizes on the worker)
+    wait_for(lambda: stalled.held() == 2)
     st = svc.status()
-    assert st["queue_files"] > 0 and st["outstanding_jobs"] >= 1
-    assert len(existing(files)) >= 98
-    release.set()
+    assert (st["queue_files"], st["outstanding_jobs"]) == (100 + 3, 2)
+    assert existing(files) == files
+    stalled.release()
     assert svc.wait_idle(20)
     assert existing(files) == []
+    assert svc.status()["deleted"]["consumed"]["files"] == 103
 
 
 def test_accounting_follows_deletions_and_scans_correct_it(service_factory, root):
@@ -223,15 +276,10 @@ def test_fresh_run_wipes_resumed_keeps(service_factory, root):
     assert fresh.status()["deleted"]["wipe"]["files"] == 10
 
 
-def test_restart_in_the_same_run_replays_and_wipes_nothing(service_factory, root):
-    release = threading.Event()
-
-    def blocked(name, *, dir_fd):
-        if not release.wait(0):
-            raise OSError(errno.EIO, "volume stalled")  # never deletes before the "crash"
-        os.unlink(name, dir_fd=dir_fd)
-
-    svc = service_factory(unlink=blocked)
+def test_restart_in_the_same_run_replays_and_wipes_nothing(stalled, service_factory, root):
+    # never deletes before the "crash": more threads than tasks, so that every task is held
+    # (none still queued, to run on a worker started after the kill), and no later round
+    svc = stalled.service(workers=8, retry=Retry(later_s=3600))
     consumed, pending, loose = (
         make_files(root, 0, 6),
         make_files(root, 1, 4),
@@ -241,8 +289,10 @@ def test_restart_in_the_same_run_replays_and_wipes_nothing(service_factory, root
     svc.record_batch(2, pending)
     svc.discard(loose[:1])
     svc.policy_updated(1)
-    svc.close()  # queued deletions dropped, as in a crash
-    assert len(existing(consumed)) >= 1
+    # held: the discarded and the consumed chunk; on the worker, both batches' sizes too
+    wait_for(lambda: stalled.held() == (4 if stalled.kind == "worker" else 2))
+    stalled.crash()  # the deletions held fail
+    assert existing(consumed) == consumed and existing(loose) == loose
     with open(svc.state_dir / "journal.jsonl", "ab") as f:
         f.write(b'{"op":"discard","files":["v1/')  # an unacknowledged, torn append
     again = service_factory()
@@ -252,6 +302,7 @@ def test_restart_in_the_same_run_replays_and_wipes_nothing(service_factory, root
     assert existing(pending) == pending
     st = again.status()
     assert st["policy_step"] == 1 and st["pending_steps"] == [2]
+    assert st["deleted"]["consumed"]["files"] == 6 and st["deleted"]["discarded"]["files"] == 1
     again.policy_updated(2)
     assert again.wait_idle(10) and existing(pending) == []
 
@@ -280,7 +331,7 @@ def test_calls_go_on_while_a_compaction_is_written_and_what_they_journal_is_kept
 ):
     """The compaction's write runs without the service's lock; the events journaled meanwhile
     are carried over into the compacted journal."""
-    staging, release = threading.Event(), threading.Event()
+    staging, release, staged_first = threading.Event(), threading.Event(), threading.Event()
     real_stage = journal_module.Journal.stage
 
     def stage_slowly(self, records):
@@ -288,6 +339,7 @@ def test_calls_go_on_while_a_compaction_is_written_and_what_they_journal_is_kept
         if not staging.is_set():  # the first compaction only: it waits for the calls below
             staging.set()
             release.wait(10)
+            staged_first.set()
         return staged
 
     svc = service_factory(compact_bytes=1)
@@ -297,11 +349,12 @@ def test_calls_go_on_while_a_compaction_is_written_and_what_they_journal_is_kept
     svc.record_batch(2, b2)
     svc.policy_updated(1)  # a job settles (this one, or the start's), and a compaction starts
     assert staging.wait(10)
-    t0 = time.monotonic()
     svc.record_batch(3, b3)
     svc.policy_updated(2)  # settles too: no second compaction while the first is written
     assert svc.status()["pending_steps"] == [3]
-    assert time.monotonic() - t0 < 5, "calls waited for the compaction's write"
+    # the calls returned while the compaction's write was still held (had they waited for it,
+    # it would have given up waiting first)
+    assert not staged_first.is_set(), "calls waited for the compaction's write"
     release.set()
     assert svc.wait_idle(10)
     svc.close()  # after the compaction, which runs on a deletion thread
@@ -370,26 +423,25 @@ def test_step_gauges_show_how_far_behind_the_oldest_pending_batch_is(service_fac
     assert gauge(again, "oldest_pending_step") == -1 and gauge(again, "pending_batches") == 0
 
 
-def test_a_failed_journal_append_is_counted_and_not_recorded(service_factory, root, monkeypatch):
-    svc = service_factory()
-    kept = make_files(root, 0, 2)
-    svc.record_batch(1, kept)
-    assert svc.wait_idle(10)
-
-    def volume_full(fd):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fdatasync", volume_full)
-    with pytest.raises(OSError, match="No space"):
-        svc.record_batch(2, make_files(root, 0, 2))
-    monkeypatch.undo()
-    errors = svc.metrics.journal_errors
-    assert errors.labels("no_space")._value.get() == 1
-    assert errors.labels("io_error")._value.get() == 0
-    svc.record_batch(3, make_files(root, 1, 1))
-    svc.close()
-    again = service_factory()
-    assert again.status()["pending_steps"] == [1, 3]  # the refused event was never recorded
+def test_a_failed_journal_append_is_counted_and_not_recorded(service_factory, root, tmp_path):
+    """The journal on a real volume that fills up: the append meets ENOSPC from the kernel."""
+    with tmpfs(tmp_path / "state", "size=64k") as state:
+        svc = service_factory(state_dir=state)
+        kept = make_files(root, 0, 2)
+        svc.record_batch(1, kept)
+        assert svc.wait_idle(10)
+        fill(state)  # only what is left of the journal's last page is free
+        with pytest.raises(OSError, match="No space"):  # 100 names: more than a page
+            svc.record_batch(2, make_files(root, 0, 100))
+        errors = svc.metrics.journal_errors
+        assert errors.labels("no_space")._value.get() == 1
+        assert errors.labels("io_error")._value.get() == 0
+        svc.record_batch(3, make_files(root, 1, 1))  # a small one fits where the cut left room
+        svc.close()
+        (state / ".filler").unlink()  # room again: the restart compacts
+        again = service_factory(state_dir=state)
+        assert again.status()["pending_steps"] == [1, 3]  # the refused event was never recorded
+        again.close()
 
 
 def test_a_failed_compaction_is_counted_and_the_journal_goes_on(service_factory, root, monkeypatch):

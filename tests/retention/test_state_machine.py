@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -32,6 +33,7 @@ from payloadrun.retention.service import (
     RetentionConfig,
     RetentionService,
 )
+from payloadrun.retention.worker import ProcessDeleter
 
 M = 2  # max_off_policy_steps
 MAX_STEPS = 9
@@ -57,12 +59,32 @@ class RetentionMachine(RuleBasedStateMachine):
         )
         self.gate = threading.Event()  # cleared: the volume stalls, unlinks wait (at first)
         self.crashing = False
-        self.svc = RetentionService(self.config, unlink=self._unlink)
-        self.svc.start(scan=False)
+        self.svc = self._start_service()
         self.files: dict[str, tuple[str, int]] = {}  # path -> (status, batch step or version)
         self.policy: int | None = None
         self.next_step = 1
         self.n = 0
+
+    # How the deletions stall and crash: here in the service's own process (``LocalDeleter``
+    # with an unlink that waits on a gate); :class:`OnTheWorkerMachine` runs the production
+    # deletion worker process and stops, continues and kills it.
+
+    def _start_service(self) -> RetentionService:
+        svc = RetentionService(self.config, unlink=self._unlink)
+        svc.start(scan=False)
+        return svc
+
+    def _set_stalled(self, stalled: bool) -> None:
+        if stalled:
+            self.gate.clear()
+        else:
+            self.gate.set()
+
+    def _crash(self) -> None:
+        """Stop the service the way a crash would: what runs now fails, what is queued drops."""
+        self.crashing = True
+        self.svc.close()
+        self.crashing = False
 
     def _unlink(self, name: str, *, dir_fd: int) -> None:
         while not self.gate.wait(0.005):
@@ -106,8 +128,14 @@ class RetentionMachine(RuleBasedStateMachine):
         step = self.next_step + skip
         self.next_step = step + 1
         result = self.svc.record_batch(step, chosen, empty=empty)
-        kept = not empty and step <= MAX_STEPS and (self.policy is None or step > self.policy)
-        assert result["disposition"] == ("pending" if kept else result["disposition"])
+        if empty or step > MAX_STEPS:
+            expected = "discarded"  # no trainer reads it
+        elif self.policy is not None and step <= self.policy:
+            expected = "consumed"  # late: the trainer already read it
+        else:
+            expected = "pending"
+        assert result["disposition"] == expected
+        kept = expected == "pending"
         for f in chosen:
             self.files[f] = (PENDING, step) if kept else (GONE, step)
 
@@ -158,40 +186,43 @@ class RetentionMachine(RuleBasedStateMachine):
     @rule()
     def stall(self) -> None:
         """The volume stops answering: deletions queue up behind blocked unlinks."""
-        self.gate.clear()
+        self._set_stalled(True)
 
     @rule()
     def unstall(self) -> None:
         """The volume answers again: deletions run while the next events arrive."""
-        self.gate.set()
+        self._set_stalled(False)
 
     @rule(torn=st.booleans(), then_drain=st.booleans())
     def crash_and_restart(self, torn: bool, then_drain: bool) -> None:
         """Drop every queued deletion (and maybe leave a torn, unacknowledged append)."""
-        self.crashing = True
-        self.svc.close()
-        self.crashing = False
+        self._crash()
         if torn:
             with open(self.svc.state_dir / "journal.jsonl", "ab") as f:
                 f.write(b'{"op":"policy","st')
-        self.svc = RetentionService(self.config, unlink=self._unlink)
-        self.svc.start(scan=False)
+        self.svc = self._start_service()
         status = self.svc.status()
         assert status["mode"] == "restarted"
         assert status["policy_step"] == self.policy
-        want = sorted({tag for s, tag in self.files.values() if s == PENDING})
-        assert [s for s in status["pending_steps"] if s in want] == want
+        assert status["pending_steps"] == self._pending_steps()
         if then_drain:  # what was acknowledged before the crash is done after the restart
             self.drain()
-            self.gate.clear()
+            self._set_stalled(True)
 
     @rule()
     def drain(self) -> None:
         """The volume recovers and the queue drains."""
-        self.gate.set()
+        self._set_stalled(False)
         assert self.svc.wait_idle(30)
         for f, (status, _) in self.files.items():
             assert Path(f).exists() == (status != GONE), (f, status)
+
+    def _pending_steps(self) -> list[int]:
+        return sorted({tag for s, tag in self.files.values() if s == PENDING})
+
+    @invariant()
+    def pending_steps_are_the_models(self) -> None:
+        assert self.svc.status()["pending_steps"] == self._pending_steps()
 
     @invariant()
     def pending_files_exist(self) -> None:
@@ -206,10 +237,48 @@ class RetentionMachine(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-RetentionMachine.TestCase.settings = settings(
+class OnTheWorkerMachine(RetentionMachine):
+    """The same schedules on the production deletion worker (:class:`ProcessDeleter`): a stalled
+    volume is the worker stopped (SIGSTOP: every call waits), a crash kills it (SIGKILL: the
+    calls it was sent fail as ``worker_gone`` and stay journaled) before the service closes."""
+
+    def _start_service(self) -> RetentionService:
+        svc = RetentionService(self.config)  # no unlink hook: the worker process deletes
+        svc.start(scan=False)
+        assert isinstance(svc.queue._deleter, ProcessDeleter)
+        self.stalled = False
+        self.svc = svc
+        self._set_stalled(not self.gate.is_set())
+        return svc
+
+    def _worker_pid(self) -> int:
+        pid = self.svc.queue._deleter.pid
+        assert pid is not None
+        return pid
+
+    def _set_stalled(self, stalled: bool) -> None:
+        if stalled:
+            self.gate.clear()
+        else:
+            self.gate.set()
+        if stalled != self.stalled:
+            os.kill(self._worker_pid(), signal.SIGSTOP if stalled else signal.SIGCONT)
+            self.stalled = stalled
+
+    def _crash(self) -> None:
+        os.kill(self._worker_pid(), signal.SIGKILL)  # stopped or not
+        self.stalled = False  # a worker started after the kill runs
+        self.svc.close()
+
+
+SETTINGS = settings(
     max_examples=40,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+RetentionMachine.TestCase.settings = SETTINGS
+# fewer on the worker: a worker process per service start, several starts an example
+OnTheWorkerMachine.TestCase.settings = settings(SETTINGS, max_examples=25)
 test_retention_state_machine = RetentionMachine.TestCase
+test_retention_state_machine_on_the_deletion_worker = OnTheWorkerMachine.TestCase

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from retention_helpers import existing, make_files
+from retention_helpers import existing, make_files, wait_for
 
 from payloadrun.retention.deleter import LocalDeleter, Retry
 from payloadrun.retention.worker import (
@@ -72,23 +72,27 @@ def test_one_directory_gets_two_lanes_and_other_directories_are_not_held_up():
         with lock:
             running -= 1
 
-    with ThreadPoolExecutor(6) as pool:
+    class CountingPool(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args, **kwargs):
+            self.submitted += 1
+            return super().submit(*args, **kwargs)
+
+    with CountingPool(6) as pool:
         lanes = DirectoryLanes(pool, per_directory=2)
         for i in range(5):
             lanes.submit("v1", lambda i=i: task(i))
         lanes.submit("v2", other_ran.set)
         assert other_ran.wait(5), "a busy directory held up another one"
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with lock:
-                if running == 2:
-                    break
-            time.sleep(0.001)
-        time.sleep(0.05)  # a third task of v1 would have started by now if the lanes let it
+        # the lanes decide at submit: v1's first two and v2's one went to the pool, the rest wait
+        assert pool.submitted == 3
+        wait_for(lambda: running == 2)
         with lock:
             assert (running, started) == (2, [0, 1])
         gate.set()
     assert (peak, started, len(threads)) == (2, [0, 1, 2, 3, 4], 2)
+    assert pool.submitted == 3  # each of v1's later tasks ran on a thread that finished one
 
 
 def test_measure_gives_regular_files_their_size_and_everything_else_minus_one(
@@ -153,23 +157,51 @@ def test_the_worker_runs_below_the_sidecars_priority_and_ignores_its_signals(wor
     assert worker.pid == pid and worker.restarts == []
 
 
+def wait_exited(pid: int) -> None:
+    """Until process ``pid`` has exited (its descriptors closed), reaped or not."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # reaped already
+    try:
+        assert select.select([pidfd], [], [], 30)[0], f"process {pid} did not exit"
+    finally:
+        os.close(pidfd)
+
+
+def wait_unanswered(deleter: ProcessDeleter, calls: int) -> None:
+    """Until ``calls`` calls have been written to the worker and are waiting for its answer."""
+    wait_for(lambda: deleter.unanswered == calls)
+
+
 def test_a_worker_that_dies_fails_its_calls_and_the_next_call_starts_another(worker, root):
     files = make_files(root, 1, 2)
     first = worker.pid
     os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{first}").exists() and time.monotonic() < deadline:
-        try:  # a zombie until the reply reader reaps it
-            if Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        except FileNotFoundError:
-            break
-        time.sleep(0.01)
+    wait_exited(first)  # its input pipe is broken now, whether or not anything noticed yet
     out = worker.unlink("v1", names_of(files), [100, 100])
     assert out.removed.files == 2 and worker.pid != first and worker.restarts == [1]
 
 
+def test_a_call_that_finds_its_worker_gone_before_it_took_the_call_goes_to_a_new_one(worker, root):
+    """The race the test above met one run in 1,461: the worker has exited, but ``poll`` cannot
+    tell while the reply reader reaps it (``wait`` holds the lock ``poll`` needs), so the call is
+    written to a pipe nothing reads. It goes to a new worker instead of failing."""
+    files = make_files(root, 1, 2)
+    first = worker.pid
+    dead = worker._worker.proc  # the Popen the reply reader reaps
+    with dead._waitpid_lock:  # as the reply reader holds it inside wait()
+        os.kill(first, signal.SIGKILL)
+        wait_exited(first)
+        assert dead.poll() is None  # what the call sees: "alive"
+        out = worker.unlink("v1", names_of(files), [100, 100])
+    assert (out.removed.files, existing(files)) == (2, [])
+    assert worker.pid != first and worker.restarts == [1]
+    assert worker.scan().files == 0 and worker.restarts == [1]  # the new one stays
+
+
 def test_calls_waiting_on_a_killed_worker_fail_with_worker_gone(root):
+    """A call the worker may have begun (sent, not answered) fails: it is not sent again."""
     # a worker that never answers: its input is never read (stopped), then it is killed
     slow = ProcessDeleter(root, threads=1, retry=FAST)
     try:
@@ -185,13 +217,14 @@ def test_calls_waiting_on_a_killed_worker_fail_with_worker_gone(root):
 
         caller = threading.Thread(target=call)
         caller.start()
-        time.sleep(0.2)
+        wait_unanswered(slow, 1)  # sent: the worker may take it whenever it runs
         assert caller.is_alive()  # waiting for an answer
         os.kill(pid, signal.SIGKILL)
         caller.join(10)
         assert not caller.is_alive()
         assert len(errors) == 1 and isinstance(errors[0], WorkerGoneError)
         assert "exited" in str(errors[0])
+        assert slow.unanswered == 0
     finally:
         slow.close()
 
@@ -239,18 +272,20 @@ def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
     svc = service_factory(chunk_files=50, retry=Retry(later_s=3600))
     files = make_files(root, 0, 400)
     svc.record_batch(1, files)
-    while svc.status()["sizing_files"]:  # measured: the chunks below are the worker's only calls
-        time.sleep(0.01)
-    pid = svc.queue._deleter.pid  # the sidecar's own worker
+    # measured: the chunks below are the worker's only calls
+    wait_for(lambda: svc.status()["sizing_files"] == 0)
+    deleter = svc.queue._deleter  # the sidecar's own worker
+    pid = deleter.pid
     os.kill(pid, signal.SIGSTOP)  # every chunk waits on it
     svc.policy_updated(1)
-    time.sleep(0.2)
+    # 8 chunks of 50; the queue's 4 threads each send one and wait for it; the other 4 wait
+    wait_unanswered(deleter, 4)
     os.kill(pid, signal.SIGKILL)
     assert svc.wait_idle(20)
-    gone = svc.metrics.delete_errors.labels("worker_gone")._value.get()
-    assert gone >= 1 and svc.metrics.delete_given_up._value.get() >= 50
+    assert svc.metrics.delete_errors.labels("worker_gone")._value.get() == 4
+    assert svc.metrics.delete_given_up._value.get() == 4 * 50
     assert svc.metrics.worker_restarts._value.get() == 1  # the chunks not sent yet went on
-    assert len(existing(files)) >= 50  # what the dead worker never answered is still there
+    assert len(existing(files)) == 4 * 50  # what the dead worker never answered is still there
     svc.close()
     again = service_factory()  # same run id: the journal keeps the deferred files
     assert again.wait_idle(20)

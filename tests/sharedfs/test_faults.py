@@ -85,6 +85,16 @@ def _ask(proc, fake, run_root: Path, version: int = 1, prompt_len: int = 200):
     return via, direct, prompt_len
 
 
+def _extents(via) -> dict[str, int]:
+    """Each payload file a by-handle answer names -> the bytes its segments span (a whole file
+    is exactly that long)."""
+    out: dict[str, int] = {}
+    for segments in payload_segments(json.loads(via[2])):
+        for seg in segments:
+            out[seg.file] = max(out.get(seg.file, 0), seg.offset + seg.nbytes)
+    return out
+
+
 def _by_handle_again(proc, fake, run_root: Path, timeout: float = 60):
     """The first answer by handle after a fault (asked every half second)."""
 
@@ -106,6 +116,7 @@ def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
     with writer(fake.url, run_root, wrap=faulty.on_inference()) as proc:
         via, _, _ = _ask(proc, fake, run_root)
         assert via[1]["x-payloadrun-mode"] == "handle"
+        named = _extents(via)  # every file an answer named, and the bytes it spans
         fault.begin()
         try:
             for _ in range(3):
@@ -118,6 +129,7 @@ def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
         finally:
             fault.end()
         via, direct, prompt_len = _by_handle_again(proc, fake, run_root)
+        named.update(_extents(via))
         with PayloadReader(run_root) as reader:
             files = check_by_handle_equals_inline(
                 reader, json.loads(via[2]), json.loads(direct[2]), prompt_len
@@ -128,10 +140,12 @@ def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
         assert fallbacks >= 3
         wait_for("the writer to be ready again", lambda: get(proc.url + "/readyz")[0] == 200, 30)
     on_server = files_on(faulty.brick / run_root.name)
-    assert files <= {str(run_root / p) for p in on_server}
+    assert files <= named.keys()
     # every file on the server is a whole one some answer named: the failed writes left none
+    assert sorted(str(run_root / p) for p in on_server) == sorted(named)
     for path in on_server:
-        assert (faulty.brick / run_root.name / path).stat().st_size > 0
+        size = (faulty.brick / run_root.name / path).stat().st_size
+        assert size == named[str(run_root / path)], path
 
 
 @pytest.mark.parametrize("kind", FAULTS)
@@ -145,7 +159,16 @@ def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_l
     fault = BrickFault(faulty, kind)
 
     back: dict[str, object] = {}
-    patient = PayloadReader(run_root, retry_delays=(0.5, 1, 2, 4, 8, 8))  # a trainer's, at start
+    backoffs: list[float] = []
+    backing_off = threading.Event()
+
+    def sleep(seconds: float) -> None:  # the patient reader's real backoff, recorded
+        backoffs.append(seconds)
+        backing_off.set()
+        time.sleep(seconds)
+
+    # a trainer's, at start
+    patient = PayloadReader(run_root, retry_delays=(0.5, 1, 2, 4, 8, 8), sleep=sleep)
 
     def read() -> None:
         try:
@@ -162,7 +185,8 @@ def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_l
             # a reader that backs off longer is still reading when the brick comes back
             reading = threading.Thread(target=read)
             reading.start()
-            time.sleep(1.0)
+            # once its first read has failed against the fault, it backs off: the brick returns
+            assert backing_off.wait(60), "the patient reader never backed off"
         finally:
             fault.end()
     reading.join(60)
@@ -175,8 +199,9 @@ def test_the_reader_retries_through_the_fault_and_fails_with_the_numbers_if_it_l
         0,
     )
     assert "Transport endpoint is not connected" in str(err) and "after 5 attempts" in str(err)
-    # ... and returns vLLM's exact bytes
+    # ... and returns vLLM's exact bytes, read after at least one retry
     assert "error" not in back, back.get("error")
+    assert backoffs and backoffs == [0.5, 1, 2, 4, 8, 8][: len(backoffs)]
     inline = decode_npy_base64(json.loads(direct[2])["choices"][0]["routed_experts"])
     assert np.asarray(back["rows"]).tobytes() == inline.tobytes()
 
@@ -216,12 +241,21 @@ def test_retention_defers_deletions_while_the_brick_is_away_and_finishes_them(
                 ),
                 60,
             )
-            errors = metric(
-                sidecar.metrics_url, "payloadrun_retention_delete_errors_total", error="volume_gone"
-            )
-            assert errors >= 1, get(sidecar.metrics_url)[1].decode() + sidecar.log()
-            time.sleep(2)  # a further round fails too: nothing is dropped meanwhile
+
+            def errors() -> float:
+                return metric(
+                    sidecar.metrics_url,
+                    "payloadrun_retention_delete_errors_total",
+                    error="volume_gone",
+                )
+
+            first = errors()
+            assert first >= 1, get(sidecar.metrics_url)[1].decode() + sidecar.log()
+            # a further round fails too (its errors counted): nothing is dropped meanwhile
+            wait_for("a further round to fail", lambda: errors() > first, 60)
             assert len(files_on(faulty.brick / run_root.name)) == len(files)
+            deferred = "payloadrun_retention_delete_deferred_files"
+            assert metric(sidecar.metrics_url, deferred) == len(files)
         finally:
             fault.end()
         try:

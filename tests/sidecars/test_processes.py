@@ -13,11 +13,14 @@ import platform
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -183,18 +186,46 @@ def test_a_sidecar_that_cannot_listen_says_so_in_its_log_format(tmp_path):
     assert f"cannot listen on port {port}: in use" in entry["message"]
 
 
-def run_operator_without_a_cluster(tmp_path, **env: str) -> tuple[int, list[dict]]:
-    """The operator for 3 s against a kubeconfig whose API server does not answer, then
-    SIGTERM: its exit code and its JSON log lines."""
+class DeadApiServer:
+    """A port that takes every connection and closes it at once: an API server that never
+    answers, whose connection attempts can be counted (a refused port shows none)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            # a reset, every time the same error (a plain close gives the client one of several)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def run_operator_without_a_cluster(
+    tmp_path, until: Callable[[list[dict], int], bool], **env: str
+) -> tuple[int, list[dict]]:
+    """The operator against a kubeconfig whose API server never answers, until ``until(log
+    entries so far, connections to the API server)`` holds, then SIGTERM: its exit code and
+    its JSON log lines."""
+    api = DeadApiServer()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}"}}
-                ],
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{api.port}"}}],
                 "users": [{"name": "u", "user": {"token": "t"}}],
                 "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
                 "current-context": "c",
@@ -215,26 +246,58 @@ def run_operator_without_a_cluster(tmp_path, **env: str) -> tuple[int, list[dict
         stderr=subprocess.STDOUT,
         text=True,
     )
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
-    return proc.returncode, json_lines(out)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()  # every line the operator writes, until it exits
+    deadline = time.monotonic() + 120  # a bound for a broken operator, not a timing
+    try:
+        while not until(json_lines("".join(lines)) if lines else [], api.connections):
+            assert proc.poll() is None, f"the operator exited first:\n{''.join(lines)}"
+            assert time.monotonic() < deadline, f"never happened:\n{''.join(lines)}"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        reader.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        api.close()
+    out = ""
+    return proc.returncode, json_lines("".join(lines) + out)
 
 
 def test_the_operator_logs_json_lines_without_a_cluster(tmp_path):
     """No API server answers and no election: kopf logs its startup, the failed requests and
     its stop, as JSON lines."""
-    _, entries = run_operator_without_a_cluster(tmp_path, PAYLOADRUN_LEADER_ELECTION="false")
+
+    def kopf_failed(entries: list[dict], _: int) -> bool:
+        kopf = [e for e in entries if e["logger"].startswith("kopf")]
+        return any(e["severity"] == "error" for e in kopf)
+
+    _, entries = run_operator_without_a_cluster(
+        tmp_path, kopf_failed, PAYLOADRUN_LEADER_ELECTION="false"
+    )
     loggers = {e["logger"].split(".")[0] for e in entries}
     assert "kopf" in loggers
-    assert any(e["severity"] == "error" for e in entries)  # the refused connections
+    assert any(e["severity"] == "error" for e in entries)  # the failed connections
 
 
 def test_a_candidate_that_cannot_reach_the_lease_says_so_once_and_stops_on_sigterm(tmp_path):
     """With the election (the default) the operator waits for the Lease before kopf starts: it
     names the API server it cannot reach once (not every retry), claims no holder it never read,
     and a SIGTERM on standby is a clean stop."""
-    code, entries = run_operator_without_a_cluster(tmp_path)
+    seen: dict[str, int] = {}
+
+    def retried_after_warning(entries: list[dict], connections: int) -> bool:
+        warned = any(
+            e["logger"] == "payloadrun.election" and e["severity"] == "warn" for e in entries
+        )
+        if warned and "at" not in seen:
+            seen["at"] = connections
+        return warned and connections > seen["at"]  # a retry came after the warning
+
+    code, entries = run_operator_without_a_cluster(tmp_path, retried_after_warning)
     assert code == 0
     election = [e for e in entries if e["logger"] == "payloadrun.election"]
     (warning,) = [e for e in election if e["severity"] == "warn"]

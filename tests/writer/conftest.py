@@ -204,21 +204,6 @@ def files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
 
 
-def mount_tmpfs(path: Path, options: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return result.returncode == 0
-
-
-def umount(path: Path) -> None:
-    subprocess.run(["umount", str(path)], check=False, capture_output=True)
-
-
 @dataclass
 class RealVLLM:
     """A running vLLM: ``url``; ``server`` when this session started it (else an external one)."""

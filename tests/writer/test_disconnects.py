@@ -87,11 +87,14 @@ def logs(caplog):
 def test_a_client_that_hangs_up_before_vllm_answers(writer, fake, root, logs, by_handle):
     """The defect: an ERROR with a traceback and a request missing from requests_total."""
     body = _body(f"{root}/v1" if by_handle else None)
-    # the fake holds its answer a while: the client hangs up once the request reached it
-    _send_and_hang_up(writer.url, body, {"x-fake-delay": "0.6"}, when=lambda: fake_posts(fake))
+    # the fake holds its answer until a second one is ready (x-fake-hold: 2), so the client
+    # hangs up, once the request reached the fake, before any answer can exist
+    hold = {"x-fake-hold": "2"}
+    _send_and_hang_up(writer.url, body, hold, when=lambda: fake_posts(fake))
     _wait_for(lambda: _disconnected(writer) == 1)
-    # the fake's answer, once made, found the writer gone: it never reached the writer, so
-    # nothing is written for nobody
+    # only now the answer is let go (a second request, straight to the fake, releases it): it
+    # finds the writer gone, never reaches it, and nothing is written for nobody
+    assert http("POST", fake.url + GEN, _body(), headers=hold).status == 200
     _wait_for(lambda: fake_config(fake).stats["aborted"] == 1, what="the fake's answer")
     assert files_under(root) == []
     assert _served(writer) == 1, "one request, one outcome"

@@ -8,16 +8,9 @@ import shutil
 
 import pytest
 
-from .conftest import (
-    fake_config,
-    files_under,
-    free_port,
-    http,
-    metric,
-    mount_tmpfs,
-    umount,
-    wait_for_metric,
-)
+from payloadrun_devkit.mounts import tmpfs
+
+from .conftest import fake_config, files_under, free_port, http, metric, wait_for_metric
 
 GEN = "/inference/v1/generate"
 BIG = {"x-fake-layers": "48", "x-fake-top-k": "8"}  # 384 B of routing per token
@@ -48,11 +41,8 @@ def _assert_inline_fallback(writer, fake, body, reason):
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "small"
-    if not mount_tmpfs(mnt, "size=64k"):
-        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
-    yield mnt
-    umount(mnt)
+    with tmpfs(tmp_path / "small", "size=64k") as mnt:
+        yield mnt
 
 
 def test_disk_full_sends_inline_and_leaves_no_file(fake, small_fs, start_writer):
@@ -66,10 +56,7 @@ def test_disk_full_sends_inline_and_leaves_no_file(fake, small_fs, start_writer)
 
 
 def test_read_only_volume_sends_inline(fake, tmp_path, start_writer):
-    mnt = tmp_path / "ro"
-    if not mount_tmpfs(mnt, "ro,size=64k"):
-        pytest.skip("cannot mount a tmpfs here (needs root and mount rights)")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as mnt:
         writer = start_writer(fake.url, mnt)
         _assert_inline_fallback(writer, fake, _body(f"{mnt}/v1"), "permission")
         ready = http("GET", writer.url + "/readyz")
@@ -77,8 +64,6 @@ def test_read_only_volume_sends_inline(fake, tmp_path, start_writer):
         assert "not writable" in ready.json()["payload_root"]
         assert metric(writer, "payloadrun_writer_payload_root_writable") == 0
         assert http("GET", writer.url + "/healthz").status == 200
-    finally:
-        umount(mnt)
 
 
 def test_volume_gone_sends_inline(fake, root, start_writer):

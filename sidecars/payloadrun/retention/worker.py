@@ -20,9 +20,11 @@ The two sides speak JSON lines over the worker's stdin and stdout (stderr is the
 
 An operation that raised answers ``{"id": n, "error": "..."}``. End of input stops the worker
 after the operations running then. :class:`ProcessDeleter` is the sidecar's side: the same
-methods as :class:`~payloadrun.retention.deleter.LocalDeleter`, each a round trip; a worker
-that died is started again at the next call, and the calls it left unanswered fail with
-:class:`WorkerGoneError` (their files stay in the journal).
+methods as :class:`~payloadrun.retention.deleter.LocalDeleter`, each a round trip. A worker
+that died is started again at the next call. A call that finds its worker gone before the worker
+took it (its input pipe is broken: nothing reads it any more) goes to the new worker; the calls
+the worker may have begun (sent, not answered) fail with :class:`WorkerGoneError`, and their
+files stay in the journal.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ STOP_TIMEOUT_S = 10.0
 # than on 2, and the sidecar went from 0.74-0.80 of raw's best to 0.82-0.87 with 2 lanes
 # (bench/retention.py). The other threads serve other directories.
 UNLINKS_PER_DIRECTORY = 2
+# Workers one call may be offered to: a call that finds its worker gone before the worker took it
+# goes to a new one, but a worker that dies this many times running before it can read a line is
+# broken (its command fails at start, say), and the call fails instead of starting workers forever.
+SEND_ATTEMPTS = 3
 
 
 class WorkerGoneError(RuntimeError):
@@ -191,9 +197,12 @@ class _Worker:
 
     proc: subprocess.Popen[bytes]
     waiting: dict[int, Future[Any]] = field(default_factory=dict)
+    # its input pipe broke: it can take no call, whatever ``poll`` says (``poll`` answers None
+    # while the reply reader is inside ``wait``, even for a process that has exited)
+    gone: bool = False
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self.gone and self.proc.poll() is None
 
 
 class ProcessDeleter:
@@ -271,20 +280,37 @@ class ProcessDeleter:
         with self._lock:
             return self._worker.proc.pid if self._worker is not None else None
 
+    @property
+    def unanswered(self) -> int:
+        """Calls sent to the current worker and not answered yet (a call is counted once it is
+        written to the worker's input)."""
+        with self._lock:
+            return len(self._worker.waiting) if self._worker is not None else 0
+
     # --------------------------------------------------------------------------- the protocol
 
     def _call(self, op: str, **fields: Any) -> Any:
         answer: Future[Any] = Future()
         with self._lock:
-            worker = self._running()
-            self._next_id += 1
-            call_id = self._next_id
-            worker.waiting[call_id] = answer
-            try:
-                _send(worker.proc, {"id": call_id, "op": op, **fields})
-            except OSError as exc:
-                del worker.waiting[call_id]
-                raise WorkerGoneError(f"the deletion worker is gone ({exc})") from exc
+            for attempt in range(1, SEND_ATTEMPTS + 1):
+                worker = self._running()
+                self._next_id += 1
+                call_id = self._next_id
+                worker.waiting[call_id] = answer
+                try:
+                    _send(worker.proc, {"id": call_id, "op": op, **fields})
+                    break
+                except OSError as exc:
+                    # Nothing reads the worker's input: it exited (or is exiting) and never
+                    # took this call, whose line it cannot have read whole. Another worker can.
+                    del worker.waiting[call_id]
+                    self._drop(worker)
+                    if attempt == SEND_ATTEMPTS:
+                        raise WorkerGoneError(
+                            f"the deletion worker is gone ({exc}), {SEND_ATTEMPTS} workers "
+                            "running: each exited before it could take a call (see its errors "
+                            "above, on the sidecar's stderr)"
+                        ) from exc
         reply = answer.result()
         if "error" in reply:
             raise RuntimeError(f"the deletion worker failed {op}: {reply['error']}")
@@ -298,7 +324,7 @@ class ProcessDeleter:
             return self._worker
         if self._worker is not None:
             code = self._worker.proc.returncode
-            log.warning("the deletion worker exited (code %s); starting a new one", code)
+            log.warning("the deletion worker is gone (exit code %s); starting a new one", code)
             self._on_restart()
         proc = subprocess.Popen(
             self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
@@ -308,6 +334,14 @@ class ProcessDeleter:
             target=self._read_replies, args=(worker,), name="retention-worker-replies", daemon=True
         ).start()
         return worker
+
+    @staticmethod
+    def _drop(worker: _Worker) -> None:
+        """Take no more calls to ``worker``, whose input broke (lock held); its reply reader
+        still fails the calls it left unanswered once its output ends."""
+        worker.gone = True
+        with contextlib.suppress(OSError):  # exited already: nothing to stop
+            worker.proc.kill()  # a process that closed its input cannot do any more work
 
     def _read_replies(self, worker: _Worker) -> None:
         """Hand each answer to its caller; when the worker's output ends, fail what is left."""
