@@ -55,7 +55,8 @@ class RetentionVolumeHungError(RetentionError):
     ``policy_updated`` not recorded only keeps files longer (the next step's call consumes every
     batch up to it), a ``record_batch`` or ``discard`` should be retried at the next step.
     ``waited_s``, ``deadline_s`` and ``fenced`` say how long it waited, the sidecar's
-    ``--call-deadline`` and whether the journal was already fenced.
+    ``--call-deadline`` and whether the journal is fenced (by this call or an earlier one: until
+    the volume answers and the journal is read back, calls are refused without waiting).
     """
 
     @property
