@@ -316,9 +316,11 @@ class PayloadReader:
         self._fill_fits: dict[tuple[type, int | float, np.dtype], bool] = {}
 
     def close(self) -> None:
-        """Stop the pools; waits for calls still stuck on a hung volume (their threads)."""
-        self._guard.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+        """Stop the pools: wait for the calls running, but not for those stuck past their
+        deadline on a hung volume (their threads return, and end, when the volume does)."""
+        wait_for_all = not self._hung
+        self._guard.shutdown(wait=wait_for_all)
+        self._pool.shutdown(wait=wait_for_all)
 
     @property
     def hung_reads(self) -> int:
@@ -789,10 +791,5 @@ def read_field(
 ) -> Any:
     """One-off :meth:`PayloadReader.read` with a reader of its own (``deadline_s`` as the
     reader's: 30 s by default, :class:`ReadDeadlineError` past it)."""
-    reader = PayloadReader(root, deadline_s=deadline_s)
-    try:
+    with PayloadReader(root, deadline_s=deadline_s) as reader:
         return reader.read(segments, field, lo, hi, **kwargs)
-    finally:
-        # a read stuck past its deadline leaves its threads behind rather than waiting here
-        reader._guard.shutdown(wait=False)
-        reader._pool.shutdown(wait=False)
