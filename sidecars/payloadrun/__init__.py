@@ -20,6 +20,7 @@ The orchestrator
     ``RetentionClient``, ``AsyncRetentionClient``
         tell the retention sidecar what each batch holds, when the trainer has read it and what
         no batch will read (errors: ``RetentionError``, ``DiscardConflictError``,
+        ``RetentionVolumeHungError`` (the sidecar's volume hung past its deadline: retry later),
         ``RetentionUnavailableError``)
     ``decode_routed_experts``, ``decode_sampling_mask``
         the inline arrays of an answer the writer could not store (``CodecError``)
@@ -28,6 +29,7 @@ The trainer
     ``PayloadReader``
         reads a field of a batch's segments over a token range (``read_field`` for one call);
         errors: ``ShortReadError`` (the file stayed short after retries),
+        ``ReadDeadlineError`` (the volume did not answer within the reader's deadline),
         ``SegmentOverlapError``, ``PayloadPathError`` (a file outside the payload root)
 
 The formats, for both
@@ -81,12 +83,14 @@ _PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "RetentionClient",
             "RetentionError",
             "RetentionUnavailableError",
+            "RetentionVolumeHungError",
         ),
         "payloadrun.codec": ("CodecError", "decode_routed_experts", "decode_sampling_mask"),
     },
     "trainer": {
         "payloadrun.reader": (
             "PayloadReader",
+            "ReadDeadlineError",
             "SegmentOverlapError",
             "ShortReadError",
             "read_field",
@@ -172,6 +176,7 @@ if TYPE_CHECKING:
     from payloadrun.paths import PayloadPathError, payload_dir
     from payloadrun.reader import (
         PayloadReader,
+        ReadDeadlineError,
         SegmentOverlapError,
         ShortReadError,
         read_field,
@@ -182,6 +187,7 @@ if TYPE_CHECKING:
         RetentionClient,
         RetentionError,
         RetentionUnavailableError,
+        RetentionVolumeHungError,
     )
     from payloadrun.segments import (
         MASK_PAD,

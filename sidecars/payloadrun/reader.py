@@ -13,6 +13,16 @@ from NFS). A short read or such an error therefore closes the file, waits, reope
 again, 4 times with backoff 0.1, 0.2, 0.4, 0.8 s, before it raises :class:`ShortReadError` with the
 file, the offset, the byte counts and the last error. Bytes are never returned from a read that
 failed: a segment counts as read only once every one of its bytes came back.
+
+A server that stops answering does not fail calls: it hangs them (an NFS ``hard`` mount for as
+long as the server is away, a GlusterFS client until its ``network.ping-timeout``, 42 s by
+default), and a blocked system call cannot be cancelled. So a call's reads run on a thread of a
+small guard pool and the caller waits for them at most ``deadline_s`` (30 s by default); past it
+the call raises :class:`ReadDeadlineError` with the file, offset and bytes it was reading, and the
+stuck thread is left to return whenever the volume does. At most ``max_hung_reads`` calls may be
+left stuck so: at the cap, the next call raises :class:`ReadDeadlineError` at once, naming the
+oldest hang, instead of queueing behind them (the threads a hang can hold are bounded by
+``max_hung_reads`` guard threads plus the ``max_workers`` of the reader pool).
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ import contextlib
 import errno
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from operator import attrgetter
 from stat import S_ISLNK
 from typing import Any
@@ -35,6 +46,14 @@ from payloadrun.segments import ALLOWED_DTYPES, FIELD_FILL, Segment
 
 DEFAULT_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8)
 DEFAULT_WORKERS = 16
+# A healthy call takes milliseconds to a second (a micro-batch from the page cache or the
+# server); 30 s is far past that, and short of GlusterFS's default ping-timeout (42 s), so a hung
+# brick is reported before the client gives up on it. The retries' backoff counts in it.
+DEFAULT_DEADLINE_S = 30.0
+# calls that may be left stuck on a hung volume before the next one raises at once
+DEFAULT_MAX_HUNG_READS = 4
+# guard threads beyond max_hung_reads: calls made at once from several threads of a trainer
+_GUARD_SPARE = 8
 # A file that takes longer than this to open and read is not in the page cache: hand the rest
 # of the call to the pool (a 1 MiB copy from the page cache takes about 50 us).
 DEFAULT_SLOW_FILE_NS = 200_000
@@ -93,6 +112,52 @@ class ShortReadError(OSError):
         self.expected = expected
         self.received = max(received, 0)
         self.error = error
+
+
+class ReadDeadlineError(TimeoutError):
+    """A read was not done within the reader's deadline: the shared volume hangs.
+
+    ``file``, ``offset`` and ``expected`` name the segment being read when the deadline passed
+    (the first of the call's when it was refused at once), ``waited_s`` how long the call
+    waited, ``deadline_s`` the reader's deadline and ``hung_reads`` how many calls are still
+    stuck on the volume. ``refused`` is True when the call was not attempted because
+    ``max_hung_reads`` calls were already stuck. The stuck read may still write into the call's
+    ``out`` array when the volume answers: do not reuse that buffer.
+    """
+
+    def __init__(
+        self,
+        file: str,
+        offset: int,
+        expected: int,
+        *,
+        deadline_s: float,
+        waited_s: float,
+        hung_reads: int,
+        refused: str | None = None,
+    ):
+        if refused is None:
+            what = (
+                f"was not read within the reader's deadline of {deadline_s:g} s (waited "
+                f"{waited_s:.2f} s): the shared volume is not answering; {hung_reads} read(s) "
+                "are left waiting on it"
+            )
+        else:
+            what = f"was not attempted: {refused}"
+        super().__init__(
+            errno.ETIMEDOUT,
+            f"payload file {file!r}: {expected} bytes at offset {offset} {what}; check the "
+            "shared volume's mount on this node (a hard NFS mount or a GlusterFS brick that "
+            "stopped answering), or raise the deadline (PayloadReader(deadline_s=...)) if reads "
+            "are merely slow",
+        )
+        self.file = file
+        self.offset = offset
+        self.expected = expected
+        self.deadline_s = deadline_s
+        self.waited_s = waited_s
+        self.hung_reads = hung_reads
+        self.refused = refused is not None
 
 
 class SegmentOverlapError(ValueError):
@@ -204,11 +269,16 @@ def _choose(
 class PayloadReader:
     """Reads payload fields from files under one root, with a pool of reader threads.
 
-    A call within one file is read on the caller's thread, where a hand-off would cost more
+    A call within one file is read on one thread, where a further hand-off would cost more
     than it could save; so is a call of several files while they come fast (see
     :meth:`_read_while_fast`). The pool takes the rest once a file is slower than
     ``slow_file_ns``: on the shared filesystem every open is a round trip to the server, and
     only concurrency hides those.
+
+    ``deadline_s`` bounds each call (see the module): the call's reads run on a guard thread
+    and the caller waits at most that long before :class:`ReadDeadlineError`; with None the
+    reads run on the caller's thread and a hung volume hangs the call. ``max_hung_reads`` calls
+    may be left stuck past their deadline; at the cap, calls raise at once.
     """
 
     def __init__(
@@ -219,7 +289,13 @@ class PayloadReader:
         retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
         sleep: Callable[[float], None] = time.sleep,
         slow_file_ns: int = DEFAULT_SLOW_FILE_NS,
+        deadline_s: float | None = DEFAULT_DEADLINE_S,
+        max_hung_reads: int = DEFAULT_MAX_HUNG_READS,
     ) -> None:
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds or None, got {deadline_s!r}")
+        if max_hung_reads < 1:
+            raise ValueError(f"max_hung_reads must be >= 1, got {max_hung_reads!r}")
         self.root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
         self._root = os.fspath(self.root.path)
         self.max_workers = max_workers
@@ -227,12 +303,29 @@ class PayloadReader:
         self.slow_file_ns = slow_file_ns
         self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="payload-read")
+        self.deadline_s = deadline_s
+        self.max_hung_reads = max_hung_reads
+        self._guard = ThreadPoolExecutor(
+            max_hung_reads + _GUARD_SPARE, thread_name_prefix="payload-read-guard"
+        )
+        self._guard_lock = threading.Lock()
+        # calls past their deadline still running: their first segment and since when
+        self._hung: dict[Future, tuple[Segment, float]] = {}
         # (type(fill), fill, dtype) -> fill fits dtype: numpy's cast check costs a microsecond,
         # and a trainer asks the same few questions on every call.
         self._fill_fits: dict[tuple[type, int | float, np.dtype], bool] = {}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Stop the pools: wait for the calls running, but not for those stuck past their
+        deadline on a hung volume (their threads return, and end, when the volume does)."""
+        wait_for_all = not self._hung
+        self._guard.shutdown(wait=wait_for_all)
+        self._pool.shutdown(wait=wait_for_all)
+
+    @property
+    def hung_reads(self) -> int:
+        """Calls past their deadline whose reads have not returned yet."""
+        return len(self._hung)
 
     def __enter__(self) -> PayloadReader:
         return self
@@ -290,10 +383,11 @@ class PayloadReader:
             )
         if not (covered and uniform):
             out.fill(fill)
-        if len(chosen) == 1 and uniform:
-            self._read_one(out, chosen[0], lo)
-        elif chosen:
-            self._read_into(out, chosen, lo, uniform)
+        if chosen:
+            if self.deadline_s is None:
+                self._read_chosen(out, chosen, lo, uniform, {})
+            else:
+                self._read_guarded(out, chosen, lo, uniform)
         if as_torch:
             import torch
 
@@ -309,6 +403,103 @@ class PayloadReader:
                 self._fill_fits[key] = fits
         if not fits:
             raise ValueError(f"fill {fill!r} does not fit the output dtype {out_dtype}")
+
+    def _read_chosen(
+        self,
+        out: np.ndarray,
+        chosen: list[Segment],
+        lo: int,
+        uniform: bool,
+        active: dict[int, Segment],
+    ) -> None:
+        """Read ``chosen`` into ``out``; ``active`` learns which segment each thread reads."""
+        if len(chosen) == 1 and uniform:
+            active[threading.get_ident()] = chosen[0]
+            self._read_one(out, chosen[0], lo)
+        else:
+            self._read_into(out, chosen, lo, uniform, active)
+
+    def _read_guarded(self, out: np.ndarray, chosen: list[Segment], lo: int, uniform: bool) -> None:
+        """The call's reads on a guard thread; raise :class:`ReadDeadlineError` past the deadline
+        (the thread stays stuck, counted against ``max_hung_reads``, until the volume answers).
+
+        The caller waits on a lock the guard thread releases when done: waking from a lock is
+        a few times cheaper than from a future's condition, and a call of one small segment
+        takes tens of microseconds.
+        """
+        deadline = self.deadline_s
+        assert deadline is not None
+        t0 = time.monotonic()
+        active: dict[int, Segment] = {}
+        finished = threading.Lock()
+        finished.acquire()
+        failed: list[BaseException] = []
+        with self._guard_lock:
+            if len(self._hung) >= self.max_hung_reads:
+                raise self._refused(chosen[0], t0)
+            done = self._guard.submit(
+                self._guarded_call, finished, failed, out, chosen, lo, uniform, active
+            )
+        if not finished.acquire(timeout=deadline):
+            with self._guard_lock:
+                if done.cancel():  # queued behind busy guard threads: never started
+                    seg = chosen[0]
+                elif not finished.acquire(blocking=False):
+                    seg = _reading(active, chosen[0])
+                    self._hung[done] = (seg, t0)
+                    done.add_done_callback(self._unhung)
+                else:
+                    seg = None  # it finished just now
+            if seg is not None:
+                raise ReadDeadlineError(
+                    seg.file,
+                    seg.offset,
+                    seg.nbytes,
+                    deadline_s=deadline,
+                    waited_s=time.monotonic() - t0,
+                    hung_reads=len(self._hung),
+                )
+        if failed:
+            raise failed[0]
+
+    def _guarded_call(
+        self,
+        finished: threading.Lock,
+        failed: list[BaseException],
+        out: np.ndarray,
+        chosen: list[Segment],
+        lo: int,
+        uniform: bool,
+        active: dict[int, Segment],
+    ) -> None:
+        active[threading.get_ident()] = chosen[0]  # first: the guard thread's entry
+        try:
+            self._read_chosen(out, chosen, lo, uniform, active)
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            finished.release()
+
+    def _unhung(self, done: Future) -> None:
+        with self._guard_lock:
+            self._hung.pop(done, None)
+
+    def _refused(self, first: Segment, now: float) -> ReadDeadlineError:
+        seg, since = min(self._hung.values(), key=lambda hung: hung[1])
+        return ReadDeadlineError(
+            first.file,
+            first.offset,
+            first.nbytes,
+            deadline_s=self.deadline_s or 0.0,
+            waited_s=0.0,
+            hung_reads=len(self._hung),
+            refused=(
+                f"{len(self._hung)} earlier read(s) are still stuck on the shared volume (the cap, "
+                f"max_hung_reads={self.max_hung_reads}), the oldest on payload file "
+                f"{seg.file!r} ({seg.nbytes} bytes at offset {seg.offset}) for "
+                f"{now - since:.1f} s"
+            ),
+        )
 
     def _read_one(self, out: np.ndarray, seg: Segment, lo: int) -> None:
         """Read one segment whose rows are ``out``'s, straight through on the caller's thread.
@@ -338,8 +529,16 @@ class PayloadReader:
         if is_link:
             self.root.check_version_dir(parent, file)  # raises, naming the symlink
 
-    def _read_into(self, out: np.ndarray, chosen: list[Segment], lo: int, uniform: bool) -> None:
+    def _read_into(
+        self,
+        out: np.ndarray,
+        chosen: list[Segment],
+        lo: int,
+        uniform: bool,
+        active: dict[int, Segment],
+    ) -> None:
         """Read every segment into ``out``; ``uniform``: every segment's rows are ``out``'s."""
+        active[threading.get_ident()] = chosen[0]  # the directories are opened first
         files = list(dict.fromkeys([s.file for s in chosen]))
         singles = len(files) == len(chosen)  # a file per segment, as a micro-batch has
         if singles:
@@ -367,7 +566,7 @@ class PayloadReader:
                     for vdir, name, dfd in zip(vdirs, names, fds, strict=True)
                 ]
             jobs = list(zip(items, names, fds, strict=True))
-            plan = _Plan(out, lo, uniform, singles)
+            plan = _Plan(out, lo, uniform, singles, active)
             if len(jobs) <= 1 or self.max_workers <= 1:
                 self._read_files(plan, jobs)
                 return
@@ -376,7 +575,7 @@ class PayloadReader:
                 return
             chunk = math.ceil(len(jobs) / self.max_workers)
             futures = [
-                self._pool.submit(self._read_files, plan, jobs[i : i + chunk])
+                self._pool.submit(self._read_files_pooled, plan, jobs[i : i + chunk])
                 for i in range(0, len(jobs), chunk)
             ]
             wait(futures)  # every thread has stopped writing into `out` before anything is raised
@@ -429,14 +628,24 @@ class PayloadReader:
             run = min(2 * run, 64)
         return jobs[done:]
 
+    def _read_files_pooled(self, plan: _Plan, jobs: list[_Job]) -> None:
+        """:meth:`_read_files` on a pool thread, which leaves ``plan.active`` once it is done
+        (only a thread still reading is named by a :class:`ReadDeadlineError`)."""
+        try:
+            self._read_files(plan, jobs)
+        finally:
+            plan.active.pop(threading.get_ident(), None)
+
     def _read_files(self, plan: _Plan, jobs: list[_Job]) -> None:
         """One open-read-close pass per file; the retries only for a file that came up short."""
         flat, lo, row_bytes = plan.flat, plan.lo, plan.row_bytes
+        active, me = plan.active, threading.get_ident()
         if flat is not None and plan.singles:
             # The common shape of a call (a file per sample, rows that are the output's) read
             # with nothing between the system calls: the first of the attempts.
             open_, preadv, close = os.open, os.preadv, os.close
             for seg, name, dfd in jobs:
+                active[me] = seg
                 start = (seg.pos - lo) * row_bytes
                 nbytes = seg.rows * row_bytes
                 view = flat[start : start + nbytes]
@@ -461,6 +670,7 @@ class PayloadReader:
             return
         target = plan.target
         for item, name, dfd in jobs:
+            active[me] = item if plan.singles else item[0]
             targets = [target(item)] if plan.singles else [target(seg) for seg in item]
             pending, short = _read_once(name, dfd, targets)
             if pending:
@@ -481,10 +691,18 @@ class PayloadReader:
 class _Plan:
     """Where each segment's bytes go in one call's output array."""
 
-    __slots__ = ("flat", "lo", "out", "row_bytes", "singles", "uniform")
+    __slots__ = ("active", "flat", "lo", "out", "row_bytes", "singles", "uniform")
 
-    def __init__(self, out: np.ndarray, lo: int, uniform: bool, singles: bool) -> None:
+    def __init__(
+        self,
+        out: np.ndarray,
+        lo: int,
+        uniform: bool,
+        singles: bool,
+        active: dict[int, Segment],
+    ) -> None:
         self.out = out
+        self.active = active  # thread id -> the segment it is reading (for ReadDeadlineError)
         self.singles = singles  # jobs hold a segment each, else a list of a file's segments
         self.lo = lo
         self.uniform = uniform
@@ -504,6 +722,13 @@ class _Plan:
             return seg, memoryview(dest).cast("B"), None
         buf = np.empty((seg.rows, *seg.shape), dtype=seg.dtype)
         return seg, memoryview(buf).cast("B"), (dest[(slice(None), *map(slice, seg.shape))], buf)
+
+
+def _reading(active: dict[int, Segment], first: Segment) -> Segment:
+    """The segment a stuck call is waiting on: a pool thread's (the guard thread, whose entry
+    comes first, waits for those) before the guard thread's own, else the call's first."""
+    entries = list(active.values())  # a copy: the call's threads may still be writing it
+    return entries[1] if len(entries) > 1 else entries[0] if entries else first
 
 
 # (the file's segment, or its list of segments; its name, relative to the version directory's
@@ -561,8 +786,10 @@ def read_field(
     hi: int,
     *,
     root: PayloadRoot | str | os.PathLike[str],
+    deadline_s: float | None = DEFAULT_DEADLINE_S,
     **kwargs: Any,
 ) -> Any:
-    """One-off :meth:`PayloadReader.read` with a reader of its own."""
-    with PayloadReader(root) as reader:
+    """One-off :meth:`PayloadReader.read` with a reader of its own (``deadline_s`` as the
+    reader's: 30 s by default, :class:`ReadDeadlineError` past it)."""
+    with PayloadReader(root, deadline_s=deadline_s) as reader:
         return reader.read(segments, field, lo, hi, **kwargs)

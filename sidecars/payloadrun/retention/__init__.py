@@ -21,6 +21,7 @@ from payloadrun.retention.client import (
     RetentionClient,
     RetentionError,
     RetentionUnavailableError,
+    RetentionVolumeHungError,
 )
 from payloadrun.retention.policy import min_fresh_version
 
@@ -30,5 +31,6 @@ __all__ = [
     "RetentionClient",
     "RetentionError",
     "RetentionUnavailableError",
+    "RetentionVolumeHungError",
     "min_fresh_version",
 ]

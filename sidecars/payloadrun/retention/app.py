@@ -2,8 +2,11 @@
 
 The API listens on 127.0.0.1 by default: only the orchestrator in the same pod may tell it to
 delete files. ``/metrics`` is read-only and served on a separate port so Prometheus can scrape
-it from outside the pod. Handlers run the service's calls directly: each is a validation, one
-fsynced journal append and a queue insertion, never an unlink.
+it from outside the pod. Handlers run the service's journaled calls on threads: each is a
+validation, one fsynced journal append and a queue insertion, never an unlink, and waits for its
+append at most ``--call-deadline`` (then 503 ``volume_hung``). ``/metrics``, the probes and
+``/v1/status`` touch neither the volume nor a lock held across a system call, so they answer
+while the volume hangs.
 
 Endpoints (JSON in, JSON out; errors are ``{"error": message, ...}``):
 
@@ -14,7 +17,8 @@ Endpoints (JSON in, JSON out; errors are ``{"error": message, ...}``):
   metrics port.
 
 Errors: a request the service refuses as sent (:class:`BadRequestError`) is 400, a discard a
-batch holds 409, a service not running or a journal that cannot be written 503; anything else
+batch holds 409, a service not running or a journal that cannot be written 503 (a hung volume:
+503 with ``reason: volume_hung``, ``waited_s``, ``deadline_s`` and ``fenced``); anything else
 is the service's own failure, 500, logged with its traceback (never a 4xx: that would tell the
 client to fix a request that was fine).
 
@@ -42,6 +46,7 @@ from payloadrun.retention.service import (
     RefusedPathError,
     RetentionService,
     ServiceUnavailableError,
+    VolumeHungError,
 )
 from payloadrun.serving import Listener
 from payloadrun.settings import Env
@@ -102,6 +107,8 @@ def build_api_app(service: RetentionService) -> web.Application:
         except BadRequestError as exc:
             service.metrics.refused.labels("bad_request").inc()
             return _error(400, str(exc))
+        except VolumeHungError as exc:
+            return _error(503, str(exc), **exc.body())
         except ServiceUnavailableError as exc:
             return _error(503, str(exc))
         except OSError as exc:
@@ -122,18 +129,22 @@ def build_api_app(service: RetentionService) -> web.Application:
                 f"{type(exc).__name__}: {exc}; see its log",
             )
 
+    # The journaled calls run on threads: each waits for its append at most the service's
+    # call deadline, and meanwhile this loop goes on answering the others, /v1/status and
+    # the probes (the metrics server shares the loop).
     async def batches(request: web.Request) -> web.Response:
         body = await _body(request, ("step", "files"))
-        result = service.record_batch(body["step"], _files(body), empty=body.get("empty", False))
+        files, empty = _files(body), body.get("empty", False)
+        result = await asyncio.to_thread(service.record_batch, body["step"], files, empty=empty)
         return web.json_response(result)
 
     async def policy(request: web.Request) -> web.Response:
         body = await _body(request, ("step",))
-        return web.json_response(service.policy_updated(body["step"]))
+        return web.json_response(await asyncio.to_thread(service.policy_updated, body["step"]))
 
     async def discard(request: web.Request) -> web.Response:
         body = await _body(request, ("files",))
-        return web.json_response(service.discard(_files(body)))
+        return web.json_response(await asyncio.to_thread(service.discard, _files(body)))
 
     async def status(_: web.Request) -> web.Response:
         return web.json_response(service.status())

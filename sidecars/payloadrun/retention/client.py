@@ -5,7 +5,9 @@ once the event is journaled, so a returned call is durable. Every call is idempo
 batch again adds nothing, an old policy step is ignored, a file already gone is fine), so a
 connection error is retried a few times with backoff before :class:`RetentionUnavailableError`.
 HTTP errors are not retried: 400 (a path outside the root) and 409 (discarding a file a pending
-batch holds) are caller bugs, raised as :class:`RetentionError` / :class:`DiscardConflictError`.
+batch holds) are caller bugs, raised as :class:`RetentionError` / :class:`DiscardConflictError`;
+a 503 because the shared volume hangs is raised at once, within the sidecar's ``--call-deadline``
+(5 s by default, below the clients' 10 s timeout), as :class:`RetentionVolumeHungError`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,36 @@ class DiscardConflictError(RetentionError):
         return {c["file"]: c["step"] for c in self.body.get("conflicts", [])}
 
 
+class RetentionVolumeHungError(RetentionError):
+    """503 ``volume_hung``: the sidecar could not journal the event within its deadline because
+    the shared volume under its journal hangs (or its journal is fenced after such a call).
+
+    The event was not acknowledged and may or may not have been recorded; every call is
+    idempotent, so retry it later with the same arguments. The orchestrator need not wait: a
+    ``policy_updated`` not recorded only keeps files longer (the next step's call consumes every
+    batch up to it), a ``record_batch`` or ``discard`` should be retried at the next step.
+    ``waited_s``, ``deadline_s`` and ``fenced`` say how long it waited, the sidecar's
+    ``--call-deadline`` and whether the journal is fenced (by this call or an earlier one: until
+    the volume answers and the journal is read back, calls are refused without waiting).
+    """
+
+    @property
+    def waited_s(self) -> float:
+        return float(self.body.get("waited_s", 0.0))
+
+    @property
+    def deadline_s(self) -> float:
+        return float(self.body.get("deadline_s", 0.0))
+
+    @property
+    def fenced(self) -> bool:
+        return bool(self.body.get("fenced", False))
+
+
+# the "reason" of the sidecar's 503 for a hung volume (payloadrun.retention.service.VOLUME_HUNG)
+VOLUME_HUNG = "volume_hung"
+
+
 class RetentionUnavailableError(ConnectionError):
     """The sidecar could not be reached (after the retries)."""
 
@@ -61,6 +93,8 @@ def _raise_for(status: int, payload: bytes, what: str) -> dict[str, Any]:
         body = {"error": payload[:300].decode(errors="replace")}
     if status == 409:
         raise DiscardConflictError(status, body, what)
+    if status == 503 and body.get("reason") == VOLUME_HUNG:
+        raise RetentionVolumeHungError(status, body, what)
     if status >= 400:
         raise RetentionError(status, body, what)
     return body

@@ -30,6 +30,10 @@ COMMAND = "retention"
 # directories (``payloadrun wipe`` removes exactly these and the ``v<k>``).
 STATE_DIR = ".retention"  # the journal's directory, unless --state-dir puts it elsewhere
 TRASH_DIR = ".retention-trash"  # version directories a fresh run moved aside, being deleted
+# How long an API call may wait on the journal's volume before it is answered 503: a healthy
+# fdatasync on a network volume takes milliseconds (hundreds under load), and the clients' own
+# timeout is 10 s, so the caller always gets the sidecar's reason rather than its own timeout.
+CALL_DEADLINE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,16 @@ class RetentionConfig:
         env=Env.RETENTION_COMPACT_BYTES,
         parse=parse_int,
         minimum=0,
+    )
+    call_deadline_s: float = setting(
+        CALL_DEADLINE_S,
+        help="seconds an API call may wait on the journal's volume; past it the call is answered "
+        "503 (volume_hung) and the journal is fenced until it has been read back",
+        flag="--call-deadline",
+        env=Env.RETENTION_CALL_DEADLINE,
+        parse=parse_float,
+        metavar="SECONDS",
+        minimum=1e-3,
     )
     # files per message to the deletion worker: large enough that a message's round trip is
     # small beside its unlinks (bench/retention.py), small enough to spread a step over threads

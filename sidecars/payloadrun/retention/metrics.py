@@ -1,8 +1,9 @@
 """The retention sidecar's Prometheus metrics, in a registry of their own per service.
 
 Names follow the project's convention: prefix ``payloadrun_retention_``, base units, ``_total``
-on counters; the only labels are ``reason`` (consumed, discarded, backstop, wipe) and ``error``
-(a handful of failure classes), so every series is bounded. Values that live in the service
+on counters; the only labels are ``reason`` (consumed, discarded, backstop, wipe), ``error``
+(a handful of failure classes) and ``call`` (the three journaled calls), so every series is
+bounded. Values that live in the service
 (policy step, pending batches, directory size) are read at scrape time through callbacks, never by
 walking the tree: the directory figures come from accounting corrected by a periodic scan. The
 step gauges (newest recorded, oldest pending, and the configured ``max_off_policy_steps``) let an
@@ -25,6 +26,8 @@ WRITE_ERROR_LABELS = ("no_space", "permission", "volume_gone", "io_error")
 # payloadrun.retention.deleter.error_reason: why an unlink failed
 # and "worker_gone": the deletion worker process exited before answering
 ERROR_LABELS = (*WRITE_ERROR_LABELS, "not_a_directory", "is_a_directory", "worker_gone")
+# the API calls that journal an event (the "call" label of volume_hung_answers)
+CALLS = ("record_batch", "policy_updated", "discard")
 
 
 class RetentionMetrics:
@@ -123,6 +126,25 @@ class RetentionMetrics:
             ["error"],
             registry=registry,
         )
+        self.volume_hung = Counter(
+            p + "volume_hung_answers",
+            "API calls answered 503 because the journal's volume hung: the call outlived "
+            "--call-deadline, or the journal was fenced after one that did; by call.",
+            ["call"],
+            registry=registry,
+        )
+        self.journal_fenced = gauge(
+            "journal_fenced",
+            "1 while the journal takes no appends (an append outlived its deadline and the "
+            "journal has not been read back yet), else 0.",
+        )
+        self.journal_replays = Counter(
+            p + "journal_fence_replays",
+            "Times the journal was read back and the state rebuilt from it to lift a fence.",
+            registry=registry,
+        )
+        for call in CALLS:
+            self.volume_hung.labels(call)
         for reason in Reason:
             self.deleted_files.labels(reason.value)
             self.deleted_bytes.labels(reason.value)
