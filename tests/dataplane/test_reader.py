@@ -313,7 +313,8 @@ def test_read_field_one_off(root):
 @pytest.mark.parametrize(("slow_file_ns", "on_pool"), [(0, 299), (3600 * 10**9, 0)])
 def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns, on_pool):
     """Files go to the pool after the first run of files slower than slow_file_ns a file (any
-    file is slower than 0 ns, none takes an hour); before, on the caller's thread."""
+    file is slower than 0 ns, none takes an hour); before, on the thread that runs the call (the
+    deadline's guard thread: a read may block on a hung mount, so the caller never reads)."""
     rng = np.random.default_rng(5)
     expected = rng.integers(0, 256, (300, 6, 2)).astype(np.uint8)
     segs = [write(root, i % 3, "routed_experts", expected[i : i + 1], pos=i) for i in range(300)]
@@ -322,7 +323,9 @@ def test_many_files_on_the_pool_once_one_is_slow(root, monkeypatch, slow_file_ns
 
     def recording_open(path, *args, **kwargs):
         if str(path).endswith(".bin"):
-            opened_by.append(threading.current_thread() is threading.main_thread())
+            name = threading.current_thread().name
+            assert name.startswith("payload-read"), f"a read on {name}, not the reader's threads"
+            opened_by.append(name.startswith("payload-read-guard"))
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", recording_open)
