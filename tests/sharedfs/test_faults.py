@@ -114,7 +114,7 @@ def test_the_writer_answers_inline_while_the_brick_is_away_then_by_handle_again(
                 assert via[1]["x-payloadrun-fallback"] == "volume_gone"
                 assert via[2] == direct[2], "the inline answer is vLLM's own, nothing lost"
             status, body = get(proc.url + "/readyz", timeout=60)
-            assert status == 503 and b"not writable" in body
+            assert status == 200, f"readiness never depends on the volume (issue 33): {body!r}"
         finally:
             fault.end()
         via, direct, prompt_len = _by_handle_again(proc, fake, run_root)

@@ -189,6 +189,17 @@ def metric(server: ServerThread, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+def wait_for_metric(server: ServerThread, name: str, value: float, timeout: float = 20.0) -> None:
+    """Wait until the writer's metric ``name`` (no labels) is ``value``: a fact, not a sleep."""
+    registry = server.app[WRITER_KEY].metrics.registry
+    deadline = time.monotonic() + timeout
+    while registry.get_sample_value(name) != value:
+        assert time.monotonic() < deadline, (
+            f"{name} is {registry.get_sample_value(name)}, not {value}, after {timeout} s"
+        )
+        time.sleep(0.005)
+
+
 def files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
 

@@ -110,7 +110,7 @@ def test_a_client_that_hangs_up_mid_stream(writer, fake, logs):
 
 def test_a_file_written_for_a_client_that_left_is_deleted(writer, fake, root, logs, monkeypatch):
     """The client leaves while its payload is being written: the file goes with it."""
-    original = writer_server.rewrite_response
+    original = writer_server.write_prepared
 
     started, written = [], []
 
@@ -122,7 +122,7 @@ def test_a_file_written_for_a_client_that_left_is_deleted(writer, fake, root, lo
         written.append(result.file)
         return result
 
-    monkeypatch.setattr(writer_server, "rewrite_response", slow_rewrite)
+    monkeypatch.setattr(writer_server, "write_prepared", slow_rewrite)
     _send_and_hang_up(writer.url, _body(f"{root}/v1"), {}, when=lambda: started)
     _wait_for(lambda: _disconnected(writer) == 1)
     _wait_for(lambda: written)

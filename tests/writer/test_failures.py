@@ -8,7 +8,16 @@ import shutil
 
 import pytest
 
-from .conftest import fake_config, files_under, free_port, http, metric, mount_tmpfs, umount
+from .conftest import (
+    fake_config,
+    files_under,
+    free_port,
+    http,
+    metric,
+    mount_tmpfs,
+    umount,
+    wait_for_metric,
+)
 
 GEN = "/inference/v1/generate"
 BIG = {"x-fake-layers": "48", "x-fake-top-k": "8"}  # 384 B of routing per token
@@ -64,8 +73,9 @@ def test_read_only_volume_sends_inline(fake, tmp_path, start_writer):
         writer = start_writer(fake.url, mnt)
         _assert_inline_fallback(writer, fake, _body(f"{mnt}/v1"), "permission")
         ready = http("GET", writer.url + "/readyz")
-        assert ready.status == 503
+        assert ready.status == 200, "readiness never depends on the volume"
         assert "not writable" in ready.json()["payload_root"]
+        assert metric(writer, "payloadrun_writer_payload_root_writable") == 0
         assert http("GET", writer.url + "/healthz").status == 200
     finally:
         umount(mnt)
@@ -81,15 +91,16 @@ def test_volume_gone_sends_inline(fake, root, start_writer):
 
 def test_root_missing_at_start_then_mounted(fake, tmp_path, start_writer):
     root = tmp_path / "later"
-    writer = start_writer(fake.url, root)
+    writer = start_writer(fake.url, root, root_probe_interval=0.01)
     ready = http("GET", writer.url + "/readyz")
-    assert ready.status == 503 and "is not a directory" in ready.json()["payload_root"]
+    assert ready.status == 200 and "is not a directory" in ready.json()["payload_root"]
     assert http("GET", writer.url + "/healthz").status == 200
     _assert_inline_fallback(writer, fake, _body(f"{root}/v1"), "volume_gone")
     root.mkdir()
-    assert http("GET", writer.url + "/readyz").status == 200
     reply = http("POST", writer.url + GEN, _body(f"{root}/v1"))
     assert reply.headers["x-payloadrun-mode"] == "handle"
+    wait_for_metric(writer, "payloadrun_writer_payload_root_writable", 1)
+    assert http("GET", writer.url + "/readyz").json()["payload_root"] == "ok"
 
 
 def test_readiness_follows_vllm_health(writer, fake):

@@ -42,6 +42,9 @@ FALLBACK_REASONS = (
     "bad_payload",  # an inline array could not be decoded or placed
     "bad_response",  # the upstream body is not a JSON completion
     "content_encoding",  # the upstream body is in a content coding the writer cannot read
+    "write_timeout",  # the write did not finish within --write-deadline
+    "breaker_open",  # writes hung lately: the volume is skipped until a probe write succeeds
+    "write_threads_full",  # every write thread is held by a write still blocked past its deadline
 )
 
 
@@ -130,15 +133,24 @@ def parse_response(body: Body) -> Any:
     return json.loads(_sendable(body))
 
 
-def rewrite_response(
-    store: PayloadStore | None, plan: RequestPlan, answer: CodedBody
-) -> RewriteResult:
-    """Take the inline arrays off a vLLM response, write them, and return the smaller body.
+@dataclass(slots=True)
+class Prepared:
+    """A by-handle answer parsed and planned, its arrays not yet written: what the write needs,
+    and ``body`` (decoded) to send back inline instead when the write does not happen in time."""
 
-    Whatever goes wrong, the caller gets a body to send: the original one, untouched, with the
-    reason it stayed inline. No response is lost to a full disk or a missing volume. A body in
-    a content coding is decoded first; one the writer cannot decode goes back as received,
-    coding and all (the client may read what the writer cannot).
+    body: Body
+    response: Any
+    payload: Any  # plan.PayloadPlan
+
+
+def prepare_response(
+    store: PayloadStore | None, plan: RequestPlan, answer: CodedBody
+) -> Prepared | RewriteResult:
+    """Decode, parse and plan vLLM's answer; a :class:`RewriteResult` when it goes back as it is
+    (nothing to write, or it cannot be taken apart), else what :func:`write_prepared` writes.
+
+    A body in a content coding is decoded first; one the writer cannot decode goes back as
+    received, coding and all (the client may read what the writer cannot).
     """
     try:
         body = answer.decoded(ANSWER_DECODE_LIMIT)
@@ -157,6 +169,14 @@ def rewrite_response(
         return RewriteResult(Mode.INLINE, _sendable(body))
     if store is None:
         return _inline(body, "volume_gone", "the payload root is not available")
+    return Prepared(body, response, payload)
+
+
+def write_prepared(store: PayloadStore, plan: RequestPlan, prepared: Prepared) -> RewriteResult:
+    """Write the arrays of a prepared answer to one file and return the smaller body (or the
+    original one, inline, with the reason the write failed). Touches the volume: the server runs
+    it on its write threads, under the write deadline."""
+    body, response, payload = prepared.body, prepared.response, prepared.payload
     started = time.perf_counter()
     try:
         segments = store.write(plan.payload_dir, payload.parts)
@@ -177,3 +197,25 @@ def rewrite_response(
         file=segments[0].file if segments else None,
         reduction=max(0, len(body) - len(sent)),
     )
+
+
+def inline_instead(prepared: Prepared, reason: str, detail: str) -> RewriteResult:
+    """vLLM's answer as it would go back inline, for a write that did not happen in time."""
+    return _inline(prepared.body, reason, detail)
+
+
+def rewrite_response(
+    store: PayloadStore | None, plan: RequestPlan, answer: CodedBody
+) -> RewriteResult:
+    """Take the inline arrays off a vLLM response, write them, and return the smaller body.
+
+    Whatever goes wrong, the caller gets a body to send: the original one, untouched, with the
+    reason it stayed inline. No response is lost to a full disk or a missing volume. The three
+    steps in one call, on one thread, with no deadline: the server splits them
+    (:func:`prepare_response` on the request pool, :func:`write_prepared` on its write threads).
+    """
+    prepared = prepare_response(store, plan, answer)
+    if isinstance(prepared, RewriteResult):
+        return prepared
+    assert store is not None
+    return write_prepared(store, plan, prepared)

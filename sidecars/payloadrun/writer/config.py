@@ -87,6 +87,51 @@ class WriterConfig:
         minimum=1,
         metavar="BYTES",
     )
+    # None (in code only): writes run on the request pool with no deadline and no breaker, as
+    # before issue 33; bench/writer_deadline.py measures that path against this one.
+    write_deadline: float | None = setting(
+        5.0,
+        help="seconds a by-handle write (create, write, fsync, close) may take; an answer whose "
+        "write is not done by then goes back inline at once (fallback reason write_timeout), "
+        "and the file of the late write is removed when the write returns. Also the deadline "
+        "of each probe of the payload root",
+        flag="--write-deadline",
+        env=Env.WRITER_WRITE_DEADLINE,
+        parse=parse_float,
+        minimum=1e-3,
+    )
+    write_threads: int = setting(
+        16,
+        help="threads that write payload files, apart from the request pool; a write blocked "
+        "past its deadline holds its thread until the kernel lets go, so this caps what a hung "
+        "volume can hold. While every one is held, answers go inline at once (fallback reason "
+        "write_threads_full)",
+        flag="--write-threads",
+        env=Env.WRITER_WRITE_THREADS,
+        parse=parse_int,
+        minimum=1,
+    )
+    breaker_cooldown: float = setting(
+        5.0,
+        help="seconds the writer skips the volume after a write missed its deadline (answers "
+        "inline, fallback reason breaker_open); then one request at a time probes it, and the "
+        "first write done in time closes the breaker",
+        flag="--breaker-cooldown",
+        env=Env.WRITER_BREAKER_COOLDOWN,
+        parse=parse_float,
+        minimum=0.0,
+    )
+    root_probe_interval: float = setting(
+        10.0,
+        help="seconds between probes of the payload root (a file created and deleted on a "
+        "thread of its own, never the request pool; a probe not done within --write-deadline "
+        "marks the root not writable). The result is a metric, a log line per change and a "
+        "field of /readyz's body: readiness never depends on the volume",
+        flag="--root-probe-interval",
+        env=Env.WRITER_ROOT_PROBE_INTERVAL,
+        parse=parse_float,
+        minimum=1e-3,
+    )
     health_timeout: float = 2.0
     max_request_bytes: int = 256 * 1024 * 1024
 

@@ -18,6 +18,7 @@ from payloadrun.writer.plan import Mode
 
 PREFIX = "payloadrun_writer_"
 UPSTREAM_FAILURES = ("unreachable", "timeout", "broken")
+LATE_WRITE_OUTCOMES = ("removed", "failed")
 # Write-and-fsync of one file: from a small response on local disk to tens of MB on NFS.
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # The writer's work on one answer: 1 ms (a small one) to seconds (tens of MB on a slow volume).
@@ -118,6 +119,56 @@ class WriterMetrics:
             "Seconds answers spent waiting for the in-flight budget, summed.",
             registry=r,
         )
+        self.root_writable = Gauge(
+            PREFIX + "payload_root_writable",
+            "1 when the last probe of the payload root created and deleted a file in time, 0 "
+            "when it failed or hung, -1 before the first probe. Information only: readiness "
+            "never depends on it.",
+            registry=r,
+        )
+        self.root_writable.set(-1)
+        self.root_last_writable = Gauge(
+            PREFIX + "payload_root_last_writable_timestamp_seconds",
+            "Unix time of the last probe that found the payload root writable (0: none yet).",
+            registry=r,
+        )
+        self.write_deadline = Gauge(
+            PREFIX + "write_deadline_seconds",
+            "--write-deadline: seconds a by-handle write may take before its answer goes "
+            "inline (0: no deadline).",
+            registry=r,
+        )
+        self.write_threads_cap = Gauge(
+            PREFIX + "write_threads_max",
+            "--write-threads: the most threads volume calls may hold at once.",
+            registry=r,
+        )
+        self.write_threads_held = Gauge(
+            PREFIX + "write_threads_held",
+            "Volume calls still blocked past their deadline: threads a hung volume holds. At "
+            "write_threads_max, answers go inline at once (write_threads_full).",
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            PREFIX + "write_breaker_state",
+            "The write breaker: 1 for its state now (closed, open, half_open), 0 for the others.",
+            ["state"],
+            registry=r,
+        )
+        self.breaker_opened = Counter(
+            PREFIX + "write_breaker_opened",
+            "Times the write breaker opened: a volume call missed its deadline.",
+            registry=r,
+        )
+        self.late_writes = Counter(
+            PREFIX + "late_writes",
+            "Writes that returned after their deadline (their answers went inline): removed "
+            "(written, then its file removed) or failed (returned an error, nothing to remove).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in LATE_WRITE_OUTCOMES:
+            self.late_writes.labels(outcome=outcome)
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
             self.payload_bytes.labels(field=name)
         for reason in FALLBACK_REASONS:
@@ -128,6 +179,8 @@ class WriterMetrics:
             self.response_bytes.labels(mode=mode.value)
         for mode in (Mode.HANDLE, Mode.INLINE):
             self.response_work_seconds.labels(mode=mode.value)
+            # from 0, so that the share of answers sent inline (an alert) counts the first ones
+            self.requests.labels(mode=mode.value, code="200")
 
     def request(self, mode: Mode, status: int) -> None:
         self.requests.labels(mode=mode.value, code=str(status)).inc()

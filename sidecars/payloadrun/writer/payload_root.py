@@ -27,6 +27,11 @@ class StoreHolder:
         self._lock = threading.Lock()
         self.error = f"no payload root configured: set --payload-root or {Env.PAYLOAD_ROOT}"
 
+    @property
+    def opened(self) -> PayloadStore | None:
+        """The store if it was opened, without touching the volume (safe on the event loop)."""
+        return self._store
+
     def get(self) -> PayloadStore | None:
         if self._store is not None or self.root is None:
             return self._store

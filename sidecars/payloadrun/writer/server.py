@@ -43,14 +43,24 @@ from aiohttp import web
 from yarl import URL
 
 from payloadrun import serving
+from payloadrun.paths import PayloadPathError
 from payloadrun.serving import Listener
 from payloadrun.settings import Env
 from payloadrun.store import PayloadStore
 from payloadrun.vllm import HEALTH_PATH as VLLM_HEALTH_PATH
 from payloadrun.vllm import error_response
 from payloadrun.writer import content_coding
-from payloadrun.writer.blocking import RewriteResult, admit_request, rewrite_response
+from payloadrun.writer.blocking import (
+    Prepared,
+    RewriteResult,
+    admit_request,
+    inline_instead,
+    prepare_response,
+    rewrite_response,
+    write_prepared,
+)
 from payloadrun.writer.body import CodedBody, UpstreamAnswer, read_answer
+from payloadrun.writer.breaker import Admission, Breaker, BreakerState, admit_write
 from payloadrun.writer.budget import (
     InFlightBudget,
     container_memory_limit,
@@ -62,6 +72,8 @@ from payloadrun.writer.forwarding import is_chunked, request_headers, response_h
 from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.payload_root import StoreHolder, probe_root
 from payloadrun.writer.plan import Endpoint, Mode, RequestError, RequestPlan, endpoint_of
+from payloadrun.writer.root_monitor import RootHealth, RootMonitor
+from payloadrun.writer.write_threads import HeldThreads, WriteThreads
 
 log = logging.getLogger("payloadrun.writer")
 
@@ -72,6 +84,8 @@ FALLBACK_HEADER = "X-Payloadrun-Fallback"
 # The status a request is counted with when its client went away (nginx's "client closed
 # request"); never sent.
 CLIENT_CLOSED = 499
+# The deadline of the root monitor's probes when writes have none (``write_deadline=None``).
+PROBE_DEADLINE_WITHOUT_WRITE_DEADLINE = 5.0
 # The server options the proxy needs: request bodies as received (a transparent proxy forwards
 # a compressed body untouched), and a handler cancelled when its client hangs up (so that the
 # upstream request is cancelled too and nothing is written for nobody).
@@ -85,6 +99,19 @@ class Writer:
         self.config = config
         self.metrics = metrics or WriterMetrics()
         self.holder = StoreHolder(config.payload_root)
+        self.monitor = RootMonitor(
+            functools.partial(probe_root, self.holder),
+            interval=config.root_probe_interval,
+            deadline=self.probe_deadline,
+            on_probe=self._root_probed,
+        )
+        self.breaker = Breaker(config.breaker_cooldown)
+        self._opened_counted = 0
+        self.write_threads = WriteThreads(config.write_threads)
+        self.held = HeldThreads(self.metrics.write_threads_held.set)
+        self.metrics.write_threads_cap.set(config.write_threads)
+        self.metrics.write_deadline.set(config.write_deadline or 0)
+        self._breaker_changed()
         self.upstream = URL(config.upstream.rstrip("/"))
         self.session: aiohttp.ClientSession | None = None
         self.executor: ThreadPoolExecutor | None = None
@@ -96,6 +123,15 @@ class Writer:
         self.metrics.in_flight_bytes.set(in_flight)
         self.metrics.in_flight_peak_bytes.set(self.budget.peak)
         self.metrics.budget_waiting.set(waiting)
+
+    @property
+    def probe_deadline(self) -> float:
+        return self.config.write_deadline or PROBE_DEADLINE_WITHOUT_WRITE_DEADLINE
+
+    def _root_probed(self, health: RootHealth) -> None:
+        self.metrics.root_writable.set(1 if health.writable else 0)
+        if health.last_ok is not None:
+            self.metrics.root_last_writable.set(health.last_ok)
 
     # --- lifecycle (serving.lifecycle: before the address is bound, after it closed) ---
 
@@ -113,9 +149,17 @@ class Writer:
             auto_decompress=False,  # passthrough is byte for byte, compressed or not
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
         )
-        await self.run(self.holder.get)  # open the store now when the root is there
+        # The monitor's first probe opens the store when the root is there; the writer serves
+        # after it answered or timed out (a hung mount delays the start by the deadline only).
+        if self.config.payload_root is None:  # nothing to watch: every answer goes inline
+            self.metrics.root_writable.set(0)
+            return
+        self.monitor.start()
+        await asyncio.to_thread(self.monitor.wait_first, self.probe_deadline + 1.0)
 
     async def stop(self) -> None:
+        self.monitor.stop()
+        self.write_threads.shutdown()
         if self.session is not None:
             await self.session.close()
         if self.executor is not None:
@@ -132,14 +176,22 @@ class Writer:
         return serving.health_response()
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        upstream_problem, root_problem = await asyncio.gather(
-            self._upstream_problem(), self.run(probe_root, self.holder)
-        )
+        """Ready when the proxy listens (it answers this) and vLLM answers its health check.
+
+        The payload root's health is in the body as information (the monitor's last probe), never
+        in the status: a volume outage means inline answers, not a pod out of its Service.
+        """
+        upstream_problem = await self._upstream_problem()
         return serving.ready_response(
-            upstream_problem is None and root_problem is None,
+            upstream_problem is None,
             upstream=upstream_problem or "ok",
-            payload_root=root_problem or "ok",
+            payload_root=self._root_health(),
         )
+
+    def _root_health(self) -> str:
+        if self.config.payload_root is None:
+            return f"not writable: {self.holder.error}"
+        return self.monitor.health.describe()
 
     async def _upstream_problem(self) -> str | None:
         assert self.session is not None
@@ -196,6 +248,76 @@ class Writer:
         store = self.holder.get()
         return store, admit_request(store, endpoint, body, self.config.max_request_bytes)
 
+    async def _admission(
+        self, endpoint: Endpoint, body: CodedBody
+    ) -> tuple[PayloadStore | None, RequestPlan | None, str | None]:
+        """The request's plan (parsed on the request pool) and, by handle, the store with the
+        request's ``payload_dir`` checked on the volume (on the write threads, under the
+        deadline and the breaker). A check skipped or late leaves the path to the write, which
+        checks it again (a symlink found then sends the answer inline, nothing written).
+
+        The third value is the fallback reason when the volume is not to be touched for this
+        request (the check was late, or the breaker or the thread cap said skip): its answer
+        then goes inline without a write.
+        """
+        if self.config.write_deadline is None:
+            return (*await self.run(self._admit, endpoint, body), None)
+        limit = self.config.max_request_bytes
+        plan = await self.run(admit_request, None, endpoint, body, limit)
+        if plan is None:  # a streaming request's payload_dir is checked too (it then passes)
+            return None, plan, None
+        outcome, store = await self._on_volume(check_payload_dir, self.holder, plan)
+        if outcome != DONE:  # not touching the volume: the store if it was opened before
+            return self.holder.opened, plan, outcome
+        return store, plan, None
+
+    async def _on_volume(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        when_late: Callable[[Any], None] | None = None,
+        when_abandoned: Callable[[Any], None] | None = None,
+    ) -> tuple[str, T | None]:
+        """Run ``fn(*args)``, which touches the payload volume, on the write threads under the
+        deadline and the breaker: ``(DONE, its result)``, ``(LATE, None)`` when it missed the
+        deadline (``when_late(result)`` then runs on its thread when it returns, before its
+        thread counts as free), or ``(reason, None)`` when the breaker or the thread cap said
+        skip. A request cancelled meanwhile leaves the call to ``when_abandoned(result)``."""
+        loop = asyncio.get_running_loop()
+        admission = admit_write(
+            self.breaker, self.held.held, self.write_threads.cap, time.monotonic()
+        )
+        if not isinstance(admission, Admission):
+            self._breaker_changed()
+            return admission, None
+        job = self.write_threads.submit(fn, *args)
+        waiter = asyncio.wrap_future(job, loop=loop)
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=self.config.write_deadline)
+        except asyncio.CancelledError:
+            self.breaker.abandoned(admission)
+            self._breaker_changed()
+            if when_abandoned is not None:
+                job.add_done_callback(_on_result(when_abandoned))
+            raise
+        if done:
+            self.breaker.returned(admission)
+            self._breaker_changed()
+            return DONE, waiter.result()
+        self.breaker.missed(admission, time.monotonic())
+        self._breaker_changed()
+        if not job.cancel():  # it runs: its thread stays blocked until the kernel lets go
+            self.held.hold(job, _on_result(when_late) if when_late else _ignore)
+        return LATE, None
+
+    def _breaker_changed(self) -> None:
+        m, breaker = self.metrics, self.breaker
+        for state in BreakerState:
+            m.breaker_state.labels(state=state.value).set(1 if breaker.state is state else 0)
+        if breaker.opened > self._opened_counted:
+            m.breaker_opened.inc(breaker.opened - self._opened_counted)
+            self._opened_counted = breaker.opened
+
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         endpoint = endpoint_of(request.method, request.path)
@@ -203,7 +325,7 @@ class Writer:
             return await self._passthrough(request, body)
         coded = CodedBody(body, request.headers.get("Content-Encoding"))
         try:
-            store, plan = await self.run(self._admit, endpoint, coded)
+            store, plan, skip = await self._admission(endpoint, coded)
         except RequestError as exc:
             self.metrics.request(Mode.REJECTED, 400)
             log.warning("refused a request: %s", exc)
@@ -218,7 +340,7 @@ class Writer:
             return error_response(413, message)
         if plan is None or plan.stream:
             return await self._passthrough(request, body)
-        return await self._by_handle(request, body, store, plan)
+        return await self._by_handle(request, body, store, plan, skip)
 
     # --- upstream ---
 
@@ -322,7 +444,12 @@ class Writer:
     # --- by handle ---
 
     async def _by_handle(
-        self, request: web.Request, body: bytes, store: PayloadStore | None, plan: RequestPlan
+        self,
+        request: web.Request,
+        body: bytes,
+        store: PayloadStore | None,
+        plan: RequestPlan,
+        skip: str | None = None,
     ) -> web.StreamResponse:
         upstream = await self._send_upstream(request, body, by_handle=True)
         if isinstance(upstream, web.Response):
@@ -347,7 +474,7 @@ class Writer:
                     answer = await read_answer(upstream)
                 except Exception as exc:
                     return self._upstream_error(exc, "reading the response")
-                result = await self._rewrite(store, plan, answer)
+                result = await self._rewrite(store, plan, answer, skip)
                 return await self._send_result(request, answer, result)
 
     @contextlib.asynccontextmanager
@@ -368,6 +495,50 @@ class Writer:
         log.warning("payload sent back inline (%s): %s", reason, detail)
 
     async def _rewrite(
+        self,
+        store: PayloadStore | None,
+        plan: RequestPlan,
+        answer: UpstreamAnswer,
+        skip: str | None = None,
+    ) -> RewriteResult:
+        """The answer rewritten: parsed on the request pool, written on the write threads under
+        the deadline; inline at once when the write is late or skipped (``skip``: already
+        decided at admission)."""
+        if self.config.write_deadline is None:
+            return await self._rewrite_without_deadline(store, plan, answer)
+        prepared = await self.run(prepare_response, store, plan, answer.body)
+        if isinstance(prepared, RewriteResult):
+            return prepared
+        if skip is not None:
+            return await self.run(_skipped, prepared, skip, self.config.write_deadline)
+        assert store is not None
+        outcome, result = await self._on_volume(
+            write_prepared,
+            store,
+            plan,
+            prepared,
+            when_late=self._late_write_returned,
+            when_abandoned=self._discard_now,
+        )
+        if outcome == DONE:
+            assert result is not None
+            return result
+        return await self.run(_skipped, prepared, outcome, self.config.write_deadline)
+
+    def _late_write_returned(self, result: RewriteResult) -> None:
+        """A write that missed its deadline returned (its answer went inline long ago): its file
+        is removed now, on its own thread, so no file outlives its request unnamed."""
+        if result.file is None:
+            self.metrics.late_writes.labels(outcome="failed").inc()
+            return
+        _unlink(result.file, "its write missed the deadline; the answer went inline")
+        self.metrics.late_writes.labels(outcome="removed").inc()
+
+    def _discard_now(self, result: RewriteResult) -> None:
+        if result.file is not None:
+            _unlink(result.file, "its client went away before the answer was sent")
+
+    async def _rewrite_without_deadline(
         self, store: PayloadStore | None, plan: RequestPlan, answer: UpstreamAnswer
     ) -> RewriteResult:
         """``rewrite_response`` on the pool; a file it writes for a cancelled request is deleted."""
@@ -429,15 +600,61 @@ class Writer:
         return resp
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, why: str = "its client went away before the answer was sent") -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         return
     except OSError as exc:
-        log.warning("could not delete %s, written for a client that went away: %s", path, exc)
+        log.warning("could not delete %s (%s): %s", path, why, exc)
         return
-    log.debug("deleted %s: its client went away before the answer was sent", path)
+    log.debug("deleted %s: %s", path, why)
+
+
+DONE, LATE = "done", "write_timeout"
+
+
+def check_payload_dir(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | None:
+    """The store, with the request's ``payload_dir`` checked on the volume (a symlink is a
+    :class:`RequestError`); run on the write threads. A volume that cannot be asked now leaves
+    the check to the write."""
+    store = holder.get()
+    if store is not None:
+        try:
+            store.root.version_dir(plan.payload_dir)
+        except PayloadPathError as exc:
+            raise RequestError(str(exc), plan.payload_dir) from exc
+        except OSError:
+            pass
+    return store
+
+
+def _skipped(prepared: Prepared, reason: str, deadline: float | None) -> RewriteResult:
+    """vLLM's answer inline, for a write that was late (``write_timeout``) or never started."""
+    if reason == LATE:
+        detail = (
+            f"the payload write did not finish within --write-deadline {deadline:g} s: the "
+            "volume hangs or is slow; its file is removed when the write returns"
+        )
+    elif reason == "breaker_open":
+        detail = "a write missed its deadline lately: the volume is skipped until a probe succeeds"
+    else:
+        detail = "every write thread is held by a write blocked past its deadline"
+    return inline_instead(prepared, reason, detail)
+
+
+def _on_result(then: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A done-callback that hands a finished call's result to ``then`` (not an error's)."""
+
+    def callback(job: Any) -> None:
+        if not job.cancelled() and job.exception() is None:
+            then(job.result())
+
+    return callback
+
+
+def _ignore(_job: Any) -> None:
+    return None
 
 
 def _jsonable(value: object) -> Any:
