@@ -269,6 +269,7 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
     figures: dict[str, Any] = {"readiness probe": f"every {period} s, {threshold} failures"}
     try:
         before = metrics()
+        probed_before = readiness_probes(cluster, namespace, inference)
         volume.kill_brick()
         killed = time.monotonic()
 
@@ -307,9 +308,14 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
         figures["writer noticed (s after the kill)"] = {p: n[0] for p, n in noticed.items()}
         figures["window (s after the kill)"] = history[-1][0]
         figures["observations, ready endpoints each"] = (len(history), {n for _, n in history})
-        figures["writer readiness probes failed"] = {
-            p: r["failed"] for p, r in readiness_probes(cluster, namespace, inference).items()
+        # and not one readiness probe of a writer failed meanwhile (none could flap unseen)
+        probed = readiness_probes(cluster, namespace, inference)
+        figures["writer readiness probes since the kill"] = {
+            p: {r: n - probed_before[p][r] for r, n in probed[p].items()} for p in inference
         }
+        assert {p: probed[p]["failed"] for p in inference} == {
+            p: probed_before[p]["failed"] for p in inference
+        }, figures
         for pod in inference:
             assert root_writable(before[pod]) == 1, f"{pod}: {ROOT_WRITABLE} before the kill"
             assert NOT_WRITABLE_LINE in writer_log(cluster, namespace, pod), pod
