@@ -69,7 +69,8 @@ class WriterConfig:
     )
     workers: int = setting(
         8,
-        help="threads that parse bodies and write payload files",
+        help="threads that parse bodies and serialize answers (the volume is touched on "
+        "--write-threads, unless --write-deadline is 0)",
         flag="--workers",
         env=Env.WRITER_WORKERS,
         parse=parse_int,
@@ -87,22 +88,22 @@ class WriterConfig:
         minimum=1,
         metavar="BYTES",
     )
-    # None (in code only): writes run on the request pool with no deadline and no breaker, as
-    # before issue 33; bench/writer_deadline.py measures that path against this one.
-    write_deadline: float | None = setting(
+    write_deadline: float = setting(
         5.0,
         help="seconds a by-handle write (create, write, fsync, close) may take; an answer whose "
         "write is not done by then goes back inline at once (fallback reason write_timeout), "
         "and the file of the late write is removed when the write returns. Also the deadline "
-        "of each probe of the payload root",
+        "of each probe of the payload root. 0: no deadline and no breaker (writes on the "
+        "request pool, as before issue 33: a hung volume then hangs its requests)",
         flag="--write-deadline",
         env=Env.WRITER_WRITE_DEADLINE,
         parse=parse_float,
-        minimum=1e-3,
+        minimum=0.0,
     )
     write_threads: int = setting(
         16,
-        help="threads that write payload files, apart from the request pool; a write blocked "
+        help="threads that write payload files and check payload_dir on the volume, apart "
+        "from the request pool (--workers); a call blocked "
         "past its deadline holds its thread until the kernel lets go, so this caps what a hung "
         "volume can hold. While every one is held, answers go inline at once (fallback reason "
         "write_threads_full)",

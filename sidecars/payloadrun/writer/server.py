@@ -84,7 +84,7 @@ FALLBACK_HEADER = "X-Payloadrun-Fallback"
 # The status a request is counted with when its client went away (nginx's "client closed
 # request"); never sent.
 CLIENT_CLOSED = 499
-# The deadline of the root monitor's probes when writes have none (``write_deadline=None``).
+# The deadline of the root monitor's probes when writes have none (``--write-deadline 0``).
 PROBE_DEADLINE_WITHOUT_WRITE_DEADLINE = 5.0
 # The server options the proxy needs: request bodies as received (a transparent proxy forwards
 # a compressed body untouched), and a handler cancelled when its client hangs up (so that the
@@ -260,7 +260,7 @@ class Writer:
         request (the check was late, or the breaker or the thread cap said skip): its answer
         then goes inline without a write.
         """
-        if self.config.write_deadline is None:
+        if not self.config.write_deadline:
             return (*await self.run(self._admit, endpoint, body), None)
         limit = self.config.max_request_bytes
         plan = await self.run(admit_request, None, endpoint, body, limit)
@@ -504,7 +504,7 @@ class Writer:
         """The answer rewritten: parsed on the request pool, written on the write threads under
         the deadline; inline at once when the write is late or skipped (``skip``: already
         decided at admission)."""
-        if self.config.write_deadline is None:
+        if not self.config.write_deadline:
             return await self._rewrite_without_deadline(store, plan, answer)
         prepared = await self.run(prepare_response, store, plan, answer.body)
         if isinstance(prepared, RewriteResult):
@@ -629,7 +629,7 @@ def check_payload_dir(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | 
     return store
 
 
-def _skipped(prepared: Prepared, reason: str, deadline: float | None) -> RewriteResult:
+def _skipped(prepared: Prepared, reason: str, deadline: float) -> RewriteResult:
     """vLLM's answer inline, for a write that was late (``write_timeout``) or never started."""
     if reason == LATE:
         detail = (
