@@ -75,8 +75,9 @@ DEFAULT_PERIOD_SECONDS, DEFAULT_FAILURE_THRESHOLD = 10, 3
 
 # The orchestrator's generate requests, by handle, through the load-balanced Service it is given
 # ($PAYLOADRUN_INFERENCE_URL), argv[1] of them one after the other: for each, the status, the
-# writer's mode and fallback headers, the first choice's fields and the file of its first
-# segment, or the error that stopped it. Standard library only.
+# writer's mode and fallback headers, the first choice's fields that are not null (by handle,
+# the arrays are null and the segments set) and the file of its first segment, or the error
+# that stopped it. Standard library only.
 GENERATE = """
 import json, os, sys, urllib.error, urllib.request
 count, mode_header, fallback_header, payload_field = sys.argv[1:5]
@@ -93,7 +94,8 @@ for _ in range(int(count)):
             answers.append({'status': response.status,
                             'mode': response.headers.get(mode_header),
                             'fallback': response.headers.get(fallback_header),
-                            'fields': sorted(choice), 'file': segments[0].get('file')})
+                            'fields': sorted(k for k, v in choice.items() if v is not None),
+                            'file': segments[0].get('file')})
     except urllib.error.HTTPError as error:
         answers.append({'status': error.code, 'error': error.read().decode()[:300]})
     except OSError as error:
@@ -258,10 +260,13 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
         lambda: endpoint_readiness(cluster, namespace, service) == dict.fromkeys(inference, True),
         seen=lambda: endpoint_readiness(cluster, namespace, service),
     )
-    wait_for(
-        "an answer by handle through the Service",
-        lambda: answer_mode(generate(cluster, namespace, orchestrator, 1)[0]) == "handle",
-    )
+    last: list[dict[str, Any]] = [{}]  # the last answer, for a failure's message
+
+    def by_handle() -> dict[str, Any] | None:
+        last[0] = generate(cluster, namespace, orchestrator, 1)[0]
+        return last[0] if answer_mode(last[0]) == "handle" else None
+
+    wait_for("an answer by handle through the Service", by_handle, seen=lambda: last[0])
 
     def metrics() -> dict[str, list[Sample]]:
         return {p: pod_metrics(cluster, namespace, p, WRITER_METRICS_PORT) for p in inference}
@@ -350,14 +355,7 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
         # --- the brick returns: by handle again, and the writers say so ---
         volume.start_brick()
         restarted = time.monotonic()
-        back = wait_for(
-            "an answer by handle again",
-            lambda: (
-                (a := generate(cluster, namespace, orchestrator, 1)[0])
-                and answer_mode(a) == "handle"
-                and a
-            ),
-        )
+        back = wait_for("an answer by handle again", by_handle, seen=lambda: last[0])
         figures["first answer by handle (s after the brick's start)"] = round(
             time.monotonic() - restarted, 1
         )
