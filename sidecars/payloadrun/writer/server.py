@@ -556,12 +556,17 @@ class Writer:
             self._discard(job.result())
 
     def _discard(self, result: RewriteResult) -> None:
-        """Delete the payload file of an answer no client will read (on the pool, not waited for).
+        """Delete the payload file of an answer no client will read (not waited for; on the
+        write threads, which may block on the volume, unless writes run on the request pool).
 
         Only this writer knows the file's name, so nothing else can read it or delete it: the
         retention sidecar would never hear of it.
         """
-        if result.file is not None and self.executor is not None:
+        if result.file is None:
+            return
+        if self.config.write_deadline:
+            self.write_threads.submit(_unlink, result.file)
+        elif self.executor is not None:
             self.executor.submit(_unlink, result.file)
 
     async def _send_result(
