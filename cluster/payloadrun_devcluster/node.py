@@ -118,6 +118,7 @@ NODE_COMPONENTS = (
     "kube-router",
 )
 PROVISIONER_NAME = "payloadrun.dev/local-rwx"
+SHARED_VOLUME_DIR = "shared-volume"  # under the node's state: the GlusterFS brick of NODE_VOLUME
 STORAGE_CLASS = "standard"
 
 
@@ -796,8 +797,8 @@ class LocalNode:
         gluster = glusterfs.GlusterServer.ensure()
         if glusterfs.NODE_VOLUME in gluster.volume_names():  # a crashed node's
             gluster.delete_volume(glusterfs.NODE_VOLUME)
-        shared = gluster.create_volume(node / "shared-volume", name=glusterfs.NODE_VOLUME)
-        shared.mount(node / "volumes")
+        shared = gluster.create_volume(node / SHARED_VOLUME_DIR, name=glusterfs.NODE_VOLUME)
+        shared.mount(self.provisioner_mount())
         plugin_dir = node / "volume-plugins"
         install_volume_driver(plugin_dir)
 
@@ -932,6 +933,18 @@ class LocalNode:
             return False
         conditions = body.get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def shared_volume(self) -> glusterfs.Volume:
+        """The node's GlusterFS volume (the storage class every claim on this node gets), with
+        the fault controls of :class:`~glusterfs.Volume`: a test kills its brick under running
+        pods and starts it again. Its ``mounts`` are empty: the pods' clients are the kubelet's
+        (through the volume driver), the provisioner's is :meth:`provisioner_mount`."""
+        return glusterfs.Volume(glusterfs.NODE_VOLUME, self.node_dir / SHARED_VOLUME_DIR / "brick")
+
+    def provisioner_mount(self) -> Path:
+        """Where the provisioner's own client of :meth:`shared_volume` is mounted (it makes
+        each claim's directory through it)."""
+        return self.node_dir / "volumes"
 
     def _dns_ready(self) -> bool:
         url = f"http://127.0.0.1:{self.ports['dns-ready']}/ready"

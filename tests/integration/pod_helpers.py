@@ -240,3 +240,32 @@ def run_helm(kube_cluster, *args: str) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=300,
     )
+
+
+Sample = tuple[str, dict[str, str], float]  # a Prometheus sample: name, labels, value
+
+
+def samples(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text page (counters by their ``_total`` names)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+def pod_metrics(cluster, namespace: str, pod: str, port: int) -> list[Sample]:
+    """A pod's ``/metrics`` on ``port``, through the API server's pod proxy (as Prometheus
+    scrapes it in test_e2e.py)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/metrics"
+    return samples(kubectl(cluster, namespace, "get", "--raw", path))
+
+
+def kubelet_probe_metrics(cluster, node: str) -> list[Sample]:
+    """The kubelet's probe metrics (``prober_probe_total`` by probe type, result, container and
+    pod): how many times it has probed each container, through the API server's node proxy."""
+    result = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{node}/proxy/metrics/probes")
+    assert result.returncode == 0, f"the kubelet's probe metrics: {result.stderr}"
+    return samples(result.stdout)
