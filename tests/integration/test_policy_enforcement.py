@@ -1,7 +1,17 @@
 """NetworkPolicy is enforced on the local node (kube-router's policy controller, see
-``cluster/README.md``): a policy that admits only pods labelled ``role=allowed`` refuses every
-other pod, on the server pod's address and through its Service alike, while the node itself (the
-kubelet's probes) still reaches it; deleting the policy opens the server again.
+``cluster/README.md``), and a run's own policies hold there.
+
+- A policy that admits only pods labelled ``role=allowed`` refuses every other pod, on the server
+  pod's address and through its Service alike, while the node itself (the kubelet's probes) still
+  reaches it; deleting the policy opens the server again.
+- A real PayloadRun in prime-rl's NCCL weight-broadcast layout (two inference replicas, trainer
+  rank 0), under the policies the operator made for it: rank 0 serves a store on port 29501 that
+  the inference pods join, then NCCL's bootstrap completes across the three pods
+  (``payloadrun.testing.bootstrap``: every rank to rank 0's root listener, the root back to each
+  rank, each rank to the next one's ring listener, all on ports the kernel picked). A pod outside
+  the run is refused on every port the pattern used and every other port the run's pods serve;
+  a client the run names reaches the inference Service's port only, Prometheus the metrics
+  ports only, while a pod of the run that took no part reaches them all, TCP and UDP.
 """
 
 from __future__ import annotations
@@ -11,7 +21,10 @@ import socket
 from typing import Any
 
 import pytest
-from pod_helpers import CONNECT, IMAGE, SLEEP, apply, get, kubectl, wait_for
+from pod_helpers import CONNECT, FAKE_VLLM, IMAGE, SLEEP, apply, get, kubectl, running, wait_for
+
+from payloadrun import settings as sidecar
+from payloadrun.testing.bootstrap import STORE_PORT
 
 pytestmark = pytest.mark.integration
 
@@ -119,3 +132,202 @@ def test_a_policy_admits_only_the_pods_it_selects(node_cluster, namespace):
 
     kubectl(node_cluster, namespace, "delete", "networkpolicy", POLICY)
     client_gets(connected, "the unlabelled pod to get through once the policy is deleted")
+
+
+# --- a run's pods trust each other ---------------------------------------------------------
+
+RUN = "nccl"
+BOOTSTRAP = ["python", "-m", "payloadrun.testing.bootstrap"]
+# every rank's bootstrap must be done by then (pods start within it: the images are local)
+BOOTSTRAP_SECONDS = 180
+ROUTER = {"app": "router"}  # named in the run's spec.inference.clients
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}  # the operator's default scrapers
+# same namespace, same component label, another run
+OUTSIDER = {"payloadrun.dev/run": "other", "app.kubernetes.io/component": "inference"}
+
+
+def nccl_run(namespace: str) -> dict[str, Any]:
+    """prime-rl's NCCL weight-broadcast layout: trainer rank 0 hosts the store on 29501 and the
+    two inference replicas join it as ranks 1 and 2 (an extra container in each, as prime-rl's
+    vLLM worker extension is part of vLLM's process)."""
+    store_host = f"{RUN}-trainer-0.{RUN}-trainer-headless.{namespace}.svc"
+    rank = [*BOOTSTRAP, "rank", "--world", "3", "--store-host", store_host]
+    rank += ["--store-port", str(STORE_PORT), "--timeout", str(BOOTSTRAP_SECONDS)]
+    return {
+        "apiVersion": "payloadrun.dev/v1alpha1",
+        "kind": "PayloadRun",
+        "metadata": {"name": RUN},
+        "spec": {
+            "routerReplay": True,
+            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
+            "inference": {
+                "replicas": 2,
+                "image": IMAGE,
+                "command": FAKE_VLLM,
+                "clients": [{"podSelector": {"matchLabels": ROUTER}}],
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "vllm"},
+                            {
+                                "name": "nccl",
+                                "image": IMAGE,
+                                "command": [*rank, "--rank-from-hostname", "1"],
+                            },
+                        ]
+                    }
+                },
+            },
+            "orchestrator": {"image": IMAGE, "command": SLEEP},
+            "trainer": {"image": IMAGE, "command": [*rank, "--rank", "0"], "replicas": 1},
+        },
+    }
+
+
+def pods_of(cluster, namespace: str, component: str) -> list[dict[str, Any]]:
+    selector = f"payloadrun.dev/run={RUN},app.kubernetes.io/component={component}"
+    items = get(cluster, namespace, "pods", "-l", selector)["items"]
+    return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+def outcome(cluster, namespace: str, pod: str, container: str) -> dict[str, Any] | None:
+    """The rank's ``complete`` or ``failed`` line, once it has printed one."""
+    logs = cluster.kubectl("-n", namespace, "logs", pod, "-c", container)
+    if logs.returncode != 0:  # not started yet
+        return None
+    for line in logs.stdout.splitlines():
+        event = json.loads(line)
+        if event["event"] in ("complete", "failed"):
+            return event
+    return None
+
+
+def address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def test_a_runs_pods_complete_nccls_bootstrap_and_nobody_else_gets_in(operator, namespace):
+    cluster = operator.cluster
+    outsiders = {"outsider": OUTSIDER, "router": ROUTER, "prometheus": PROMETHEUS}
+    for name, labels in outsiders.items():
+        apply(cluster, namespace, pod(name, labels, SLEEP))
+    apply(cluster, namespace, nccl_run(namespace))
+
+    def ranks() -> dict[int, tuple[str, str]] | None:
+        """rank -> (pod, container), once the operator has made every pod."""
+        trainers, inference = (pods_of(cluster, namespace, c) for c in ("trainer", "inference"))
+        if len(trainers) != 1 or len(inference) != 2:
+            return None
+        found = {0: (trainers[0]["metadata"]["name"], "trainer")}
+        for i, p in enumerate(inference):
+            assert p["metadata"]["name"] == f"{RUN}-inference-{i}"
+            found[i + 1] = (p["metadata"]["name"], "nccl")
+        return found
+
+    where = wait_for("the run's three pods", ranks, 120)
+    outcomes: dict[int, dict[str, Any] | None] = {}
+
+    def every_outcome() -> bool:
+        for rank, (name, container) in where.items():
+            if outcomes.get(rank) is None:
+                outcomes[rank] = outcome(cluster, namespace, name, container)
+        return all(outcomes.values())
+
+    # each rank's own deadline bounds this: it prints complete or failed by then
+    wait_for("every rank's outcome", every_outcome, BOOTSTRAP_SECONDS + 120, seen=lambda: outcomes)
+    assert {r: o["event"] for r, o in outcomes.items()} == dict.fromkeys(where, "complete"), (
+        outcomes
+    )
+
+    # every pod Ready (the writers and the retention sidecar serving), so every port listens
+    running(cluster, namespace, RUN)
+    pod_ip = {
+        name: get(cluster, namespace, "pod", name)["status"]["podIP"] for name, _ in where.values()
+    }
+    done = outcomes[0]
+    by_rank = {r["rank"]: r for r in done["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2]
+    for rank, (name, _) in where.items():
+        record = by_rank[rank]
+        assert record["host"] == pod_ip[name], (rank, record)
+        # each rank connected to the next one's ring listener, in another pod
+        following = (rank + 1) % 3
+        assert (record["next_rank"], record["prev_rank"]) == (following, (rank - 1) % 3)
+        assert record["next"] == by_rank[following]["ring_listener"]
+        assert record["prev_from"] == by_rank[(rank - 1) % 3]["host"]
+        assert record["gathered"] == 3
+    # the inference pods joined rank 0's store, and the root connected back to every rank
+    inference_ips = {pod_ip[where[r][0]] for r in (1, 2)}
+    assert inference_ips <= set(done["store_clients"])
+    assert done["root_connected_back"] == [by_rank[r]["root_listener"] for r in (0, 1, 2)]
+
+    # every address the pattern used, TCP and UDP, and the other ports the run's pods serve
+    trainer_ip = pod_ip[where[0][0]]
+    targets = [
+        ["store", "tcp", trainer_ip, STORE_PORT],
+        ["store-udp", "udp", trainer_ip, STORE_PORT],
+    ]
+    for rank, record in by_rank.items():
+        for listener in ("root_listener", "ring_listener", *(["root"] if rank == 0 else [])):
+            host, port = address(record[listener])
+            targets.append([f"rank{rank}-{listener}", "tcp", host, port])
+            targets.append([f"rank{rank}-{listener}-udp", "udp", host, record["udp"][str(port)]])
+    writers = []
+    for i in (0, 1):
+        ip = pod_ip[f"{RUN}-inference-{i}"]
+        writers.append(f"inference{i}-writer")
+        targets += [
+            [f"inference{i}-writer", "tcp", ip, sidecar.WRITER_PORT],
+            [f"inference{i}-writer-metrics", "tcp", ip, sidecar.WRITER_METRICS_PORT],
+            [f"inference{i}-vllm", "tcp", ip, sidecar.VLLM_PORT],
+        ]
+    (orchestrator,) = pods_of(cluster, namespace, "orchestrator")
+    orchestrator_ip = orchestrator["status"]["podIP"]
+    targets.append(["retention-metrics", "tcp", orchestrator_ip, sidecar.RETENTION_METRICS_PORT])
+    service_ip = get(cluster, namespace, "service", f"{RUN}-inference")["spec"]["clusterIP"]
+    targets.append(["inference-service", "tcp", service_ip, sidecar.WRITER_PORT])
+
+    metrics = {"inference0-writer-metrics", "inference1-writer-metrics", "retention-metrics"}
+    reached = {
+        # a pod of the run that took no part in the pattern: every port
+        "orchestrator": {t[0] for t in targets},
+        # a client the run names: the inference Service's port (the writer's), on the pods too
+        "router": {*writers, "inference-service"},
+        "prometheus": metrics,
+        "outsider": set(),
+    }
+    seen: dict[str, list[dict[str, str]]] = {who: [] for who in reached}
+
+    def reaches(who: str, name: str, container: str) -> bool:
+        out = kubectl(
+            cluster,
+            namespace,
+            "exec",
+            name,
+            "-c",
+            container,
+            "--",
+            *BOOTSTRAP,
+            "reach",
+            json.dumps(targets),
+        )
+        seen[who].append(json.loads(out))
+        got = {t for t, result in seen[who][-1].items() if result in ("connected", "echoed")}
+        return got == reached[who]
+
+    for name in outsiders:
+        wait_for(f"pod {name} Ready", lambda n=name: ready(cluster, namespace, n), 60)
+    # the outsiders first (kube-router programs a new pod's rules shortly after it starts), then
+    # the pod of the run: every listener still open after the outsiders' tries (a closed one
+    # would refuse them too)
+    for who in ("outsider", "router", "prometheus"):
+        wait_for(
+            f"{who} to reach exactly {sorted(reached[who])}",
+            lambda w=who: reaches(w, w, "main"),
+            60,
+            seen=lambda w=who: seen[w][-2:],
+        )
+    assert reaches("orchestrator", orchestrator["metadata"]["name"], "orchestrator"), seen[
+        "orchestrator"
+    ][-1]
