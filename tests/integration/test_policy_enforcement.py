@@ -25,6 +25,7 @@ from pod_helpers import CONNECT, FAKE_VLLM, IMAGE, SLEEP, apply, get, kubectl, r
 
 from payloadrun import settings as sidecar
 from payloadrun.testing.bootstrap import STORE_PORT
+from payloadrun_operator.models import PEER_IP_BLOCK_ALONE_MESSAGE, PEER_NEEDS_ONE_MESSAGE
 
 pytestmark = pytest.mark.integration
 
@@ -182,6 +183,26 @@ def nccl_run(namespace: str) -> dict[str, Any]:
             "trainer": {"image": IMAGE, "command": [*rank, "--rank", "0"], "replicas": 1},
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("peer", "message"),
+    [
+        ({}, PEER_NEEDS_ONE_MESSAGE),
+        ({"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, PEER_IP_BLOCK_ALONE_MESSAGE),
+    ],
+)
+def test_the_api_server_refuses_a_client_no_policy_could_hold(
+    crd, kube_cluster, namespace, peer, message
+):
+    """The CRD's CEL says what the operator's models say, at kubectl apply."""
+    run = nccl_run(namespace)
+    run["spec"]["inference"]["clients"] = [{"podSelector": {"matchLabels": ROUTER}}, peer]
+    result = kube_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(run))
+    assert result.returncode != 0 and "spec.inference.clients[1]" in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
+    run["spec"]["inference"]["clients"] = [{"podSelector": {"matchLabels": ROUTER}}]
+    kubectl(kube_cluster, namespace, "apply", "--dry-run=server", "-f", "-", input=json.dumps(run))
 
 
 def pods_of(cluster, namespace: str, component: str) -> list[dict[str, Any]]:
