@@ -139,8 +139,9 @@ def test_a_policy_admits_only_the_pods_it_selects(node_cluster, namespace):
 
 RUN = "nccl"
 BOOTSTRAP = ["python", "-m", "payloadrun.testing.bootstrap"]
-# every rank's bootstrap must be done by then (pods start within it: the images are local)
-BOOTSTRAP_SECONDS = 180
+# every rank's bootstrap must be done by then, counted from the go file (its pods are running)
+BOOTSTRAP_SECONDS = 90
+GO_FILE = "/tmp/go"  # the ranks start once it exists: when the test has seen the policies hold
 ROUTER = {"app": "router"}  # named in the run's spec.inference.clients
 PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}  # the operator's default scrapers
 # same namespace, same component label, another run
@@ -154,6 +155,7 @@ def nccl_run(namespace: str) -> dict[str, Any]:
     store_host = f"{RUN}-trainer-0.{RUN}-trainer-headless.{namespace}.svc"
     rank = [*BOOTSTRAP, "rank", "--world", "3", "--store-host", store_host]
     rank += ["--store-port", str(STORE_PORT), "--timeout", str(BOOTSTRAP_SECONDS)]
+    rank += ["--after", GO_FILE]
     return {
         "apiVersion": "payloadrun.dev/v1alpha1",
         "kind": "PayloadRun",
@@ -217,6 +219,8 @@ def outcome(cluster, namespace: str, pod: str, container: str) -> dict[str, Any]
     if logs.returncode != 0:  # not started yet
         return None
     for line in logs.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
         event = json.loads(line)
         if event["event"] in ("complete", "failed"):
             return event
@@ -228,104 +232,19 @@ def address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_a_runs_pods_complete_nccls_bootstrap_and_nobody_else_gets_in(operator, namespace):
-    cluster = operator.cluster
-    outsiders = {"outsider": OUTSIDER, "router": ROUTER, "prometheus": PROMETHEUS}
-    for name, labels in outsiders.items():
-        apply(cluster, namespace, pod(name, labels, SLEEP))
-    apply(cluster, namespace, nccl_run(namespace))
+class Reacher:
+    """``payloadrun.testing.bootstrap reach`` from a pod: what each try reached, kept."""
 
-    def ranks() -> dict[int, tuple[str, str]] | None:
-        """rank -> (pod, container), once the operator has made every pod."""
-        trainers, inference = (pods_of(cluster, namespace, c) for c in ("trainer", "inference"))
-        if len(trainers) != 1 or len(inference) != 2:
-            return None
-        found = {0: (trainers[0]["metadata"]["name"], "trainer")}
-        for i, p in enumerate(inference):
-            assert p["metadata"]["name"] == f"{RUN}-inference-{i}"
-            found[i + 1] = (p["metadata"]["name"], "nccl")
-        return found
+    def __init__(self, cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.seen: dict[str, list[dict[str, str]]] = {}
 
-    where = wait_for("the run's three pods", ranks, 120)
-    outcomes: dict[int, dict[str, Any] | None] = {}
-
-    def every_outcome() -> bool:
-        for rank, (name, container) in where.items():
-            if outcomes.get(rank) is None:
-                outcomes[rank] = outcome(cluster, namespace, name, container)
-        return all(outcomes.values())
-
-    # each rank's own deadline bounds this: it prints complete or failed by then
-    wait_for("every rank's outcome", every_outcome, BOOTSTRAP_SECONDS + 120, seen=lambda: outcomes)
-    assert {r: o["event"] for r, o in outcomes.items()} == dict.fromkeys(where, "complete"), (
-        outcomes
-    )
-
-    # every pod Ready (the writers and the retention sidecar serving), so every port listens
-    running(cluster, namespace, RUN)
-    pod_ip = {
-        name: get(cluster, namespace, "pod", name)["status"]["podIP"] for name, _ in where.values()
-    }
-    done = outcomes[0]
-    by_rank = {r["rank"]: r for r in done["ranks"]}
-    assert sorted(by_rank) == [0, 1, 2]
-    for rank, (name, _) in where.items():
-        record = by_rank[rank]
-        assert record["host"] == pod_ip[name], (rank, record)
-        # each rank connected to the next one's ring listener, in another pod
-        following = (rank + 1) % 3
-        assert (record["next_rank"], record["prev_rank"]) == (following, (rank - 1) % 3)
-        assert record["next"] == by_rank[following]["ring_listener"]
-        assert record["prev_from"] == by_rank[(rank - 1) % 3]["host"]
-        assert record["gathered"] == 3
-    # the inference pods joined rank 0's store, and the root connected back to every rank
-    inference_ips = {pod_ip[where[r][0]] for r in (1, 2)}
-    assert inference_ips <= set(done["store_clients"])
-    assert done["root_connected_back"] == [by_rank[r]["root_listener"] for r in (0, 1, 2)]
-
-    # every address the pattern used, TCP and UDP, and the other ports the run's pods serve
-    trainer_ip = pod_ip[where[0][0]]
-    targets = [
-        ["store", "tcp", trainer_ip, STORE_PORT],
-        ["store-udp", "udp", trainer_ip, STORE_PORT],
-    ]
-    for rank, record in by_rank.items():
-        for listener in ("root_listener", "ring_listener", *(["root"] if rank == 0 else [])):
-            host, port = address(record[listener])
-            targets.append([f"rank{rank}-{listener}", "tcp", host, port])
-            targets.append([f"rank{rank}-{listener}-udp", "udp", host, record["udp"][str(port)]])
-    writers = []
-    for i in (0, 1):
-        ip = pod_ip[f"{RUN}-inference-{i}"]
-        writers.append(f"inference{i}-writer")
-        targets += [
-            [f"inference{i}-writer", "tcp", ip, sidecar.WRITER_PORT],
-            [f"inference{i}-writer-metrics", "tcp", ip, sidecar.WRITER_METRICS_PORT],
-            [f"inference{i}-vllm", "tcp", ip, sidecar.VLLM_PORT],
-        ]
-    (orchestrator,) = pods_of(cluster, namespace, "orchestrator")
-    orchestrator_ip = orchestrator["status"]["podIP"]
-    targets.append(["retention-metrics", "tcp", orchestrator_ip, sidecar.RETENTION_METRICS_PORT])
-    service_ip = get(cluster, namespace, "service", f"{RUN}-inference")["spec"]["clusterIP"]
-    targets.append(["inference-service", "tcp", service_ip, sidecar.WRITER_PORT])
-
-    metrics = {"inference0-writer-metrics", "inference1-writer-metrics", "retention-metrics"}
-    reached = {
-        # a pod of the run that took no part in the pattern: every port
-        "orchestrator": {t[0] for t in targets},
-        # a client the run names: the inference Service's port (the writer's), on the pods too
-        "router": {*writers, "inference-service"},
-        "prometheus": metrics,
-        "outsider": set(),
-    }
-    seen: dict[str, list[dict[str, str]]] = {who: [] for who in reached}
-
-    def reaches(who: str, name: str, container: str) -> bool:
+    def reached(self, who: str, pod_name: str, container: str, targets: list[list[Any]]) -> set:
         out = kubectl(
-            cluster,
-            namespace,
+            self.cluster,
+            self.namespace,
             "exec",
-            name,
+            pod_name,
             "-c",
             container,
             "--",
@@ -333,22 +252,106 @@ def test_a_runs_pods_complete_nccls_bootstrap_and_nobody_else_gets_in(operator, 
             "reach",
             json.dumps(targets),
         )
-        seen[who].append(json.loads(out))
-        got = {t for t, result in seen[who][-1].items() if result in ("connected", "echoed")}
-        return got == reached[who]
+        self.seen.setdefault(who, []).append(json.loads(out))
+        return {t for t, got in self.seen[who][-1].items() if got in ("connected", "echoed")}
 
+    def wait_exactly(self, who: str, pod_name: str, container: str, targets, wanted: set) -> None:
+        """Until ``who`` reaches exactly ``wanted`` of ``targets`` (kube-router programs a new
+        pod's rules shortly after it starts)."""
+        wait_for(
+            f"{who} to reach exactly {sorted(wanted)}",
+            lambda: self.reached(who, pod_name, container, targets) == wanted,
+            60,
+            seen=lambda: self.seen.get(who, [])[-2:],
+        )
+
+
+def test_a_runs_pods_complete_nccls_bootstrap_and_nobody_else_gets_in(operator, namespace):
+    cluster = operator.cluster
+    outsiders = {"outsider": OUTSIDER, "router": ROUTER, "prometheus": PROMETHEUS}
+    for name, labels in outsiders.items():
+        apply(cluster, namespace, pod(name, labels, SLEEP))
+    apply(cluster, namespace, nccl_run(namespace))
+    # every pod Ready (the writers and the retention sidecar serving, rank 0's store listening)
+    running(cluster, namespace, RUN)
     for name in outsiders:
         wait_for(f"pod {name} Ready", lambda n=name: ready(cluster, namespace, n), 60)
-    # the outsiders first (kube-router programs a new pod's rules shortly after it starts), then
-    # the pod of the run: every listener still open after the outsiders' tries (a closed one
-    # would refuse them too)
-    for who in ("outsider", "router", "prometheus"):
-        wait_for(
-            f"{who} to reach exactly {sorted(reached[who])}",
-            lambda w=who: reaches(w, w, "main"),
-            60,
-            seen=lambda w=who: seen[w][-2:],
-        )
-    assert reaches("orchestrator", orchestrator["metadata"]["name"], "orchestrator"), seen[
-        "orchestrator"
-    ][-1]
+    (trainer,) = pods_of(cluster, namespace, "trainer")
+    inference = pods_of(cluster, namespace, "inference")
+    assert [p["metadata"]["name"] for p in inference] == [f"{RUN}-inference-{i}" for i in (0, 1)]
+    (orchestrator,) = pods_of(cluster, namespace, "orchestrator")
+    where = {0: (trainer, "trainer"), 1: (inference[0], "nccl"), 2: (inference[1], "nccl")}
+    ip = {r: p["status"]["podIP"] for r, (p, _) in where.items()}
+    orchestrator_ip = orchestrator["status"]["podIP"]
+    service_ip = get(cluster, namespace, "service", f"{RUN}-inference")["spec"]["clusterIP"]
+
+    # the ports the run's pods serve before the pattern starts
+    served = [["store", "tcp", ip[0], STORE_PORT], ["store-udp", "udp", ip[0], STORE_PORT]]
+    writers = {f"inference{i}-writer" for i in (0, 1)}
+    for i in (0, 1):
+        served += [
+            [f"inference{i}-writer", "tcp", ip[i + 1], sidecar.WRITER_PORT],
+            [f"inference{i}-writer-metrics", "tcp", ip[i + 1], sidecar.WRITER_METRICS_PORT],
+            [f"inference{i}-vllm", "tcp", ip[i + 1], sidecar.VLLM_PORT],
+        ]
+    served += [
+        ["retention-metrics", "tcp", orchestrator_ip, sidecar.RETENTION_METRICS_PORT],
+        ["inference-service", "tcp", service_ip, sidecar.WRITER_PORT],
+    ]
+    metrics = {"inference0-writer-metrics", "inference1-writer-metrics", "retention-metrics"}
+    allowed = {
+        "outsider": set(),
+        "router": {*writers, "inference-service"},  # named in spec.inference.clients
+        "prometheus": metrics,
+    }
+    reach = Reacher(cluster, namespace)
+    # the policies in force on all four pods before the group starts: the outsider refused
+    # on every port they serve
+    reach.wait_exactly("outsider", "outsider", "main", served, set())
+
+    for name, container in ((p["metadata"]["name"], c) for p, c in where.values()):
+        kubectl(cluster, namespace, "exec", name, "-c", container, "--", "touch", GO_FILE)
+    outcomes: dict[int, dict[str, Any] | None] = {}
+
+    def every_outcome() -> bool:
+        for rank, (p, container) in where.items():
+            if outcomes.get(rank) is None:
+                outcomes[rank] = outcome(cluster, namespace, p["metadata"]["name"], container)
+        return all(outcomes.values())
+
+    # each rank's own deadline bounds this: it prints complete or failed by then
+    wait_for("every rank's outcome", every_outcome, BOOTSTRAP_SECONDS + 60, seen=lambda: outcomes)
+    assert {r: o["event"] for r, o in outcomes.items()} == dict.fromkeys(where, "complete"), (
+        outcomes
+    )
+    done = outcomes[0]
+    by_rank = {r["rank"]: r for r in done["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2]
+    for rank, record in by_rank.items():
+        assert record["host"] == ip[rank], (rank, record)
+        # each rank connected to the next one's ring listener, in another pod, and the
+        # previous one connected to it
+        following, previous = (rank + 1) % 3, (rank - 1) % 3
+        assert (record["next_rank"], record["prev_rank"]) == (following, previous)
+        assert record["next"] == by_rank[following]["ring_listener"]
+        assert record["prev_from"] == ip[previous]
+        assert record["gathered"] == 3
+    # the inference pods joined rank 0's store, and the root connected back to every rank
+    assert {ip[1], ip[2]} <= set(done["store_clients"])
+    assert done["root_connected_back"] == [by_rank[r]["root_listener"] for r in (0, 1, 2)]
+
+    # every address the pattern used, TCP and UDP, besides the ports served before
+    used = []
+    for rank, record in by_rank.items():
+        for listener in ("root_listener", "ring_listener", *(["root"] if rank == 0 else [])):
+            host, port = address(record[listener])
+            used.append([f"rank{rank}-{listener}", "tcp", host, port])
+            used.append([f"rank{rank}-{listener}-udp", "udp", host, record["udp"][str(port)]])
+    targets = served + used
+    # the outsiders first, then a pod of the run that took no part in the pattern: every
+    # listener still open after the outsiders' tries (a closed one would have refused them too)
+    for who, wanted in allowed.items():
+        reach.wait_exactly(who, who, "main", targets, wanted)
+    orchestrator_name = orchestrator["metadata"]["name"]
+    everything = {t[0] for t in targets}
+    reach.wait_exactly("run", orchestrator_name, "orchestrator", targets, everything)

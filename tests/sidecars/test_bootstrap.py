@@ -24,8 +24,9 @@ class Ranks:
         self.processes: dict[int, subprocess.Popen[str]] = {}
         self.lines: dict[int, list[dict[str, Any]]] = {}
 
-    def start(self, rank: int, world: int, store_port: int, timeout: float) -> None:
+    def start(self, rank: int, world: int, store_port: int, timeout: float, *extra: str) -> None:
         argv = ["rank", "--rank", str(rank), "--world", str(world), "--timeout", str(timeout)]
+        argv += extra
         self.processes[rank] = subprocess.Popen(
             [sys.executable, *MODULE, *argv, *LOOPBACK, "--store-port", str(store_port)],
             stdout=subprocess.PIPE,
@@ -33,17 +34,20 @@ class Ranks:
         )
         self.lines[rank] = []
 
-    def until_outcome(self, rank: int) -> dict[str, Any]:
-        """The rank's ``complete`` or ``failed`` line, read as it comes (the rank's own
-        ``--timeout`` bounds the wait)."""
+    def until(self, rank: int, *events: str) -> dict[str, Any]:
+        """The rank's first line of one of ``events``, read as it comes."""
         stdout = self.processes[rank].stdout
         assert stdout is not None
         for line in stdout:
             event = json.loads(line)
             self.lines[rank].append(event)
-            if event["event"] in ("complete", "failed"):
+            if event["event"] in events:
                 return event
-        raise AssertionError(f"rank {rank} exited with no outcome: {self.lines[rank]}")
+        raise AssertionError(f"rank {rank} exited before {events}: {self.lines[rank]}")
+
+    def until_outcome(self, rank: int) -> dict[str, Any]:
+        """The rank's ``complete`` or ``failed`` line (its own ``--timeout`` bounds the wait)."""
+        return self.until(rank, "complete", "failed")
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -126,6 +130,27 @@ def test_a_rank_that_never_comes_fails_the_step_that_waits_for_it(ranks):
         1: ("failed", "the root connects back"),
     }, outcomes
     assert all(p.poll() is None for p in ranks.processes.values())
+
+
+def test_ranks_start_when_told_and_rank_0_serves_the_store_before(ranks, tmp_path):
+    """With --after FILE the ranks wait (rank 0 already serving the store) until FILE exists;
+    SIGTERM ends a waiting rank at once."""
+    store_port, go = free_port(), tmp_path / "go"
+    for rank in (0, 1):
+        ranks.start(rank, 2, store_port, 30, "--after", str(go))
+    assert ranks.until(0, "serving the store")["port"] == store_port
+    for rank in (0, 1):
+        assert ranks.until(rank, "waiting", "joined the store")["event"] == "waiting"
+    assert reach([["store", "tcp", "127.0.0.1", store_port]]) == {"store": "connected"}
+    go.touch()
+    assert [ranks.until_outcome(rank)["event"] for rank in (0, 1)] == ["complete", "complete"]
+
+
+def test_a_waiting_rank_stops_at_sigterm(ranks, tmp_path):
+    ranks.start(1, 2, free_port(), 30, "--after", str(tmp_path / "never"))
+    assert ranks.until(1, "waiting")["event"] == "waiting"
+    ranks.processes[1].terminate()
+    assert ranks.processes[1].wait(timeout=10) == 0
 
 
 def test_a_refused_target_is_named():

@@ -16,7 +16,9 @@ TCPStore, and the ranks exchange addresses through it as NCCL does.
   socket beside it, until SIGTERM, so a test can try them from elsewhere; a step that fails
   prints ``{"event": "failed", "step": ...}`` and the rank waits the same way.
   ``--rank-from-hostname K``: the rank is K plus the number that ends the hostname (a
-  StatefulSet pod's ordinal).
+  StatefulSet pod's ordinal). ``--after FILE``: start once FILE exists (rank 0 serves the store
+  at once), so a test starts the group when the policies are in place; the deadline
+  (``--timeout``) counts from then.
 - ``reach TARGETS``: one attempt per target ``[name, proto, host, port]`` (a JSON list), proto
   ``tcp`` (``connected`` or the error's name) or ``udp`` (``echoed`` when the echo comes back,
   else the error's name or ``timeout``); prints ``{name: outcome}``.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import signal
 import socket
 import sys
@@ -364,6 +367,15 @@ def rank_of(args: argparse.Namespace) -> int:
         ) from None
 
 
+def wait_for_file(path: str) -> bool:
+    """Wait until ``path`` exists (True), or until SIGTERM or SIGINT comes (False)."""
+    say(event="waiting", file=path)
+    while not os.path.exists(path):
+        if signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, 0.2) is not None:
+            return False
+    return True
+
+
 def rank_command(args: argparse.Namespace) -> int:
     rank = rank_of(args)
     # the pod's address (the kubelet's /etc/hosts maps the hostname to it)
@@ -373,6 +385,8 @@ def rank_command(args: argparse.Namespace) -> int:
         store = Store(args.bind, args.store_port)
         udp = keep_open([store.server], args.bind, drain=False)
         say(event="serving the store", port=args.store_port, udp=udp)
+    if args.after and not wait_for_file(args.after):
+        return 0  # stopped while waiting
     try:
         done = Rank(args, rank, host, store).run()
         say(event="complete", **done)
@@ -439,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--store-port", type=int, default=STORE_PORT)
     r.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole bootstrap")
     r.add_argument("--bind", default="0.0.0.0", help="the listeners' address")
+    r.add_argument(
+        "--after",
+        metavar="FILE",
+        help="start once FILE exists (rank 0 serves the store at once): a test starts the "
+        "group when the network is as it wants it",
+    )
     r.add_argument("--advertise", help="this rank's address for the others (default: the host's)")
     r.set_defaults(run=rank_command)
     t = commands.add_parser("reach", help="try TCP and UDP targets once each")
