@@ -97,6 +97,8 @@ def cel_rules(node: dict[str, Any], path: str) -> list[str]:
     for name, child in node.get("properties", {}).items():
         if not _is_pod_template(f"{path}.{name}".lstrip(".")):
             out += cel_rules(child, f"{path}.{name}")
+    if node.get("type") == "array" and "items" in node:  # a list's rules hold for each entry
+        out += cel_rules(node["items"], f"{path}[]")
     return out
 
 

@@ -767,10 +767,16 @@ def job(ctx: RunContext, component: str, pods: int, pod: Manifest, backoff_limit
     }
 
 
+def inference_service_port(ctx: RunContext) -> int:
+    """The inference Service's port, on the pods too: the writer's by handle, vLLM's inline."""
+    inference = ctx.spec.inference
+    return inference.writer.port if ctx.by_handle else inference.port
+
+
 def build_inference(ctx: RunContext) -> list[Manifest]:
     inference = ctx.spec.inference
     pod = pod_template(ctx, INFERENCE)
-    front_port = inference.writer.port if ctx.by_handle else inference.port
+    front_port = inference_service_port(ctx)
     ports = [{"name": names.HTTP_PORT_NAME, "port": front_port, "targetPort": front_port}]
     if ctx.by_handle:
         ports.append(
@@ -830,20 +836,20 @@ def build_network_policies(ctx: RunContext) -> list[Manifest]:
         return []
     inference, retention = ctx.spec.inference, ctx.spec.orchestrator.retention
     scrapers = list(ctx.settings.metrics_scrapers)
-    orchestrator_pod = pod_template(ctx, ORCHESTRATOR)
+    clients = netpol.unique(
+        [*ctx.settings.inference_clients, *(peer.manifest() for peer in inference.clients)]
+    )
     rules = {
         INFERENCE: netpol.inference_rules(
             ctx.name,
-            by_handle=ctx.by_handle,
-            vllm_port=inference.port,
-            writer_port=inference.writer.port,
-            writer_metrics_port=inference.writer.metrics_port,
+            service_port=inference_service_port(ctx),
+            writer_metrics_port=inference.writer.metrics_port if ctx.by_handle else None,
+            clients=clients,
             scrapers=scrapers,
         ),
         ORCHESTRATOR: netpol.orchestrator_rules(
             ctx.name,
-            declared=netpol.declared_ports(orchestrator_pod, skip=[names.RETENTION_CONTAINER]),
-            metrics_port=retention.metrics_port if ctx.by_handle else None,
+            retention_metrics_port=retention.metrics_port if ctx.by_handle else None,
             scrapers=scrapers,
         ),
         TRAINER: netpol.trainer_rules(ctx.name),

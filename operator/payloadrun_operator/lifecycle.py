@@ -85,6 +85,8 @@ PINS_USED = {
 # Spec fields that concern one workload only, or none's template.
 COMPONENT_FIELDS = (INFERENCE, ORCHESTRATOR, TRAINER)
 NOT_IN_TEMPLATES = ("suspend", "failurePolicy")
+# A component's fields that no template uses (its NetworkPolicy's clients): a change rolls no pod.
+NOT_IN_COMPONENT_TEMPLATES = {INFERENCE: ("clients",)}
 
 
 # --- pinned sidecars -------------------------------------------------------------------------
@@ -130,9 +132,10 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     """What ``component``'s template is built from, hashed: the run-wide spec, the payload mode
     (which inference.disaggregated alone can change), the component's own section and, by
     handle, the pinned settings it uses; the orchestrator also the inference ports it calls and
-    (layout 2) the number of replicas its admin URLs list. Neither suspend nor the failure
-    policy is part of any template. A layout-1 run's inputs leave out the fields added since
-    while they are unset (:data:`LAYOUT_2_FIELDS`), so they hash as they did then."""
+    (layout 2) the number of replicas its admin URLs list. Neither suspend, the failure policy
+    nor inference.clients (its NetworkPolicy's) is part of any template. A layout-1 run's
+    inputs leave out the fields added since while they are unset (:data:`LAYOUT_2_FIELDS`), so
+    they hash as they did then."""
     data = spec.model_dump(mode="json", by_alias=True)
     layout = layout_of(pin)
     if layout < 2:
@@ -140,6 +143,8 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
             where = data if section is None else data[section]
             if where.get(name) == default:
                 where.pop(name, None)
+    for name in NOT_IN_COMPONENT_TEMPLATES.get(component, ()):
+        data[component].pop(name, None)
     skipped = (*COMPONENT_FIELDS, *NOT_IN_TEMPLATES)
     by_handle = decide_payload_mode(spec).by_handle
     inputs: dict[str, Any] = {

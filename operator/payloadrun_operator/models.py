@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from payloadrun import settings as sidecar
@@ -259,6 +259,105 @@ SHM_DESCRIPTION = (
 )
 
 
+class SelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(Model):
+    key: Annotated[str, Field(min_length=1, max_length=317)] = Field(description="The label's key.")
+    operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
+    values: list[str] | None = Field(
+        default=None, description="The values (In, NotIn); empty for Exists and DoesNotExist."
+    )
+
+
+class LabelSelector(Model):
+    """A Kubernetes label selector (meta/v1 LabelSelector); empty selects everything."""
+
+    match_labels: dict[str, str] | None = Field(
+        default=None, description="Labels that must all match."
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        default=None, description="Requirements that must all hold."
+    )
+
+
+class IPBlock(Model):
+    """Addresses outside the cluster's pods (networking/v1 IPBlock)."""
+
+    cidr: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="A CIDR, e.g. 10.0.0.0/16."
+    )
+    except_: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None, alias="except", description="CIDRs inside cidr left out."
+    )
+
+
+PEER_NEEDS_ONE_MESSAGE = (
+    "a network peer needs podSelector, namespaceSelector or ipBlock (namespaceSelector: {} "
+    "alone is every pod of every namespace)"
+)
+PEER_IP_BLOCK_ALONE_MESSAGE = (
+    "a network peer's ipBlock cannot be combined with podSelector or namespaceSelector "
+    "(as in a NetworkPolicy): give them as two peers"
+)
+
+
+class NetworkPolicyPeer(Model):
+    """Who may connect, as a NetworkPolicy names it (networking/v1 NetworkPolicyPeer):
+    podSelector alone is pods of the run's namespace, namespaceSelector alone every pod of those
+    namespaces, both together those pods of those namespaces; ipBlock addresses outside the
+    cluster."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.podSelector) || has(self.namespaceSelector) || "
+                    "has(self.ipBlock)",
+                    "message": PEER_NEEDS_ONE_MESSAGE,
+                },
+                {
+                    "rule": "!has(self.ipBlock) || "
+                    "!(has(self.podSelector) || has(self.namespaceSelector))",
+                    "message": PEER_IP_BLOCK_ALONE_MESSAGE,
+                },
+            ]
+        }
+    )
+
+    pod_selector: LabelSelector | None = Field(default=None, description=LabelSelector.__doc__)
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description=LabelSelector.__doc__
+    )
+    ip_block: IPBlock | None = Field(default=None, description=IPBlock.__doc__)
+
+    @model_validator(mode="after")
+    def _one_kind_of_peer(self) -> NetworkPolicyPeer:
+        """The CEL rules above, for clusters without CEL (and for the operator's settings)."""
+        selectors = self.pod_selector is not None or self.namespace_selector is not None
+        if not selectors and self.ip_block is None:
+            raise ValueError(PEER_NEEDS_ONE_MESSAGE)
+        if selectors and self.ip_block is not None:
+            raise ValueError(PEER_IP_BLOCK_ALONE_MESSAGE)
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The peer as a NetworkPolicy takes it (fields not given left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+INFERENCE_CLIENTS_DESCRIPTION = (
+    "Who else may call the inference Service's port (the writer's by handle, vLLM's inline), "
+    "e.g. an eval job or a router: NetworkPolicy peers, added to the operator's own list "
+    "(PAYLOADRUN_INFERENCE_CLIENTS, the chart's operator.networkPolicy.inferenceFrom). The "
+    "run's own pods need no entry: they reach every port of each other."
+)
+
+
 class Inference(Model):
     """The vLLM servers (the writer sidecar beside each, by handle)."""
 
@@ -285,6 +384,9 @@ class Inference(Model):
     port: Port = Field(default=sidecar.VLLM_PORT, description="vLLM's HTTP port.")
     shm_size: Quantity | None = Field(default=None, description=SHM_DESCRIPTION)
     writer: Writer = Field(default_factory=Writer, description=Writer.__doc__)
+    clients: list[NetworkPolicyPeer] = Field(
+        default_factory=list, max_length=64, description=INFERENCE_CLIENTS_DESCRIPTION
+    )
     template: dict[str, Any] | None = _pod_template("inference", "vllm")
 
 

@@ -1,72 +1,40 @@
-"""The run's NetworkPolicies: who may connect to which of its pods' ports, and nobody else.
+"""The run's NetworkPolicies: its pods trust each other, and nothing else gets in.
 
-One policy per component (a NetworkPolicy's rules apply alike to every pod it selects, and the
-three components admit different peers), each selecting that component's pods of this run only:
+Frameworks open ports that no template declares: NCCL's bootstrap (every rank to rank 0's root
+listener, the root back to each rank, each rank to the next one's ring listener, all on ports the
+kernel picks), Gloo's, NIXL's, vLLM's data-parallel coordinator. prime-rl's NCCL weight broadcast
+joins trainer rank 0 and every inference worker in one such group (rank 0 hosts its store on port
+29501). So every pod of a run may reach every port, of every protocol (TCP, UDP, SCTP: a rule
+without ``ports``), of every other pod of the same run. From outside the run only:
 
-- inference pods: the writer's port (by handle) from the run's orchestrator; vLLM's port
-  (generate and admin calls, weight updates) from the run's own pods; every other port but the
-  writer's two from the run's trainers (an NCCL weight broadcast opens ports of its own); the
-  writer's metrics port from the scrapers (``PAYLOADRUN_METRICS_SCRAPERS``).
-- orchestrator pods: the ports its template declares from the run's own pods; the retention
-  sidecar's metrics port from the scrapers.
-- trainer pods: every port from the run's trainers (the rendezvous port and NCCL's).
+- the scrapers (``PAYLOADRUN_METRICS_SCRAPERS``) reach the sidecars' metrics ports: the writer's
+  on inference pods, the retention sidecar's on the orchestrator's (by handle: inline runs have
+  no sidecars);
+- the inference clients (``PAYLOADRUN_INFERENCE_CLIENTS``, for every run, and the run's own
+  ``spec.inference.clients``) reach the inference Service's port on the inference pods (the
+  writer's by handle, vLLM's inline): an eval job, a router.
 
-Nothing else comes in: another run's pods, another namespace, the inference Service's clients at
-large. Traffic inside a pod (the writer to vLLM, the orchestrator to its retention sidecar, on
-localhost) is no network traffic and needs no rule; the kubelet's probes come from the node,
-which NetworkPolicies do not restrict. Egress is left alone.
+One policy per component, ``<run>-inference``, ``<run>-orchestrator``, ``<run>-trainer`` (the
+names of earlier versions, so an upgraded run's policies are replaced in place), each with the
+run's trust rule and that component's outside rules: a policy's rules hold for every pod it
+selects, and one run-wide policy would open the writer's metrics port number on the trainers too.
+Each is applied even when it has only the trust rule, so an outside rule that goes from the spec
+goes from the cluster too (the operator does not delete children it stops building).
+
+A rule with no peers is left out: an empty ``from`` would admit every source. Traffic inside a
+pod (the writer to vLLM, the orchestrator to its retention sidecar, on localhost) is no network
+traffic; the kubelet's probes come from the node, which NetworkPolicies do not restrict. Egress is
+left alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from payloadrun_operator import names
-from payloadrun_operator.names import ORCHESTRATOR, TRAINER
 
 Manifest = dict[str, Any]
-MAX_PORT = 65535
-
-
-def port_ranges_except(excluded: Iterable[int]) -> list[Manifest]:
-    """TCP port rules covering 1-65535 but the ``excluded`` ports (NetworkPolicy ``endPort``)."""
-    rules: list[Manifest] = []
-    start = 1
-    for port in sorted(set(excluded)):
-        if port > start:
-            rules.append(tcp_range(start, port - 1))
-        start = port + 1
-    if start <= MAX_PORT:
-        rules.append(tcp_range(start, MAX_PORT))
-    return rules
-
-
-def tcp_range(first: int, last: int) -> Manifest:
-    rule: Manifest = {"protocol": "TCP", "port": first}
-    if last > first:
-        rule["endPort"] = last
-    return rule
-
-
-def tcp(*ports: int) -> list[Manifest]:
-    return [{"protocol": "TCP", "port": port} for port in sorted(set(ports))]
-
-
-def declared_ports(pod: Manifest, skip: Iterable[str]) -> list[Manifest]:
-    """The ports the pod's containers declare, those of containers named in ``skip`` left out."""
-    skipped = set(skip)
-    ports = []
-    seen = set()
-    for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
-        if container["name"] in skipped:
-            continue
-        for port in container.get("ports") or []:
-            key = (port["containerPort"], port.get("protocol", "TCP"))
-            if key not in seen:
-                seen.add(key)
-                ports.append({"protocol": key[1], "port": key[0]})
-    return sorted(ports, key=lambda p: (p["port"], p["protocol"]))
 
 
 def network_policy(
@@ -77,6 +45,7 @@ def network_policy(
     owner: Manifest,
     rules: list[Manifest],
 ) -> Manifest:
+    """The policy selecting ``component``'s pods of ``run``, admitting what ``rules`` say."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -96,59 +65,62 @@ def network_policy(
     }
 
 
-def peers(run: str, *components: str) -> list[Manifest]:
-    """The pods of ``run`` (of those components; every pod of the run when none is named)."""
-    if not components:
-        return [{"podSelector": {"matchLabels": {names.LABEL_RUN: run}}}]
-    return [
-        {"podSelector": {"matchLabels": {names.LABEL_RUN: run, names.LABEL_COMPONENT: c}}}
-        for c in components
-    ]
+def run_pods(run: str) -> Manifest:
+    """Every pod of ``run`` (its namespace's, since a podSelector alone means that)."""
+    return {"podSelector": {"matchLabels": {names.LABEL_RUN: run}}}
 
 
-def rule(sources: list[Manifest], ports: list[Manifest] | None) -> Manifest:
-    """An ingress rule; ``ports`` None: every port."""
-    return {"from": sources, "ports": ports}
+def trust_rule(run: str) -> Manifest:
+    """Every pod of the run, on every port of every protocol."""
+    return {"from": [run_pods(run)]}
 
 
-def finish(rules: list[Manifest]) -> list[Manifest]:
-    """The rules as the API takes them: no ``ports`` for every port, none with no port at all
-    (an empty ``ports`` would mean every port)."""
-    out = []
-    for r in rules:
-        if r["ports"] is None:
-            out.append({"from": r["from"]})
-        elif r["ports"]:
-            out.append(r)
+def tcp(port: int) -> list[Manifest]:
+    return [{"protocol": "TCP", "port": port}]
+
+
+def unique(peers: Iterable[Manifest]) -> list[Manifest]:
+    """The peers in order, each once."""
+    out: list[Manifest] = []
+    for peer in peers:
+        if peer not in out:
+            out.append(peer)
     return out
+
+
+def outside_rule(peers: Sequence[Manifest], port: int | None) -> list[Manifest]:
+    """``peers`` on TCP ``port``, as a list of at most one rule: none without peers (an empty
+    ``from`` would admit everyone) or without a port (the sidecar is not there)."""
+    if not peers or port is None:
+        return []
+    return [{"from": list(peers), "ports": tcp(port)}]
 
 
 def inference_rules(
     run: str,
     *,
-    by_handle: bool,
-    vllm_port: int,
-    writer_port: int,
-    writer_metrics_port: int,
-    scrapers: list[Manifest],
+    service_port: int,
+    writer_metrics_port: int | None,
+    clients: Sequence[Manifest],
+    scrapers: Sequence[Manifest],
 ) -> list[Manifest]:
-    rules = [rule(peers(run), tcp(vllm_port))]
-    writer_ports = (writer_port, writer_metrics_port) if by_handle else ()
-    if by_handle:
-        rules.insert(0, rule(peers(run, ORCHESTRATOR), tcp(writer_port)))
-        rules.append(rule(scrapers, tcp(writer_metrics_port)))
-    rules.append(rule(peers(run, TRAINER), port_ranges_except(writer_ports)))
-    return finish(rules)
+    """The run's pods anywhere; ``clients`` on the inference Service's port; ``scrapers`` on the
+    writer's metrics port (None: no writer, an inline run)."""
+    return [
+        trust_rule(run),
+        *outside_rule(clients, service_port),
+        *outside_rule(scrapers, writer_metrics_port),
+    ]
 
 
 def orchestrator_rules(
-    run: str, *, declared: list[Manifest], metrics_port: int | None, scrapers: list[Manifest]
+    run: str, *, retention_metrics_port: int | None, scrapers: Sequence[Manifest]
 ) -> list[Manifest]:
-    rules = [rule(peers(run), declared)]
-    if metrics_port is not None:
-        rules.append(rule(scrapers, tcp(metrics_port)))
-    return finish(rules)
+    """The run's pods anywhere; ``scrapers`` on the retention sidecar's metrics port (None: no
+    sidecar, an inline run)."""
+    return [trust_rule(run), *outside_rule(scrapers, retention_metrics_port)]
 
 
 def trainer_rules(run: str) -> list[Manifest]:
-    return finish([rule(peers(run, TRAINER), None)])
+    """The run's pods anywhere (torchrun's rendezvous, NCCL's, the weight broadcast's store)."""
+    return [trust_rule(run)]

@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from payloadrun import settings
 from payloadrun.settings import SettingsError, parse_bool, parse_int, setting
 from payloadrun_operator import __version__
+from payloadrun_operator.models import NetworkPolicyPeer
 
 DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
 DEFAULT_WRITER_RESOURCES = {
@@ -34,7 +37,6 @@ DEFAULT_METRICS_SCRAPERS: tuple[dict[str, Any], ...] = (
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
     },
 )
-PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}
 
 __all__ = ["DEFAULT_SIDECAR_IMAGE", "OperatorSettings", "SettingsError"]
 
@@ -50,20 +52,30 @@ def _json_object(raw: str) -> dict[str, Any]:
 
 
 def _peers(raw: str) -> tuple[dict[str, Any], ...]:
+    """A JSON list of NetworkPolicy peers, each checked as a run's spec.inference.clients are."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
-    if not isinstance(value, list) or not all(
-        isinstance(p, dict) and p and set(p) <= PEER_KEYS for p in value
-    ):
-        raise ValueError(
-            "must be a JSON list of NetworkPolicy peers, each an object of "
-            "podSelector/namespaceSelector/ipBlock, e.g. "
-            '[{"namespaceSelector": {}, "podSelector": {"matchLabels": '
-            '{"app.kubernetes.io/name": "prometheus"}}}]'
-        )
-    return tuple(value)
+    example = (
+        '[{"namespaceSelector": {}, "podSelector": {"matchLabels": '
+        '{"app.kubernetes.io/name": "prometheus"}}}]'
+    )
+    if not isinstance(value, list):
+        raise ValueError(f"must be a JSON list of NetworkPolicy peers, e.g. {example}")
+    peers = []
+    for i, peer in enumerate(value):
+        try:
+            peers.append(NetworkPolicyPeer.model_validate(peer).manifest())
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'the peer'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(
+                f"peer {i} ({json.dumps(peer)}) is not a NetworkPolicy peer of "
+                f"podSelector/namespaceSelector/ipBlock ({problems}), e.g. {example}"
+            ) from None
+    return tuple(peers)
 
 
 def _names(raw: str) -> tuple[str, ...]:
@@ -130,7 +142,9 @@ class OperatorSettings:
     )
     network_policies: bool = setting(
         True,
-        help="a NetworkPolicy per component of every run (off for CNIs that enforce none)",
+        help="NetworkPolicies for every run: its pods reach each other, outsiders only the "
+        "metrics ports (scrapers) and the inference Service (clients); off for CNIs that "
+        "enforce none",
         env="PAYLOADRUN_NETWORK_POLICIES",
         parse=parse_bool,
     )
@@ -138,6 +152,13 @@ class OperatorSettings:
         DEFAULT_METRICS_SCRAPERS,
         help="who may scrape the sidecars' metrics ports: a JSON list of NetworkPolicy peers",
         env="PAYLOADRUN_METRICS_SCRAPERS",
+        parse=_peers,
+    )
+    inference_clients: tuple[dict[str, Any], ...] = setting(
+        (),
+        help="who may call every run's inference Service port (beside each run's "
+        "spec.inference.clients): a JSON list of NetworkPolicy peers",
+        env="PAYLOADRUN_INFERENCE_CLIENTS",
         parse=_peers,
     )
     apply_retry_seconds: int = _seconds(

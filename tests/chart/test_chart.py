@@ -229,3 +229,53 @@ def test_every_variable_the_chart_sets_is_a_setting_of_the_operator(helm):
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     set_by_chart = {name for name in env_of(container) if name.startswith("PAYLOADRUN_")}
     assert set_by_chart and set_by_chart <= known, set_by_chart - known
+
+
+def test_network_policy_peers_reach_the_operator_as_they_were_given(helm, tmp_path):
+    """metricsFrom and inferenceFrom become the operator's JSON peers, parsed as its settings
+    parse them; inferenceFrom is empty unless set (the run's own pods only)."""
+    from payloadrun_operator.settings import OperatorSettings
+
+    evals = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "evals"}}}
+    gateway = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        json.dumps({"operator": {"networkPolicy": {"inferenceFrom": [evals, gateway]}}})
+    )
+    for rendered, clients in ((render(helm), ()), (render(helm, values=values), (evals, gateway))):
+        (deploy,) = by_kind(rendered)["Deployment"]
+        env = env_of(deploy["spec"]["template"]["spec"]["containers"][0])
+        config = OperatorSettings.from_env(
+            {k: v for k, v in env.items() if k.endswith(("_SCRAPERS", "_CLIENTS"))}
+        )
+        assert config.inference_clients == clients
+        assert config.metrics_scrapers == (
+            {
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            },
+        )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "operator.networkPolicy.inferenceFrom[0].pods.app=x",
+        "operator.networkPolicy.inferenceFrom[0].podSelector.matchLabel.app=x",
+        "operator.networkPolicy.metricsFrom[0].ipBlock.except[0]=10.0.0.0/8",
+    ],
+)
+def test_schema_rejects_peers_the_api_would_refuse(helm, value):
+    field = value.split(".")[2].split("[")[0]
+    error = refused(helm, value)
+    assert f"/operator/networkPolicy/{field}/0" in error, error
+
+
+def test_schema_rejects_an_ip_block_beside_a_selector(helm, tmp_path):
+    values = tmp_path / "values.yaml"
+    both = {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}
+    values.write_text(json.dumps({"operator": {"networkPolicy": {"inferenceFrom": [both]}}}))
+    result = run_helm(helm, "template", "rel", str(CHART), "--values", str(values), check=False)
+    assert result.returncode != 0 and "/operator/networkPolicy/inferenceFrom/0" in result.stderr, (
+        result.stderr
+    )

@@ -329,8 +329,8 @@ def outside_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]
 
 def test_network_policies_admit_the_run_and_the_scrapers_only(e2e):
     """Enforced by the node's policy controller: an outsider reaches no port of the run; the
-    orchestrator reaches the writer and vLLM; the trainers vLLM and each other's rendezvous
-    port, not the writer; Prometheus the metrics ports only."""
+    run's own pods (the orchestrator, a trainer) every port of each other, the sidecars'
+    included; Prometheus the metrics ports only."""
     inference, orchestrator = e2e.pod_of("inference"), e2e.pod_of("orchestrator")
     trainers = e2e.get(
         "pods",
@@ -379,11 +379,12 @@ def test_network_policies_admit_the_run_and_the_scrapers_only(e2e):
         who: sorted(t for t, got in found.items() if got == "connected")
         for who, found in seen.items()
     }
+    every_port = sorted(targets)
     assert connected == {
         "outsider": [],
         "prometheus": ["retention-metrics", "writer-metrics"],
-        "orchestrator": ["retention-metrics", "vllm", "writer"],  # its own pod: no network
-        "trainer": ["rendezvous", "vllm"],
+        "orchestrator": every_port,
+        "trainer": every_port,
     }, seen
 
 

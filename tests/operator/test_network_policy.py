@@ -1,96 +1,152 @@
-"""The run's NetworkPolicies, as built (enforcement with real pods: tests/integration)."""
+"""The run's NetworkPolicies, as built (enforcement with real pods:
+tests/integration/test_policy_enforcement.py).
+
+The rule: every pod of a run reaches every port, of every protocol, of every other pod of the
+run; from outside, the scrapers reach the sidecars' metrics ports and the inference clients the
+inference Service's port; nothing else."""
 
 import dataclasses
 
 import pytest
-from test_builders import by_kind, context
+from pydantic import ValidationError
+from test_builders import SETTINGS, by_kind, context
 
+from payloadrun_operator.admission import spec_errors
 from payloadrun_operator.builders import build_children
-from payloadrun_operator.networkpolicy import port_ranges_except
+from payloadrun_operator.lifecycle import inputs_hash, pin_of
+from payloadrun_operator.models import PayloadRunSpec
 from payloadrun_operator.settings import OperatorSettings, SettingsError
 
+COMPONENTS = ("inference", "orchestrator", "trainer")
 RUN = {"payloadrun.dev/run": "run1"}
-ORCHESTRATOR = {
-    "podSelector": {"matchLabels": {**RUN, "app.kubernetes.io/component": "orchestrator"}}
-}
-TRAINERS = {"podSelector": {"matchLabels": {**RUN, "app.kubernetes.io/component": "trainer"}}}
 RUN_PODS = {"podSelector": {"matchLabels": RUN}}
+TRUST = {"from": [RUN_PODS]}  # no ports: every port of every protocol
 PROMETHEUS = {
     "namespaceSelector": {},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
 }
+EVALS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "evals"}}}
+ROUTER = {"podSelector": {"matchLabels": {"app": "router"}}}
+GATEWAY = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}
+WRITER, VLLM, WRITER_METRICS, RETENTION_METRICS = 8100, 8000, 9100, 9200
 
 
-def policies(spec_dict):
-    children = by_kind(build_children(context(spec_dict)))
+def policies(spec_dict, settings=SETTINGS):
+    ctx = dataclasses.replace(context(spec_dict), settings=settings)
     return {
-        name.removeprefix("run1-"): child["spec"]
-        for (kind, name), child in children.items()
+        name.removeprefix("run1-"): child
+        for (kind, name), child in by_kind(build_children(ctx)).items()
         if kind == "NetworkPolicy"
     }
 
 
-def test_port_ranges_leave_out_exactly_the_excluded_ports():
-    assert port_ranges_except([]) == [{"protocol": "TCP", "port": 1, "endPort": 65535}]
-    assert port_ranges_except([8100, 8101, 1, 65535]) == [
-        {"protocol": "TCP", "port": 2, "endPort": 8099},
-        {"protocol": "TCP", "port": 8102, "endPort": 65534},
-    ]
-    assert port_ranges_except([3]) == [
-        {"protocol": "TCP", "port": 1, "endPort": 2},
-        {"protocol": "TCP", "port": 4, "endPort": 65535},
-    ]
+def ingress(spec_dict, settings=SETTINGS):
+    return {c: p["spec"]["ingress"] for c, p in policies(spec_dict, settings).items()}
+
+
+def tcp(port):
+    return [{"protocol": "TCP", "port": port}]
 
 
 def with_ports(spec_dict):
-    spec_dict["inference"] |= {"port": 8000, "writer": {"port": 8100, "metricsPort": 9100}}
-    spec_dict["orchestrator"]["retention"] = {"metricsPort": 9200}
+    spec_dict["inference"] |= {"port": VLLM, "writer": {"port": WRITER, "metricsPort": 9100}}
+    spec_dict["orchestrator"]["retention"] = {"metricsPort": RETENTION_METRICS}
     return spec_dict
 
 
-def test_by_handle_the_writer_is_open_to_the_orchestrator_only(spec_dict):
-    inference = policies(with_ports(spec_dict))["inference"]
-    writer, vllm, writer_metrics = 8100, 8000, 9100
-    assert inference["podSelector"] == {
-        "matchLabels": {**RUN, "app.kubernetes.io/component": "inference"}
-    }
-    assert inference["policyTypes"] == ["Ingress"]
-    rules = inference["ingress"]
-    assert {"from": [ORCHESTRATOR], "ports": [{"protocol": "TCP", "port": writer}]} in rules
-    assert {"from": [RUN_PODS], "ports": [{"protocol": "TCP", "port": vllm}]} in rules
-    assert {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": writer_metrics}]} in rules
-    (trainer_rule,) = [r for r in rules if r["from"] == [TRAINERS]]
-    opened = {
-        p for r in trainer_rule["ports"] for p in range(r["port"], r.get("endPort", r["port"]) + 1)
-    }
-    assert writer not in opened and writer_metrics not in opened and vllm in opened
-    # nobody else gets the writer's port
-    for r in rules:
-        if r["from"] != [ORCHESTRATOR]:
-            assert all(p.get("port") != writer for p in r.get("ports", [])), r
+def test_one_policy_per_component_selects_its_pods_of_this_run_only(spec_dict):
+    found = policies(spec_dict)
+    assert sorted(found) == ["inference", "orchestrator", "trainer"]
+    for component, policy in found.items():
+        assert policy["metadata"]["name"] == f"run1-{component}"
+        assert policy["spec"]["podSelector"] == {
+            "matchLabels": {**RUN, "app.kubernetes.io/component": component}
+        }
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["metadata"]["ownerReferences"][0]["name"] == "run1"
 
 
-def test_inline_has_no_writer_rule(spec_dict):
-    spec_dict["payloads"] = {"mode": "Inline"}
-    rules = policies(spec_dict)["inference"]["ingress"]
-    assert [r["from"] for r in rules] == [[RUN_PODS], [TRAINERS]]
-    assert rules[1]["ports"] == [{"protocol": "TCP", "port": 1, "endPort": 65535}]
+@pytest.mark.parametrize("mode", ["ByHandle", "Inline"])
+def test_every_pod_of_the_run_reaches_every_port_of_every_other(spec_dict, mode):
+    spec_dict["payloads"] = {"mode": mode}
+    for component, rules in ingress(spec_dict).items():
+        # the first rule of each: the run's pods, no port list (every port, TCP, UDP and SCTP)
+        assert rules[0] == TRUST, component
+        # and no other rule names the run's pods (nothing narrower, nothing duplicated)
+        assert all(RUN_PODS not in r["from"] for r in rules[1:]), component
 
 
-def test_trainers_admit_only_their_peers_on_every_port(spec_dict):
-    assert policies(spec_dict)["trainer"]["ingress"] == [{"from": [TRAINERS]}]
-
-
-def test_orchestrator_opens_the_ports_its_template_declares_and_its_metrics(spec_dict):
+def test_by_handle_outsiders_get_the_metrics_ports_and_the_clients_the_writer(spec_dict):
     with_ports(spec_dict)
-    spec_dict["orchestrator"]["template"] = {
-        "spec": {"containers": [{"name": "orchestrator", "ports": [{"containerPort": 7000}]}]}
-    }
-    rules = policies(spec_dict)["orchestrator"]["ingress"]
-    assert rules == [
-        {"from": [RUN_PODS], "ports": [{"protocol": "TCP", "port": 7000}]},
-        {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 9200}]},
+    spec_dict["inference"]["clients"] = [ROUTER]
+    rules = ingress(spec_dict)
+    assert rules["inference"] == [
+        TRUST,
+        {"from": [ROUTER], "ports": tcp(WRITER)},
+        {"from": [PROMETHEUS], "ports": tcp(WRITER_METRICS)},
     ]
+    assert rules["orchestrator"] == [TRUST, {"from": [PROMETHEUS], "ports": tcp(RETENTION_METRICS)}]
+    assert rules["trainer"] == [TRUST]
+
+
+def test_inline_the_clients_get_vllm_and_no_sidecar_port_is_opened(spec_dict):
+    with_ports(spec_dict)
+    spec_dict["payloads"] = {"mode": "Inline"}
+    spec_dict["inference"]["clients"] = [ROUTER]
+    assert ingress(spec_dict) == {
+        "inference": [TRUST, {"from": [ROUTER], "ports": tcp(VLLM)}],
+        "orchestrator": [TRUST],
+        "trainer": [TRUST],
+    }
+
+
+def test_without_clients_the_inference_service_is_the_runs_alone(spec_dict):
+    with_ports(spec_dict)
+    rules = ingress(spec_dict)["inference"]
+    assert rules == [TRUST, {"from": [PROMETHEUS], "ports": tcp(WRITER_METRICS)}]
+
+
+def test_clients_of_the_operator_and_of_the_run_are_joined_each_once(spec_dict):
+    with_ports(spec_dict)
+    settings = dataclasses.replace(SETTINGS, inference_clients=(EVALS, ROUTER))
+    spec_dict["inference"]["clients"] = [ROUTER, GATEWAY]
+    (clients,) = [
+        r for r in ingress(spec_dict, settings)["inference"] if r.get("ports") == tcp(WRITER)
+    ]
+    assert clients["from"] == [EVALS, ROUTER, GATEWAY]
+
+
+def test_no_scrapers_opens_no_metrics_port(spec_dict):
+    """An empty ``from`` would admit every source: a rule without peers is left out."""
+    with_ports(spec_dict)
+    settings = dataclasses.replace(SETTINGS, metrics_scrapers=())
+    assert ingress(spec_dict, settings) == {
+        "inference": [TRUST],
+        "orchestrator": [TRUST],
+        "trainer": [TRUST],
+    }
+    for rules in ingress(spec_dict, settings).values():
+        assert all(r["from"] for r in rules)
+
+
+def test_a_client_removed_from_the_spec_leaves_the_applied_policy(spec_dict):
+    """The operator does not delete children it stops building: the inference policy is built
+    with the trust rule alone, so applying it takes the client's rule away."""
+    spec_dict["payloads"] = {"mode": "Inline"}
+    spec_dict["inference"]["clients"] = [ROUTER]
+    assert len(ingress(spec_dict)["inference"]) == 2
+    spec_dict["inference"]["clients"] = []
+    assert ingress(spec_dict)["inference"] == [TRUST]
+
+
+def test_clients_change_the_policy_and_roll_no_pod(spec_dict):
+    """Clients are no input of any pod template: naming one (or adding the field, for runs made
+    before it) changes no component's inputs hash, so no pod is replaced."""
+    pin = pin_of(SETTINGS)
+    before = {c: inputs_hash(PayloadRunSpec.model_validate(spec_dict), c, pin) for c in COMPONENTS}
+    spec_dict["inference"]["clients"] = [ROUTER]
+    after = {c: inputs_hash(PayloadRunSpec.model_validate(spec_dict), c, pin) for c in COMPONENTS}
+    assert after == before
 
 
 def test_turned_off_there_are_none(spec_dict):
@@ -100,9 +156,37 @@ def test_turned_off_there_are_none(spec_dict):
     assert len(children) == len(build_children(context(spec_dict))) - 3
 
 
-def test_scrapers_come_from_the_settings_and_bad_ones_are_refused():
+def test_scrapers_and_clients_come_from_the_settings_and_bad_ones_are_refused():
     peers = '[{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]'
-    config = OperatorSettings.from_env({"PAYLOADRUN_METRICS_SCRAPERS": peers})
-    assert config.metrics_scrapers == ({"namespaceSelector": {"matchLabels": {"team": "obs"}}},)
-    with pytest.raises(SettingsError, match=r"PAYLOADRUN_METRICS_SCRAPERS.*NetworkPolicy peers"):
-        OperatorSettings.from_env({"PAYLOADRUN_METRICS_SCRAPERS": '[{"pods": {}}]'})
+    config = OperatorSettings.from_env(
+        {"PAYLOADRUN_METRICS_SCRAPERS": peers, "PAYLOADRUN_INFERENCE_CLIENTS": peers}
+    )
+    expected = ({"namespaceSelector": {"matchLabels": {"team": "obs"}}},)
+    assert config.metrics_scrapers == expected and config.inference_clients == expected
+    assert OperatorSettings.from_env({}).inference_clients == ()
+    for env in ("PAYLOADRUN_METRICS_SCRAPERS", "PAYLOADRUN_INFERENCE_CLIENTS"):
+        with pytest.raises(SettingsError, match=rf"{env}.*peer 0 .*pods: Extra inputs"):
+            OperatorSettings.from_env({env: '[{"pods": {}}]'})
+        with pytest.raises(SettingsError, match=rf"{env}.*JSON list of NetworkPolicy peers"):
+            OperatorSettings.from_env({env: "{}"})
+        with pytest.raises(SettingsError, match=rf"{env}.*peer 1 .*cannot be combined"):
+            both = '{"ipBlock": {"cidr": "1.2.3.4/32"}, "podSelector": {}}'
+            OperatorSettings.from_env({env: f'[{{"podSelector": {{}}}}, {both}]'})
+
+
+@pytest.mark.parametrize(
+    ("peer", "message"),
+    [
+        ({}, "needs podSelector, namespaceSelector or ipBlock"),
+        ({"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}, "cannot be combined"),
+        ({"pods": {}}, "Extra inputs are not permitted"),
+        ({"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}, "'In'"),
+        ({"ipBlock": {"except": ["10.0.0.0/8"]}}, "cidr"),
+    ],
+)
+def test_a_run_naming_a_bad_client_is_refused_with_the_reason(spec_dict, peer, message):
+    spec_dict["inference"]["clients"] = [peer]
+    with pytest.raises(ValidationError, match=message):
+        PayloadRunSpec.model_validate(spec_dict)
+    spec, errors = spec_errors({"metadata": {"name": "run1"}, "spec": spec_dict})
+    assert spec is None and any(message in e for e in errors), errors

@@ -95,6 +95,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.operator.networkPolicy.enabled | quote }}
 - name: PAYLOADRUN_METRICS_SCRAPERS
   value: {{ .Values.operator.networkPolicy.metricsFrom | toJson | quote }}
+- name: PAYLOADRUN_INFERENCE_CLIENTS
+  value: {{ .Values.operator.networkPolicy.inferenceFrom | toJson | quote }}
 - name: PAYLOADRUN_LEADER_ELECTION
   value: {{ .Values.operator.leaderElection.enabled | quote }}
 - name: PAYLOADRUN_LEASE_NAME
