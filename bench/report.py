@@ -8,6 +8,7 @@ run; the load at the start and at the end says how much to trust it on a shared 
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -52,3 +53,21 @@ def print_goals(goals: Sequence[Goal], fmt: Callable[[float], str] = "{:.2f}".fo
     for g in goals:
         print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{'met' if g.met else 'NO':>4}")
     return {g.measure: asdict(g) for g in goals}
+
+
+def scrape(url: str, timeout: float = 30) -> dict[tuple[str, tuple], float]:
+    """(sample name, sorted labels) -> value of every sample on a /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(m: dict, name: str, **labels: str) -> float:
+    """One sample of a :func:`scrape`, 0 when the page has none."""
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -42,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,10 +50,10 @@ from pathlib import Path
 
 import aiohttp
 import pybase64
-from prometheus_client.parser import text_string_to_metric_families
 
 import report
 from payloadrun.testing import processes
+from report import scrape, value
 
 MIB = 1 << 20
 ROW_BYTES = 48 * 8  # Qwen3-30B-A3B: 48 MoE layers x top-8 uint8 ids
@@ -78,21 +77,6 @@ def request_body(size: int, payload_dir: str | None, tag: int = 0) -> bytes:
 
 
 # --- the writer's metrics -------------------------------------------------------------------------
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """(sample name, sorted labels) -> value of every sample on a /metrics page."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(m: dict, name: str, **labels: str) -> float:
-    return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def work_buckets(m: dict) -> list[tuple[float, float]]:

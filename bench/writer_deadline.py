@@ -34,13 +34,13 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 import report
 from payloadrun.codec import PositionedRows
 from payloadrun.store import PayloadStore
 from payloadrun.testing import processes
 from payloadrun_devcluster.glusterfs import GlusterServer, teardown, unsupported_reason
+from report import scrape, value
 
 MIB = 1 << 20
 ROW_BYTES = 48 * 8
@@ -48,20 +48,6 @@ MAX_TOKENS = 16
 PATH = "/inference/v1/generate"
 HEADERS = {"Content-Type": "application/json", "x-fake-cache": "1"}
 WORK = "payloadrun_writer_response_work_seconds"
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(m: dict, name: str, **labels: str) -> float:
-    return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def request_body(size: int, payload_dir: str, tag: int = 0) -> bytes:

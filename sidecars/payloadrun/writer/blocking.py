@@ -80,15 +80,21 @@ def admit_request(
         return None
     plan = plan_request(endpoint, parsed)
     if plan is not None and store is not None:
-        try:
-            store.root.version_dir(plan.payload_dir)
-        except PayloadPathError as exc:
-            raise RequestError(str(exc), plan.payload_dir) from exc
-        except OSError:
-            # the volume cannot be asked now (its server is away, say): vLLM still answers,
-            # and the write checks the path again, or sends the answer back inline
-            pass
+        check_payload_dir(store, plan)
     return plan
+
+
+def check_payload_dir(store: PayloadStore, plan: RequestPlan) -> None:
+    """Refuse the request's ``payload_dir`` (:class:`RequestError`) when the volume shows it
+    outside the root (a symlink, say). A volume that cannot be asked now (its server is away)
+    refuses nothing: vLLM still answers, and the write checks the path again, or sends the
+    answer back inline."""
+    try:
+        store.root.version_dir(plan.payload_dir)
+    except PayloadPathError as exc:
+        raise RequestError(str(exc), plan.payload_dir) from exc
+    except OSError:
+        pass
 
 
 @dataclass(slots=True)

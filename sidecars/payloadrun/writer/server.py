@@ -43,7 +43,6 @@ from aiohttp import web
 from yarl import URL
 
 from payloadrun import serving
-from payloadrun.paths import PayloadPathError
 from payloadrun.serving import Listener
 from payloadrun.settings import Env
 from payloadrun.store import PayloadStore
@@ -54,6 +53,7 @@ from payloadrun.writer.blocking import (
     Prepared,
     RewriteResult,
     admit_request,
+    check_payload_dir,
     inline_instead,
     prepare_response,
     rewrite_response,
@@ -266,7 +266,7 @@ class Writer:
         plan = await self.run(admit_request, None, endpoint, body, limit)
         if plan is None:  # a streaming request's payload_dir is checked too (it then passes)
             return None, plan, None
-        outcome, store = await self._on_volume(check_payload_dir, self.holder, plan)
+        outcome, store = await self._on_volume(checked_store, self.holder, plan)
         if outcome != DONE:  # not touching the volume: the store if it was opened before
             return self.holder.opened, plan, outcome
         return store, plan, None
@@ -619,18 +619,12 @@ def _unlink(path: str, why: str = "its client went away before the answer was se
 DONE, LATE = "done", "write_timeout"
 
 
-def check_payload_dir(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | None:
-    """The store, with the request's ``payload_dir`` checked on the volume (a symlink is a
-    :class:`RequestError`); run on the write threads. A volume that cannot be asked now leaves
-    the check to the write."""
+def checked_store(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | None:
+    """The store, with the request's ``payload_dir`` checked on the volume
+    (:func:`~payloadrun.writer.blocking.check_payload_dir`); run on the write threads."""
     store = holder.get()
     if store is not None:
-        try:
-            store.root.version_dir(plan.payload_dir)
-        except PayloadPathError as exc:
-            raise RequestError(str(exc), plan.payload_dir) from exc
-        except OSError:
-            pass
+        check_payload_dir(store, plan)
     return store
 
 
