@@ -167,13 +167,49 @@ def test_a_hung_journal_is_answered_503_fenced_then_read_back_to_the_same_state(
         assert existing(kept + late) == kept + late
 
 
+@pytest.mark.parametrize("call", ["discard", "empty_batch"])
+def test_a_late_append_that_changes_no_batch_still_releases_its_files(volume, tmp_path, call):
+    """A discard, or a batch deleted at once, changes no pending batch: whether its timed-out
+    append landed is read off the journal, so its files go without a retry."""
+    root = volume.path / "run"
+    root.mkdir()
+    journal_path = root / ".retention" / JOURNAL_NAME
+    with (
+        SidecarProcess(
+            root, RUN, args=(*ARGS, "--max-steps", "100"), log_path=tmp_path / "sidecar.log"
+        ) as sidecar,
+        RetentionClient(sidecar.url, timeout=30) as client,
+    ):
+        doomed, kept = make_files(root, 0, 4), make_files(root, 0, 2)
+        client.record_batch(1, kept)
+        size = journal_path.stat().st_size
+        volume.freeze()
+        try:
+            with pytest.raises(RetentionVolumeHungError) as info:
+                if call == "discard":
+                    client.discard(doomed)
+                else:  # past --max-steps: deleted at once, no batch kept
+                    client.record_batch(101, doomed)
+            assert info.value.fenced
+            assert volume.frozen and journal_path.stat().st_size == size
+        finally:
+            volume.thaw()
+        wait_for(lambda: scrape(sidecar.metrics_url)["payloadrun_retention_journal_fenced"] == 0)
+        wait_for(lambda: existing(doomed) == [] or None, timeout=60)
+        after = idle(client)
+        assert existing(kept) == kept and after["pending_steps"] == [1]
+    assert "(the event that timed out landed)" in (tmp_path / "sidecar.log").read_text()
+
+
 def test_calls_behind_a_hung_append_are_answered_503_too(volume, tmp_path):
     """Calls made while one waits on the volume get their own 503: waiting for the call ahead
     of them (within their deadline) or refused by the fence it set."""
     root = volume.path / "run"
     root.mkdir()
     with (
-        SidecarProcess(root, RUN, args=ARGS, log_path=tmp_path / "sidecar.log") as sidecar,
+        SidecarProcess(
+            root, RUN, args=(*ARGS, "--max-steps", "100"), log_path=tmp_path / "sidecar.log"
+        ) as sidecar,
         RetentionClient(sidecar.url, timeout=30) as client,
     ):
         batches = [make_files(root, 0, 2) for _ in range(4)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -592,23 +593,23 @@ class RetentionService:
             fence = self._fence
             assert fence is not None
             released: journal.Released = []
-            if journal.same_state(rebuilt, self._state):
-                landed = False  # the timed-out event is not in the journal: it never happened
-            else:
-                landed = fence.record is not None
-                if landed:
-                    released = journal.replay([fence.record], self._state)
-                if not landed or not journal.same_state(rebuilt, self._state):
-                    # the journal says something memory does not: it is the truth; hand every
-                    # deletion it holds to the queue, as a restart would (gone files are fine)
-                    log.warning(
-                        "the retention journal %s disagrees with memory after a fence; taking "
-                        "the journal's state (as a restart would)",
-                        path,
-                    )
-                    for f in dataclasses.fields(RetentionState):
-                        setattr(self._state, f.name, getattr(rebuilt, f.name))
-                    released = everything
+            # Whether the timed-out event landed is read off the journal's tail (nothing is
+            # appended while fenced), not off the state: a discard, or a batch deleted at once,
+            # changes no state and still releases files.
+            landed = fence.record is not None and records[-1] == as_read(fence.record)
+            if landed:
+                released = journal.replay([fence.record], self._state)
+            if not journal.same_state(rebuilt, self._state):
+                # the journal says something memory does not: it is the truth; hand every
+                # deletion it holds to the queue, as a restart would (gone files are fine)
+                log.warning(
+                    "the retention journal %s disagrees with memory after a fence; taking "
+                    "the journal's state (as a restart would)",
+                    path,
+                )
+                for f in dataclasses.fields(RetentionState):
+                    setattr(self._state, f.name, getattr(rebuilt, f.name))
+                released = everything
             if released:
                 self.queue.submit(released, timed=False, sweep=self._state.policy_step)
             self._fence = None
@@ -705,3 +706,8 @@ __all__ = [
     "StartMode",
     "VolumeHungError",
 ]
+
+
+def as_read(record: journal.Record) -> journal.Record:
+    """A record as the journal reads it back (JSON's lists for tuples, say)."""
+    return json.loads(journal.encode(record))

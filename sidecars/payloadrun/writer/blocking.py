@@ -43,7 +43,7 @@ FALLBACK_REASONS = (
     "bad_response",  # the upstream body is not a JSON completion
     "content_encoding",  # the upstream body is in a content coding the writer cannot read
     "write_timeout",  # the write did not finish within --write-deadline
-    "breaker_open",  # writes hung lately: the volume is skipped until a probe write succeeds
+    "breaker_open",  # writes hung lately: the volume is skipped until a probe call returns in time
     "write_threads_full",  # every write thread is held by a write still blocked past its deadline
 )
 

@@ -116,7 +116,7 @@ class WriterConfig:
         5.0,
         help="seconds the writer skips the volume after a write missed its deadline (answers "
         "inline, fallback reason breaker_open); then one request at a time probes it, and the "
-        "first write done in time closes the breaker",
+        "first volume call (a payload_dir check or a write) done in time closes the breaker",
         flag="--breaker-cooldown",
         env=Env.WRITER_BREAKER_COOLDOWN,
         parse=parse_float,

@@ -33,15 +33,19 @@ class StoreHolder:
         return self._store
 
     def get(self) -> PayloadStore | None:
+        """The store, opened now if it was not (no lock is held while the volume is asked: a
+        hung mount holds only the threads that ask it, never those that wait for a lock)."""
         if self._store is not None or self.root is None:
             return self._store
+        try:
+            store = PayloadStore(self.root)
+        except PayloadPathError as exc:
+            self.error = str(exc)
+            return None
         with self._lock:
             if self._store is None:
-                try:
-                    self._store = PayloadStore(self.root)
-                except PayloadPathError as exc:
-                    self.error = str(exc)
-        return self._store
+                self._store = store
+            return self._store
 
 
 def probe_root(holder: StoreHolder) -> str | None:

@@ -158,7 +158,7 @@ class Writer:
         await asyncio.to_thread(self.monitor.wait_first, self.probe_deadline + 1.0)
 
     async def stop(self) -> None:
-        self.monitor.stop()
+        await asyncio.to_thread(self.monitor.stop)  # may wait out a probe on a hung mount
         self.write_threads.shutdown()
         if self.session is not None:
             await self.session.close()
@@ -292,6 +292,7 @@ class Writer:
             return admission, None
         job = self.write_threads.submit(fn, *args)
         waiter = asyncio.wrap_future(job, loop=loop)
+        waiter.add_done_callback(_retrieved)  # a late call's error is no "never retrieved"
         try:
             done, _ = await asyncio.wait({waiter}, timeout=self.config.write_deadline)
         except asyncio.CancelledError:
@@ -603,6 +604,11 @@ class Writer:
         m.request(result.mode, 200)
         m.sent(result.mode, len(result.body))
         return resp
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _unlink(path: str, why: str = "its client went away before the answer was sent") -> None:
