@@ -8,10 +8,12 @@ the same checks (:mod:`validation`).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from payloadrun import settings as sidecar
@@ -266,12 +268,63 @@ class SelectorOperator(StrEnum):
     DOES_NOT_EXIST = "DoesNotExist"
 
 
+# Label keys and values as the API server checks them in a selector (apimachinery's
+# validation.IsQualifiedName and IsValidLabelValue): a NetworkPolicy the operator applies with
+# a bad one would be refused at every pass, so a run naming one is refused at admission.
+_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY = re.compile(rf"^({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}$")
+LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+
+
+def check_label_key(key: str) -> str:
+    prefix = key.rpartition("/")[0]
+    if not LABEL_KEY.match(key) or len(prefix) > 253:
+        raise ValueError(
+            f"label key {key!r} is not valid: a name of at most 63 characters (letters, digits, "
+            "'-', '_', '.'; a letter or digit at each end), optionally after a DNS subdomain "
+            "prefix and '/'"
+        )
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if not LABEL_VALUE.match(value):
+        raise ValueError(
+            f"label value {value!r} is not valid: empty, or at most 63 characters (letters, "
+            "digits, '-', '_', '.'; a letter or digit at each end)"
+        )
+    return value
+
+
 class LabelSelectorRequirement(Model):
     key: Annotated[str, Field(min_length=1, max_length=317)] = Field(description="The label's key.")
     operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
     values: list[str] | None = Field(
         default=None, description="The values (In, NotIn); empty for Exists and DoesNotExist."
     )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: str) -> str:
+        return check_label_key(key)
+
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> LabelSelectorRequirement:
+        takes_values = self.operator in (SelectorOperator.IN, SelectorOperator.NOT_IN)
+        if takes_values and not self.values:
+            raise ValueError(
+                f"matchExpressions {self.key!r} {self.operator.value} needs values: name at "
+                "least one, or use Exists / DoesNotExist"
+            )
+        if not takes_values and self.values:
+            raise ValueError(
+                f"matchExpressions {self.key!r} {self.operator.value} takes no values: remove "
+                f"{self.values!r}, or use In / NotIn"
+            )
+        for value in self.values or []:
+            check_label_value(value)
+        return self
 
 
 class LabelSelector(Model):
@@ -284,6 +337,14 @@ class LabelSelector(Model):
         default=None, description="Requirements that must all hold."
     )
 
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (labels or {}).items():
+            check_label_key(key)
+            check_label_value(value)
+        return labels
+
 
 class IPBlock(Model):
     """Addresses outside the cluster's pods (networking/v1 IPBlock)."""
@@ -294,6 +355,28 @@ class IPBlock(Model):
     except_: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None, alias="except", description="CIDRs inside cidr left out."
     )
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, cidr: str) -> str:
+        return check_cidr(cidr)
+
+    @field_validator("except_")
+    @classmethod
+    def _excepts(cls, excepts: list[str] | None) -> list[str] | None:
+        for cidr in excepts or []:
+            check_cidr(cidr)
+        return excepts
+
+
+def check_cidr(cidr: str) -> str:
+    if "/" not in cidr:
+        raise ValueError(f"{cidr!r} is not a CIDR: give an address and a prefix, e.g. 10.0.0.0/16")
+    try:
+        ipaddress.ip_network(cidr, strict=False)
+    except ValueError as exc:
+        raise ValueError(f"{cidr!r} is not a CIDR ({exc}): e.g. 10.0.0.0/16") from None
+    return cidr
 
 
 PEER_NEEDS_ONE_MESSAGE = (
