@@ -42,8 +42,10 @@ dashboard-schema: ## Grafana's dashboard schema and tsc, for the dashboards' sch
 vllm: ## a CPU vLLM and a tiny MoE it serves, for the writer's real-vLLM tests (pip, cached)
 	@bash hack/vllm.sh >/dev/null
 
+# The cluster's half (the node, the control plane, glusterd) and the unit half run at once, as two
+# pytest processes (hack/test.py): the first mostly waits on pods, the second fills the cores.
 test: lint cluster-binaries node prometheus dashboard-schema vllm ## every test: lint, unit, integration, e2e with pods (CI)
-	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) -m pytest --durations=30
+	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) hack/test.py --durations=30
 
 unit: ## the tests that need no control plane and no GlusterFS (no root)
 	@$(PY) -m pytest -m "not integration and not sharedfs"

@@ -20,6 +20,25 @@ for package, home in (("payloadrun_devcluster", "cluster"), ("payloadrun_devkit"
     if importlib.util.find_spec(package) is None:
         sys.path.insert(0, str(REPO / home))
 
+# Fixtures that hold what the machine has one of: the control plane and its node, glusterd. A
+# test that uses one, directly or through another fixture, carries its marker, so the unit half
+# (``-m "not integration and not sharedfs"``: ``make unit``, and the half of ``make test`` that
+# runs beside the cluster's, hack/test.py) never runs it beside them, marked by hand or not.
+MACHINE_FIXTURES = {"kube_cluster": "integration", "gluster": "sharedfs"}
+
+
+def machine_markers(fixturenames: list[str] | tuple[str, ...]) -> set[str]:
+    """The markers a test using ``fixturenames`` (its whole fixture closure) must carry."""
+    return {marker for name, marker in MACHINE_FIXTURES.items() if name in fixturenames}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in machine_markers(getattr(item, "fixturenames", ())):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
 
 @pytest.fixture
 def busy_port():

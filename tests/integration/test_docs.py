@@ -19,9 +19,21 @@ import pytest
 
 from payloadrun_devkit import required
 
-# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: these
-# tests run before the session's cluster starts its node (one node per machine).
-pytestmark = [pytest.mark.integration, pytest.mark.node_lifecycle]
+# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: the
+# blocks that reach a cluster run before the session's cluster starts its node (one node per
+# machine). A block with none of these words needs no cluster, rewrites none of the files the
+# cluster's tests apply (crds/, charts/), and runs with the unit tests (hack/test.py).
+MACHINE = [pytest.mark.integration, pytest.mark.node_lifecycle]
+MACHINE_WORDS = (
+    "make ",
+    "devcluster",
+    "kubectl",
+    "helm",
+    "images.sh",
+    "KUBECONFIG",
+    "crds/",
+    "charts/",
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "cluster" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -65,7 +77,13 @@ def test_the_docs_have_commands():
     assert any(n.startswith("docs/operator.md") for n in names)
 
 
-@pytest.mark.parametrize(("where", "block"), blocks(), ids=[n for n, _ in blocks()])
+def marks(block: str) -> list[pytest.MarkDecorator]:
+    return MACHINE if any(word in block for word in MACHINE_WORDS) else []
+
+
+@pytest.mark.parametrize(
+    ("where", "block"), [pytest.param(n, b, id=n, marks=marks(b)) for n, b in blocks()]
+)
 def test_doc_block_runs(where, block, kube_binaries):
     script = runnable(block)
     if not script.strip():
