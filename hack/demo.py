@@ -14,6 +14,8 @@
 5. The data path at scale: a vLLM-format upstream behind the writer sidecar, the retention
    sidecar, and the simulator as orchestrator and trainer, on a temporary payload root; then the
    same rollouts under the version-sweep baseline, and what the inline transport would have sent.
+   It runs from the start, beside 1-4 (which mostly wait on the API server and pods), and is
+   printed after them.
 
 Nothing is left running at the end or on Ctrl-C; ``--keep`` leaves the control plane, the
 operator and the sidecars up, prints how to reach them, and stops them all on Ctrl-C.
@@ -29,8 +31,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +55,24 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def section(title: str) -> None:
-    say()
-    say(f"== {title} " + "=" * max(0, 72 - len(title)))
+def section(title: str, out: Callable[[str], None] = say) -> None:
+    out("")
+    out(f"== {title} " + "=" * max(0, 72 - len(title)))
+
+
+class Held:
+    """Lines kept to be printed later: the data path's, while the cluster's sections print."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def release(self) -> None:
+        for line in self.lines:
+            say(line)
+        self.lines.clear()
 
 
 def say_mode(status: dict[str, Any]) -> None:
@@ -84,6 +103,7 @@ class Demo:
         self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="payloadrun-demo-")))
         self.cluster: LocalCluster | None = None
         self.with_node = False
+        self.why_not: str | None = None
         self.reach: list[str] = []
 
     # --- helpers -------------------------------------------------------------------------------
@@ -127,7 +147,9 @@ class Demo:
 
     # --- the control plane ---------------------------------------------------------------------
 
-    def control_plane(self) -> None:
+    def decide_node(self) -> None:
+        """Whether a node runs here (else why not), decided before anything starts: the data
+        path's section number depends on it."""
         section("1. A Kubernetes cluster on this machine")
         try:
             binaries = find_binaries()
@@ -145,6 +167,10 @@ class Demo:
                 " per machine"
             )
         self.with_node = why_not is None
+        self.why_not = why_not
+
+    def control_plane(self) -> None:
+        why_not = self.why_not
         self.cluster = LocalCluster(self.tmp / "cluster", node=self.with_node)
         self.stack.callback(self.cluster.stop)
         t0 = time.monotonic()
@@ -315,12 +341,16 @@ class Demo:
 
     # --- the data path -------------------------------------------------------------------------
 
-    def data_path(self) -> None:
+    def data_path(self, out: Callable[[str], None] = say) -> None:
+        """Section 6 (4 without a node). ``out`` takes its lines: a :class:`Held` when it runs
+        beside the cluster's sections (:meth:`data_path_beside`)."""
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
         from payloadrun.testing import processes
 
         number = 6 if self.with_node else 4  # after the pods' two sections, when a node runs
-        section(f"{number}. The data path at scale: sidecar processes, the simulator as the loop")
+        section(
+            f"{number}. The data path at scale: sidecar processes, the simulator as the loop", out
+        )
         root = self.tmp / "payloads"
         root.mkdir()
         # Qwen3-30B-A3B's routing shape: 48 MoE layers, top-8 of 128 experts, 384 B per token
@@ -345,10 +375,10 @@ class Demo:
             log_path=self.tmp / "retention.log",
         ).start()
         self.stack.callback(retention.stop)
-        say(f"fake vLLM {fake.url} <- writer {writer} (metrics {writer_metrics_url})")
-        say(f"retention sidecar {retention.url} (metrics {retention.metrics_url})")
+        out(f"fake vLLM {fake.url} <- writer {writer} (metrics {writer_metrics_url})")
+        out(f"retention sidecar {retention.url} (metrics {retention.metrics_url})")
         tokens = f"{self.args.prompt_tokens}+{self.args.max_tokens}"
-        say(
+        out(
             f"payload root {root}; batch {w.batch_size} rollouts of {tokens} tokens, "
             f"max_off_policy_steps {w.max_off_policy_steps}"
         )
@@ -356,7 +386,7 @@ class Demo:
             f"writer metrics: curl {writer_metrics_url}",
             f"retention metrics: curl {retention.metrics_url}",
         ]
-        tty = sys.stdout.isatty()
+        tty = out is say and sys.stdout.isatty()  # a line per step when not on a terminal
 
         def progress(r) -> None:
             avoided = _metric(writer_metrics_url, REDUCTION_METRIC)
@@ -366,48 +396,58 @@ class Demo:
                 f"-> {mb(r.after_bytes):>9}  deleted {int(deleted):>6} files  "
                 f"kept off the wire {mb(avoided):>10}"
             )
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+            if tty:
+                print("\r" + line, end="", flush=True)
+            else:
+                out(line)
 
         kw = {
             "writer_url": writer,
             "prompt_tokens": self.args.prompt_tokens,
             "max_tokens": self.args.max_tokens,
         }
-        say("delete on consume (the retention sidecar):")
+        out("delete on consume (the retention sidecar):")
         consume = run_policy(w, DELETE_ON_CONSUME, root, url=retention.url, progress=progress, **kw)
         if tty:
-            say()
+            out("")
         handle_sent = _metric(
             writer_metrics_url, "payloadrun_writer_response_bytes_total", mode="handle"
         )
         avoided = _metric(writer_metrics_url, REDUCTION_METRIC)
-        say("the same rollouts under the version-sweep baseline (rmtree of old v<k> only):")
+        out("the same rollouts under the version-sweep baseline (rmtree of old v<k> only):")
         sweep = run_policy(w, VERSION_SWEEP, root, **kw)
-        self._summary(consume, sweep, handle_sent, avoided)
+        self._summary(consume, sweep, handle_sent, avoided, out)
         if consume.missing_files or sweep.missing_files:
             raise RuntimeError("the trainer found payload files missing: a retention bug")
 
-    def _summary(self, consume, sweep, handle_sent: float, avoided: float) -> None:
+    def _summary(
+        self, consume, sweep, handle_sent: float, avoided: float, out: Callable[[str], None]
+    ) -> None:
         inline = handle_sent + avoided
         rollouts = consume.written_rollouts
         per_batch = inline / max(rollouts, 1) * consume.workload.batch_size
-        section("Summary")
-        say(f"{'':34}{'peak directory':>16}{'in batches':>12}{'peak files':>12}")
+        section("Summary", out)
+        out(f"{'':34}{'peak directory':>16}{'in batches':>12}{'peak files':>12}")
         rows = (("delete on consume (payloadrun)", consume), ("version sweep (baseline)", sweep))
         for label, s in rows:
-            say(f"{label:34}{mb(s.peak_bytes):>16}{s.peak_batches:>12.2f}{s.peak_files:>12}")
+            out(f"{label:34}{mb(s.peak_bytes):>16}{s.peak_batches:>12.2f}{s.peak_files:>12}")
         if consume.peak_bytes:
             ratio = sweep.peak_bytes / consume.peak_bytes
-            say(f"the directory peaked {ratio:.1f} times lower with delete on consume")
-        say()
+            out(f"the directory peaked {ratio:.1f} times lower with delete on consume")
+        out("")
         smaller = inline / max(handle_sent, 1)
-        say(
+        out(
             f"responses for {rollouts} rollouts: inline {mb(inline)}, by handle {mb(handle_sent)} "
             f"({smaller:,.0f} times smaller); {mb(avoided)} kept off the wire"
         )
-        say(
+        out(
             f"and out of the orchestrator's memory: about {mb(per_batch)} per batch buffered inline"
         )
+
+    def data_path_beside(self) -> Beside:
+        """The data path started in a thread, beside the cluster's sections (which mostly wait
+        on the API server and on pods): its section is printed when theirs are done."""
+        return Beside(self).start()
 
     def keep_running(self) -> None:
         section("Left running (--keep)")
@@ -417,6 +457,35 @@ class Demo:
         say("press Ctrl-C to stop everything")
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
+
+
+class Beside:
+    """:meth:`Demo.data_path` in a thread, its lines held; :meth:`finish` waits for it, prints
+    them and raises what it raised."""
+
+    def __init__(self, demo: Demo) -> None:
+        self.held = Held()
+        self.error: BaseException | None = None
+        # a daemon: Ctrl-C stops its processes (the ExitStack), and nothing waits on it then
+        self.thread = threading.Thread(
+            target=self._run, args=(demo,), name="data-path", daemon=True
+        )
+
+    def _run(self, demo: Demo) -> None:
+        try:
+            demo.data_path(self.held)
+        except BaseException as error:  # re-raised by finish(), in the main thread
+            self.error = error
+
+    def start(self) -> Beside:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.thread.join()
+        self.held.release()
+        if self.error is not None:
+            raise self.error
 
 
 LOCAL_RUN = "local-node-by-handle.yaml"  # in examples/
@@ -507,13 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             demo = Demo(args, stack)
-            if not args.skip_cluster:
+            if args.skip_cluster:
+                demo.data_path()
+            else:
+                demo.decide_node()
+                beside = demo.data_path_beside()
                 demo.control_plane()
                 demo.chart()
                 demo.runs()
                 if demo.with_node:
                     demo.pods()
-            demo.data_path()
+                beside.finish()
             if args.keep:
                 demo.keep_running()
     except KeyboardInterrupt:

@@ -1,24 +1,29 @@
-"""``make test``'s pytest: the suite as two pytest processes at once, every test in exactly one.
+"""``make test``'s pytest: the suite as three pytest processes at once, every test in exactly one.
 
-- ``cluster``: ``-m "integration or sharedfs"``, the tests that hold the machine's one node,
-  control plane or glusterd. They run in the order they always did (the node-lifecycle tests
-  first, then the session's cluster), and spend most of their time waiting on pods and the API
-  server.
-- ``unit``: ``-m "not integration and not sharedfs"``, everything else: CPU-bound, and nothing
-  in it touches the node or glusterd, so it fills the cores the cluster half leaves idle.
+- ``node``: the tests that need the machine's one node (the session's cluster with its node, or
+  nodes of their own) or glusterd (which serves the node's volume too), and the integration tests
+  that reach no session control plane through a fixture. They run in the order they always did
+  (the node-lifecycle tests first, then the session's cluster) and spend most of their time
+  waiting on pods.
+- ``control-plane``: the tests that use the session's control plane and no node
+  (``kube_cluster`` without ``node_cluster``): a control plane of their own on loopback
+  (``PAYLOADRUN_NO_NODE=1``), beside the node's; they fail, not skip, if one needed pods.
+- ``unit``: everything else (``make unit``'s tests): CPU-bound, and nothing in it touches a
+  cluster or glusterd, so it fills the cores the other two leave idle.
 
-The two expressions are each other's complement, so each collected test runs in one half and only
-one, and no test is skipped for the split. A test cannot land in the unit half by a missing
-marker: ``tests/conftest.py`` marks every test that reaches the control plane or glusterd through
-a fixture. Each half writes its own log (named at the start; ``tail -f`` it to follow); when a
-half ends its summary is printed (durations, failures in full, the short summary), and the exit
-status is non-zero when either half failed.
+The three expressions partition the suite (each is the others' complement), so every collected
+test runs in one part and only one, and none is skipped for the split. A test cannot land in the
+wrong part by a missing marker: ``tests/conftest.py`` marks each test by the fixtures it uses
+(``control_plane``, ``node``, ``integration``, ``sharedfs``). Each part writes its own log (named
+at the start; ``tail -f`` it to follow); when a part ends its summary is printed (durations,
+failures in full, the short summary), and the exit status is non-zero when any part failed.
 
-    python hack/test.py [PYTEST_ARGS...]     # both halves get PYTEST_ARGS (--durations=30, -x...)
+    python hack/test.py [PYTEST_ARGS...]     # every part gets PYTEST_ARGS (--durations=30, -x...)
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -30,8 +35,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "integration or sharedfs"
-HALVES = {"cluster": MACHINE, "unit": f"not ({MACHINE})"}
-# pytest's sections after the progress dots: what a half prints when it ends
+CONTROL_PLANE_ONLY = "control_plane and not node and not sharedfs"
+# name: (marker expression, environment)
+PARTS = {
+    "node": (f"({MACHINE}) and not ({CONTROL_PLANE_ONLY})", {}),
+    "control-plane": (CONTROL_PLANE_ONLY, {"PAYLOADRUN_NO_NODE": "1"}),
+    "unit": (f"not ({MACHINE})", {}),
+}
+# pytest's sections after the progress dots: what a part prints when it ends
 SUMMARY_START = re.compile(
     r"^=+ (FAILURES|ERRORS|warnings summary|slowest .*durations|short test summary info"
     r"|.* in \d+(\.\d+)?s( \([\d:]+\))?) =+$",  # the last line: "1 passed in 2.00s"
@@ -39,13 +50,14 @@ SUMMARY_START = re.compile(
 )
 PROGRESS = re.compile(r"\[\s*(\d+)%\]")
 HEARTBEAT_S = 60.0
-NO_TESTS = 5  # pytest's exit status when a half selected nothing (PYTEST_ARGS name one half's)
+NO_TESTS = 5  # pytest's exit status when a part selected nothing (PYTEST_ARGS name others')
 
 
 @dataclass
-class Half:
+class Part:
     name: str
     marker: str
+    env: dict[str, str]
     log: Path
     process: subprocess.Popen | None = None
     started: float = field(default_factory=time.monotonic)
@@ -55,7 +67,7 @@ class Half:
     def command(self, pytest_args: list[str]) -> list[str]:
         return [
             sys.executable, "-m", "pytest", "-m", self.marker,
-            # each half its own cache (last failures), so neither overwrites the other's
+            # each part its own cache (last failures), so none overwrites another's
             "-o", f"cache_dir=.pytest_cache/{self.name}",
             *pytest_args,
         ]  # fmt: skip
@@ -80,53 +92,58 @@ def stamp(started: float) -> str:
 def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="payloadrun-test-"))
     started = time.monotonic()
-    halves = [Half(name, marker, logs / f"{name}.log") for name, marker in HALVES.items()]
-    for half in halves:
-        with half.log.open("w") as out:
-            half.process = subprocess.Popen(
-                half.command(argv), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+    parts = [Part(name, marker, env, logs / f"{name}.log") for name, (marker, env) in PARTS.items()]
+    for part in parts:
+        with part.log.open("w") as out:
+            part.process = subprocess.Popen(
+                part.command(argv),
+                cwd=REPO,
+                env={**os.environ, **part.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
-        print(f"{half.name}: pytest -m {half.marker!r}, log {half.log}", flush=True)
+        env = "".join(f"{k}={v} " for k, v in part.env.items())
+        print(f"{part.name}: {env}pytest -m {part.marker!r}, log {part.log}", flush=True)
 
     def interrupt(signum: int, _frame: object) -> None:
-        # SIGTERM (CI cancelling): each half gets SIGINT, so pytest tears its fixtures down (the
+        # SIGTERM (CI cancelling): each part gets SIGINT, so pytest tears its fixtures down (the
         # cluster stops, the host is cleaned) before it exits
-        for half in halves:
-            if half.process and half.process.poll() is None:
-                half.process.send_signal(signal.SIGINT)
+        for part in parts:
+            if part.process and part.process.poll() is None:
+                part.process.send_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, interrupt)
-    # the terminal's Ctrl-C reaches both halves (one process group): this waits for them
+    # the terminal's Ctrl-C reaches every part (one process group): this waits for them
     signal.signal(signal.SIGINT, lambda *_: None)
     failed = []
-    running = list(halves)
+    running = list(parts)
     next_beat = time.monotonic() + HEARTBEAT_S
     while running:
         time.sleep(1)
-        for half in list(running):
-            assert half.process is not None
-            code = half.process.poll()
+        for part in list(running):
+            assert part.process is not None
+            code = part.process.poll()
             if code is None:
                 continue
-            running.remove(half)
-            half.took = time.monotonic() - half.started
+            running.remove(part)
+            part.took = time.monotonic() - part.started
             print(
-                f"\n{stamp(started)} ===== {half.name} (pytest -m {half.marker!r}) ended: "
-                f"exit {code} in {half.took:.0f} s; log {half.log}",
+                f"\n{stamp(started)} ===== {part.name} (pytest -m {part.marker!r}) ended: "
+                f"exit {code} in {part.took:.0f} s; log {part.log}",
                 flush=True,
             )
-            print(summary(half.log.read_text(errors="replace")), end="", flush=True)
-            half.code = code
+            print(summary(part.log.read_text(errors="replace")), end="", flush=True)
+            part.code = code
             if code not in (0, NO_TESTS):
-                failed.append(half.name)
+                failed.append(part.name)
         if running and time.monotonic() >= next_beat:
             next_beat += HEARTBEAT_S
             beat = ", ".join(f"{h.name} {h.progress()}" for h in running)
             print(f"{stamp(started)} running: {beat}", flush=True)
-    if all(h.code == NO_TESTS for h in halves):
+    if all(h.code == NO_TESTS for h in parts):
         failed.append("no test selected")
-    took = {h.name: f"{h.took:.0f} s" for h in halves}
-    verdict = f"FAILED: {', '.join(failed)}" if failed else "both passed"
+    took = {h.name: f"{h.took:.0f} s" for h in parts}
+    verdict = f"FAILED: {', '.join(failed)}" if failed else "all passed"
     print(f"\n{stamp(started)} {verdict} ({took}); logs in {logs}", flush=True)
     return 1 if failed else 0
 

@@ -20,22 +20,36 @@ for package, home in (("payloadrun_devcluster", "cluster"), ("payloadrun_devkit"
     if importlib.util.find_spec(package) is None:
         sys.path.insert(0, str(REPO / home))
 
-# Fixtures that hold what the machine has one of: the control plane and its node, glusterd. A
-# test that uses one, directly or through another fixture, carries its marker, so the unit half
-# (``-m "not integration and not sharedfs"``: ``make unit``, and the half of ``make test`` that
-# runs beside the cluster's, hack/test.py) never runs it beside them, marked by hand or not.
-MACHINE_FIXTURES = {"kube_cluster": "integration", "gluster": "sharedfs"}
+# What a test holds of what the machine has one of, by the fixtures it uses (directly or through
+# another fixture): its marker says so, marked by hand or not. hack/test.py (make test) runs the
+# suite as three pytest processes at once by these markers, and `make unit` takes the tests with
+# none of them: a test that reaches the node, a control plane or glusterd through a fixture never
+# runs beside another that holds it.
+MACHINE_FIXTURES = {
+    "kube_cluster": ("integration", "control_plane"),  # the session's control plane
+    "node_cluster": ("integration", "node"),  # ... with its node, where pods run
+    "node_binaries": ("integration", "node"),  # a node of the test's own
+    "gluster": ("sharedfs",),  # glusterd (the node's volume is served by the same one)
+}
 
 
 def machine_markers(fixturenames: list[str] | tuple[str, ...]) -> set[str]:
     """The markers a test using ``fixturenames`` (its whole fixture closure) must carry."""
-    return {marker for name, marker in MACHINE_FIXTURES.items() if name in fixturenames}
+    return {
+        marker
+        for name, markers in MACHINE_FIXTURES.items()
+        if name in fixturenames
+        for marker in markers
+    }
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        for marker in machine_markers(getattr(item, "fixturenames", ())):
+        wanted = machine_markers(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("node_lifecycle"):  # starts and stops nodes of its own
+            wanted |= {"integration", "node"}
+        for marker in wanted:
             if item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
 

@@ -5,8 +5,9 @@
 kube-proxy, CoreDNS) whenever this machine can run one (Linux, root, ``cluster/node-packages.sh``
 installed), so pods run. When something is missing the tests that need it are skipped, unless
 ``PAYLOADRUN_REQUIRE_CLUSTER`` is set (CI sets it): then they fail. ``PAYLOADRUN_NO_NODE=1``
-leaves the node out (the tests that need pods skip), for a second test session on a machine
-whose one node is taken.
+leaves the node out, for a second test session on a machine whose one node is taken (make test's
+control-plane part, hack/test.py): the tests that need pods skip, or fail under
+``PAYLOADRUN_REQUIRE_CLUSTER`` (they were given to the wrong session).
 
 ``namespace`` (function): a fresh namespace per test, deleted afterwards; under
 ``@pytest.mark.pod_security("restricted")`` (or another level) the API server enforces that Pod
@@ -54,8 +55,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("node_lifecycle") is None)
 
 
+def node_left_out() -> bool:
+    """Whether this session leaves the node out on purpose (``PAYLOADRUN_NO_NODE``)."""
+    return os.environ.get("PAYLOADRUN_NO_NODE", "").strip() not in ("", "0")
+
+
 def no_node_reason(binaries: Binaries) -> str | None:
-    if os.environ.get("PAYLOADRUN_NO_NODE", "").strip() not in ("", "0"):
+    if node_left_out():
         return "PAYLOADRUN_NO_NODE is set"
     return node_unsupported_reason(binaries)
 
@@ -87,7 +93,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
     """
     binaries = built_binaries()
     no_node = no_node_reason(binaries)
-    if no_node and required():
+    if no_node and required() and not node_left_out():
         pytest.fail(
             f"PAYLOADRUN_REQUIRE_CLUSTER is set and no node can run here: {no_node}", pytrace=False
         )
@@ -153,7 +159,7 @@ def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
     from payloadrun_operator.models import GROUP, PLURAL
 
     if not kube_cluster.with_node:
-        pytest.skip("these tests need pods: the session's cluster runs no node")
+        skip_or_fail("these tests need pods: the session's cluster runs no node")
     for path in build_images(REPO).values():
         kube_cluster.load_image(path)
     tagged = kube_cluster.node.ctr(
