@@ -1,13 +1,13 @@
 """``make test``'s pytest: the suite as three pytest processes at once, every test in exactly one.
 
 - ``node``: the tests that need the machine's one node (the session's cluster with its node, or
-  nodes of their own) or glusterd (which serves the node's volume too), and the integration tests
-  that reach no session control plane through a fixture. They run in the order they always did
-  (the node-lifecycle tests first, then the session's cluster) and spend most of their time
-  waiting on pods.
-- ``control-plane``: the tests that use the session's control plane and no node
-  (``kube_cluster`` without ``node_cluster``): a control plane of their own on loopback
-  (``PAYLOADRUN_NO_NODE=1``), beside the node's; they fail, not skip, if one needed pods.
+  nodes of their own) or glusterd (which serves the node's volume too). They run in the order
+  they always did (the node-lifecycle tests first, then the session's cluster) and spend most of
+  their time waiting on pods.
+- ``control-plane``: the other integration tests, which need no node: those that use the
+  session's control plane (``kube_cluster`` without ``node_cluster``) get one of their own on
+  loopback (``PAYLOADRUN_NO_NODE=1``), beside the node's, and fail, not skip, if one needed pods;
+  the image tests (their own containerd, the images' contents).
 - ``unit``: everything else (``make unit``'s tests): CPU-bound, and nothing in it touches a
   cluster or glusterd, so it fills the cores the other two leave idle.
 
@@ -35,11 +35,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "integration or sharedfs"
-CONTROL_PLANE_ONLY = "control_plane and not node and not sharedfs"
+NO_NODE = "integration and not node and not sharedfs"
 # name: (marker expression, environment)
 PARTS = {
-    "node": (f"({MACHINE}) and not ({CONTROL_PLANE_ONLY})", {}),
-    "control-plane": (CONTROL_PLANE_ONLY, {"PAYLOADRUN_NO_NODE": "1"}),
+    "node": (f"({MACHINE}) and not ({NO_NODE})", {}),
+    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}),
     "unit": (f"not ({MACHINE})", {}),
 }
 # pytest's sections after the progress dots: what a part prints when it ends

@@ -42,7 +42,7 @@ from payloadrun.testing.processes import free_port
 from payloadrun_devkit.images import build_images
 from payloadrun_operator.names import TRAINER_DIST_PORT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.node]  # its cluster comes by getfixturevalue
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "e2e"
