@@ -36,11 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "integration or sharedfs"
 NO_NODE = "integration and not node and not sharedfs"
-# name: (marker expression, environment)
+# name: (marker expression, environment, niceness). The node's part is the longest (its tests
+# wait on one node, one after another); the other two have minutes to spare, so they yield the
+# cores to it when both want them and take what it leaves idle.
 PARTS = {
-    "node": (f"({MACHINE}) and not ({NO_NODE})", {}),
-    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}),
-    "unit": (f"not ({MACHINE})", {}),
+    "node": (f"({MACHINE}) and not ({NO_NODE})", {}, 0),
+    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 10),
+    "unit": (f"not ({MACHINE})", {}, 10),
 }
 # pytest's sections after the progress dots: what a part prints when it ends
 SUMMARY_START = re.compile(
@@ -58,6 +60,7 @@ class Part:
     name: str
     marker: str
     env: dict[str, str]
+    niceness: int
     log: Path
     process: subprocess.Popen | None = None
     started: float = field(default_factory=time.monotonic)
@@ -66,6 +69,7 @@ class Part:
 
     def command(self, pytest_args: list[str]) -> list[str]:
         return [
+            "nice", "-n", str(self.niceness),
             sys.executable, "-m", "pytest", "-m", self.marker,
             # each part its own cache (last failures), so none overwrites another's
             "-o", f"cache_dir=.pytest_cache/{self.name}",
@@ -92,7 +96,10 @@ def stamp(started: float) -> str:
 def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="payloadrun-test-"))
     started = time.monotonic()
-    parts = [Part(name, marker, env, logs / f"{name}.log") for name, (marker, env) in PARTS.items()]
+    parts = [
+        Part(name, marker, env, niceness, logs / f"{name}.log")
+        for name, (marker, env, niceness) in PARTS.items()
+    ]
     for part in parts:
         with part.log.open("w") as out:
             part.process = subprocess.Popen(
@@ -103,7 +110,10 @@ def main(argv: list[str]) -> int:
                 stderr=subprocess.STDOUT,
             )
         env = "".join(f"{k}={v} " for k, v in part.env.items())
-        print(f"{part.name}: {env}pytest -m {part.marker!r}, log {part.log}", flush=True)
+        print(
+            f"{part.name}: {env}nice -n {part.niceness} pytest -m {part.marker!r}, log {part.log}",
+            flush=True,
+        )
 
     def interrupt(signum: int, _frame: object) -> None:
         # SIGTERM (CI cancelling): each part gets SIGINT, so pytest tears its fixtures down (the
