@@ -653,14 +653,15 @@ class Condition(Model):
     """One observation of the run, shaped as Kubernetes' metav1.Condition (same rules)."""
 
     type: Annotated[str, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)] = Field(
-        description="Validated, VolumeReady, Ready, Suspended, Complete, Failed or "
-        "PayloadsReleased: one entry per type (CamelCase, or "
-        "example.com/CamelCase for a condition another controller adds)."
+        # crd.py puts the list of types in front (payloadrun_operator.status.ConditionType)
+        description="One entry per type (CamelCase, or example.com/CamelCase for a condition "
+        "another controller adds)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)] = Field(
+        # crd.py adds each type's reasons (payloadrun_operator.status.REASONS)
         description="Why the condition has its status, as a CamelCase identifier for programs "
-        "and alerts (e.g. ClaimPending, WorkloadsNotReady)."
+        "and alerts."
     )
     message: Annotated[str, Field(max_length=MAX_CONDITION_MESSAGE)] = Field(
         description="Why, for people: what is missing or wrong, and what to do. May be empty."
@@ -786,12 +787,8 @@ class PayloadRunStatus(Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Validated (the spec was accepted), VolumeReady (the payload volume's "
-        "claim is bound, or none is needed), Ready (the accepted spec's workloads have every "
-        "pod ready; the phase is then Running), Suspended, Complete (the trainers finished), "
-        "Failed (a component failed beyond spec.failurePolicy) and PayloadsReleased (a finished "
-        "run's payload files were deleted, unless its volume's deletionPolicy is Retain), each "
-        "with a reason and a message.",
+        # crd.py writes what each type means (payloadrun_operator.status.MEANINGS)
+        description="The run's conditions, each with a reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
