@@ -161,7 +161,8 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Claim",
             "type": "string",
             "jsonPath": ".status.claimName",
-            "description": "The ReadWriteMany claim of the payload root (by handle only).",
+            "description": "The ReadWriteMany claim of the payload volume: by handle, or an "
+            "inline run whose run directory is on it (the operator provisions it then too).",
         },
         {
             "name": "Reason",
@@ -174,7 +175,8 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Root",
             "type": "string",
             "jsonPath": ".status.payloadRoot",
-            "description": "The run's payload root (by handle only).",
+            "description": "The payload root: the directory of the run's v<k> payload "
+            "directories (by handle only).",
             "priority": 1,
         },
         {

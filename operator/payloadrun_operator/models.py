@@ -756,8 +756,8 @@ class PayloadRunStatus(Model):
     payload_mode_message: str | None = Field(default=None, description="Why that mode, in words.")
     payload_root: str | None = Field(
         default=None,
-        description="The run's directory on the shared volume, as its pods see it (by handle "
-        "only).",
+        description="The payload root: the directory of the run's v<k> payload directories on "
+        "the shared volume, as its pods see it in PAYLOAD_ROOT (by handle only).",
     )
     claim_name: str | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from payloadrun import serving, settings
 from payloadrun.settings import (
+    PAYLOAD_ROOT_HELP,
     VLLM_PORT,
     WRITER_METRICS_PORT,
     WRITER_PORT,
@@ -46,7 +47,8 @@ class WriterConfig:
     )
     payload_root: str | None = setting(
         None,
-        help="the shared volume's mount; payload_dir must be <root>/v<k>",
+        help=f"{PAYLOAD_ROOT_HELP}; a request's payload_dir must be <root>/v<k>; unset: "
+        "every answer goes inline",
         flag="--payload-root",
         env=Env.PAYLOAD_ROOT,
     )
