@@ -199,8 +199,10 @@ class Volume(Model):
 class Payloads(Model):
     mode: PayloadModeSetting = Field(
         default=PayloadModeSetting.AUTO,
-        description="Auto: by handle when router replay or sampling-mask capture is on, the run "
-        "is multi-node and inference is not disaggregated; inline otherwise.",
+        description="Auto: by handle when spec.payloads.root is set (PayloadRootSet), or when "
+        "router replay or sampling-mask capture is on, deploymentType is MultiNode and "
+        "inference is not disaggregated (MultiNodePerTokenPayloads); inline otherwise "
+        "(NoPerTokenPayloads, SingleNode, Disaggregated). Inline and ByHandle force the mode.",
     )
     root: Annotated[str, Field(max_length=1024, pattern=r"^/")] | None = Field(
         default=None,
@@ -450,7 +452,11 @@ class Inference(Model):
 
     replicas: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="vLLM pods.")
     disaggregated: bool = Field(
-        default=False, description="Prefill/decode-disaggregated inference behind a P/D router."
+        default=False,
+        description="Whether the run's inference is prefill/decode-disaggregated behind a P/D "
+        "router. It only decides the payload mode (Auto picks Inline; ByHandle or a payload root "
+        "is refused): the operator deploys no P/D router and no prefill/decode roles, so the "
+        "template or the image has to run them.",
     )
     image: Name | None = Field(
         default=None,
@@ -608,7 +614,10 @@ class PayloadRunSpec(Model):
 
     deployment_type: DeploymentType = Field(
         default=DeploymentType.MULTI_NODE,
-        description="MultiNode when inference, orchestrator and trainers run on separate nodes.",
+        description="MultiNode when inference, orchestrator and trainers run on separate nodes, "
+        "SingleNode when they share one. It only decides the payload mode (SingleNode: Auto "
+        "picks Inline): the operator places no pod by it; spec.placement and each role's "
+        "template decide where pods run.",
     )
     router_replay: bool = Field(default=False, description="MoE router replay: routed expert ids.")
     sampling_mask_capture: bool = Field(
@@ -750,8 +759,9 @@ class PayloadRunStatus(Model):
     )
     payload_mode_reason: str | None = Field(
         default=None,
-        description="Why that mode, as a CamelCase reason (e.g. MultiNodePerTokenPayloads, "
-        "SingleNode, Disaggregated, InlineRequested).",
+        description="Why that mode, as a CamelCase reason: InlineRequested, ByHandleRequested, "
+        "PayloadRootSet, NoPerTokenPayloads, SingleNode, Disaggregated or "
+        "MultiNodePerTokenPayloads (spec.payloads.mode says the rule).",
     )
     payload_mode_message: str | None = Field(default=None, description="Why that mode, in words.")
     payload_root: str | None = Field(
