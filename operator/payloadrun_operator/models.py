@@ -465,8 +465,10 @@ class Inference(Model):
     command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(
         default_factory=list,
-        description="vLLM's flags; by handle, vLLM needs --enable-return-routed-experts and, for "
-        "the tokens-in generate endpoint, --enable-scale-out.",
+        description="vLLM's flags. Router replay needs --enable-return-routed-experts; "
+        "sampling-mask capture needs --return-sampling-mask with --logprobs-mode "
+        "processed_logprobs (masks come on the tokens-in generate endpoint only); that endpoint "
+        "needs --enable-scale-out.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = Field(default=None, description="vLLM's container resources.")
