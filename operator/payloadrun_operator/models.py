@@ -711,8 +711,9 @@ class PinnedSidecars(Model):
     )
     pod_layout: int | None = Field(
         default=None,
-        description="The layout of the pods the run was started with: 2 since pod templates "
-        "(none: 1, before them).",
+        description="The layout of the pods the run was started with: 2 for every run started "
+        "by 0.1.0 or later (none: 1, a run started by a development build before 0.1.0, which "
+        "had no pod templates).",
     )
 
 

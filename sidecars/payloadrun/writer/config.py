@@ -96,7 +96,7 @@ class WriterConfig:
         "write is not done by then goes back inline at once (fallback reason write_timeout), "
         "and the file of the late write is removed when the write returns. Also the deadline "
         "of each probe of the payload root. 0: no deadline and no breaker (writes on the "
-        "request pool, as before issue 33: a hung volume then hangs its requests)",
+        "request pool, as in 0.1.0: a hung volume then hangs its requests)",
         flag="--write-deadline",
         env=Env.WRITER_WRITE_DEADLINE,
         parse=parse_float,
