@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ COMMANDS = {
     "payloadrun": ("payloadrun.cli", cli.build_parser),
     "payloadrun-operator": ("payloadrun_operator", operator_main.build_parser),
 }
+REPO = Path(__file__).resolve().parents[2]
 MARKUP = re.compile(r":[a-z]+:`|``")
 
 
@@ -113,6 +115,26 @@ def test_the_operator_lists_every_setting_with_its_default():
         assert " ".join(s.help.split()) in entry, s.env
         assert f"(default: {operator_main.shown_default(default)})" in entry, (s.env, entry)
     assert list(entries) == expected
+
+
+def test_the_operator_page_lists_every_setting():
+    """docs/operator.md's table names each variable, in full or as ``..._SUFFIX`` beside its
+    sibling in the same row."""
+    text = (REPO / "docs" / "operator.md").read_text()
+    section = text[text.index("## Settings (environment)") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    missing = []
+    for f in dataclasses.fields(OperatorSettings):
+        env = f.metadata["setting"].env
+        first_cells = [row.split("|")[1] for row in rows]
+        if not any(
+            f"`{env}`" in cell
+            or any(env.endswith(short[3:]) for short in re.findall(r"`(\.\.\.\w+)`", cell))
+            for cell in first_cells
+        ):
+            missing.append(env)
+    assert missing == [], f"docs/operator.md, Settings (environment), lacks {missing}"
 
 
 def test_plain_drops_sphinx_roles_and_literals():
