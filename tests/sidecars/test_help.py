@@ -17,6 +17,7 @@ import pytest
 
 from payloadrun import cli
 from payloadrun.helptext import HelpFormatter, fill, plain
+from payloadrun.testing import fakevllm
 from payloadrun_operator import __main__ as operator_main
 from payloadrun_operator.settings import OperatorSettings
 
@@ -24,6 +25,8 @@ from payloadrun_operator.settings import OperatorSettings
 COMMANDS = {
     "payloadrun": ("payloadrun.cli", cli.build_parser),
     "payloadrun-operator": ("payloadrun_operator", operator_main.build_parser),
+    # not a console script, but shipped and run by hand (docs/writer.md)
+    "python -m payloadrun.testing.fakevllm": ("payloadrun.testing.fakevllm", fakevllm.build_parser),
 }
 REPO = Path(__file__).resolve().parents[2]
 MARKUP = re.compile(r":[a-z]+:`|``")
@@ -60,6 +63,7 @@ def test_every_command_and_subcommand_is_walked():
         "payloadrun writer",
         "payloadrun-operator",
         "payloadrun-operator render",
+        "python -m payloadrun.testing.fakevllm",
     }
 
 
