@@ -56,6 +56,13 @@ def test_every_type_has_a_meaning_and_reasons_the_api_server_accepts():
         for reason in reasons:
             assert re.fullmatch(REASON_PATTERN, reason), reason
     assert {str(r) for r in TRUE_REASONS} <= {str(r) for rs in REASONS.values() for r in rs}
+    # TRUE_REASONS holds values (StrEnum members equal their strings): a reason spelt alike in
+    # two types must go with the same status in both
+    by_value: dict[str, set[bool]] = {}
+    for reasons in REASONS.values():
+        for reason in reasons:
+            by_value.setdefault(str(reason), set()).add(reason in TRUE_REASONS)
+    assert all(len(statuses) == 1 for statuses in by_value.values()), by_value
 
 
 def test_the_reference_lists_every_condition_and_reason():
