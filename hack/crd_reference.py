@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from payloadrun_operator.crd import build_crd
+from payloadrun_operator.crd import build_crd, reasons_of
 from payloadrun_operator.kubeschema import kubernetes_version
+from payloadrun_operator.status import MEANINGS, ConditionType
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "payloadrun-reference.md"
 
@@ -136,6 +137,24 @@ def render() -> str:
         "| field | type | bounds | description |",
         "|---|---|---|---|",
         *rows(status, "status", set(status.get("required", [])), defaults=False),
+        "",
+        "## Conditions",
+        "",
+        "Every condition type the operator sets and every reason it gives, by the status it goes",
+        "with (`payloadrun_operator.status`: the operator sets nothing else, and",
+        "`tests/operator/test_conditions.py` holds this table to it).",
+        "",
+        "| condition | `True` when | reasons (`True`) | reasons (`False`) |",
+        "|---|---|---|---|",
+        *[
+            f"| `{ctype}` | {_cell(MEANINGS[ctype])} | "
+            + " | ".join(
+                ", ".join(f"`{r}`" for r in reasons_of(ctype, ok)) or "(none)"
+                for ok in (True, False)
+            )
+            + " |"
+            for ctype in ConditionType
+        ],
         "",
         "## Columns of `kubectl get payloadruns`",
         "",

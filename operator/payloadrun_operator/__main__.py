@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
 import kopf
 
 from payloadrun import logs, settings
+from payloadrun.helptext import HelpFormatter
 from payloadrun.serving import Listener, ListenError, metrics_app
 from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
@@ -27,14 +31,53 @@ from payloadrun_operator.runtime import Operator
 from payloadrun_operator.settings import OperatorSettings, SettingsError
 
 
+def shown_default(value: object) -> str:
+    """A setting's default as its variable would be written: JSON for lists and objects,
+    comma-separated names, true/false, "empty" for an empty string or list."""
+    if value in ("", ()):
+        return "empty"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    if isinstance(value, dict | tuple | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def settings_help(width: int = 78) -> str:
+    """Every environment variable the operator reads, with its default and what it does, made
+    from :class:`OperatorSettings` (so the list is the settings, not a copy of them)."""
+    lines = ["settings (environment variables; the chart's values set them):"]
+    for f in dataclasses.fields(OperatorSettings):
+        s = f.metadata["setting"]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        flag = f" (also {s.flag})" if s.flag else ""
+        choices = f"; one of {', '.join(s.choices)}" if s.choices else ""
+        lines.append(f"  {s.env}{flag}")
+        lines.append(
+            textwrap.fill(
+                f"{s.help}{choices} (default: {shown_default(default)})",
+                width,
+                initial_indent="      ",
+                subsequent_indent="      ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+        )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payloadrun-operator",
         description="Reconcile PayloadRun resources: the shared payload volume, the payload mode, "
         "the inference/orchestrator/trainer workloads and their sidecars. Credentials come from "
-        "the pod's service account, else from KUBECONFIG. Settings come from PAYLOADRUN_* "
-        "environment variables (see docs/operator.md). `payloadrun-operator render -f RUN.yaml` "
-        "prints what it would create for a PayloadRun, without a cluster.",
+        "the pod's service account, else from KUBECONFIG. Settings come from the environment "
+        "variables listed below (docs/operator.md, Settings). `payloadrun-operator render -f "
+        "RUN.yaml` prints what it would create for a PayloadRun, without a cluster.",
+        epilog=settings_help(),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "-n",
@@ -47,12 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--host",
         default="0.0.0.0",
-        help="address of the metrics and liveness endpoints (127.0.0.1 outside a pod)",
+        help="address of the metrics and liveness endpoints (use 127.0.0.1 outside a pod)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every API call")
     settings.add_arguments(parser, OperatorSettings)  # --log-format
     add_version_flag(parser)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        help="without one, run the operator; render: what it would create, offline",
+    )
     render.register(commands)
     return parser
 

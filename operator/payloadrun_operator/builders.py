@@ -445,6 +445,7 @@ def common_parts(ctx: RunContext, component: str) -> dict[str, Any]:
         "role": component,
         "short": short_fields(role),
         "short_env": tuple(user_env(role.env)),
+        "identity": tuple(env_list(identity_env(ctx))),
         "mounts": (run_dir_mount,) if run_dir_mount else (),
         "volumes": tuple(run_volumes(ctx, payloads=payloads)),
         "labels": labels(ctx, component),

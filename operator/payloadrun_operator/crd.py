@@ -32,7 +32,7 @@ from payloadrun_operator.models import (
     PayloadRunSpec,
     PayloadRunStatus,
 )
-from payloadrun_operator.status import READY
+from payloadrun_operator.status import MEANINGS, REASONS, TRUE_REASONS, ConditionType
 
 CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
 # The chart installs the CRD from a template, so `helm upgrade` upgrades it too (Helm never
@@ -153,7 +153,7 @@ def printer_columns() -> list[dict[str, Any]]:
         {
             "name": "Ready",
             "type": "string",
-            "jsonPath": f'.status.conditions[?(@.type=="{READY}")].status',
+            "jsonPath": f'.status.conditions[?(@.type=="{ConditionType.READY}")].status',
             "description": "The Ready condition: True when every pod of the accepted spec's "
             "workloads is ready (the phase is then Running).",
         },
@@ -161,7 +161,8 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Claim",
             "type": "string",
             "jsonPath": ".status.claimName",
-            "description": "The ReadWriteMany claim of the payload root (by handle only).",
+            "description": "The ReadWriteMany claim of the payload volume: by handle, or an "
+            "inline run whose run directory is on it (the operator provisions it then too).",
         },
         {
             "name": "Reason",
@@ -174,7 +175,8 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Root",
             "type": "string",
             "jsonPath": ".status.payloadRoot",
-            "description": "The run's payload root (by handle only).",
+            "description": "The payload root: the directory of the run's v<k> payload "
+            "directories (by handle only).",
             "priority": 1,
         },
         {
@@ -215,9 +217,42 @@ TYPE_META_DESCRIPTIONS = {
 }
 
 
+def reasons_of(ctype: ConditionType, ok: bool) -> list[str]:
+    """The reasons of condition ``ctype`` that go with status True (``ok``) or False."""
+    return [str(r) for r in REASONS[ctype] if (r in TRUE_REASONS) == ok]
+
+
+def _reasons_text(ctype: ConditionType) -> str:
+    return "; ".join(
+        f"{status}: {', '.join(found)}"
+        for status, found in (
+            ("True", reasons_of(ctype, True)),
+            ("False", reasons_of(ctype, False)),
+        )
+        if found
+    )
+
+
+def with_condition_vocabulary(status: dict[str, Any]) -> dict[str, Any]:
+    """The status schema with the operator's condition types and reasons in its descriptions,
+    from the one vocabulary (:mod:`status`), so ``kubectl explain`` and the reference list
+    exactly what the operator sets."""
+    conditions = status["properties"]["conditions"]
+    item = conditions["items"]["properties"]
+    types = ", ".join(map(str, ConditionType))
+    conditions["description"] = " ".join(
+        [conditions["description"], *(f"{c}: {MEANINGS[c]}." for c in ConditionType)]
+    )
+    item["type"]["description"] = f"{types}. {item['type']['description']}"
+    item["reason"]["description"] = " ".join(
+        [item["reason"]["description"], *(f"{c}: {_reasons_text(c)}." for c in ConditionType)]
+    )
+    return status
+
+
 def build_crd() -> dict[str, Any]:
     spec = model_schema(PayloadRunSpec)
-    status = model_schema(PayloadRunStatus)
+    status = with_condition_vocabulary(model_schema(PayloadRunStatus))
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -28,9 +28,10 @@ from payloadrun_operator.names import (
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.status import (
     JOB_FAILED,
-    PAYLOADS_RELEASED,
     PHASE_FAILED,
     Check,
+    ConditionType,
+    PayloadsReleasedReason,
     condition,
 )
 
@@ -94,15 +95,21 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     """Delete a finished run's payload files (a cleanup Job) unless the volume's deletionPolicy is
     Retain; the PayloadsReleased condition that says how far it got."""
     status = run.get("status") or {}
-    released = condition(status.get("conditions") or [], PAYLOADS_RELEASED)
+    released = condition(status.get("conditions") or [], ConditionType.PAYLOADS_RELEASED)
     if released is not None and released["status"] == ConditionStatus.TRUE:
-        return Check(True, released["reason"], released["message"])
+        kept = PayloadsReleasedReason._value2member_map_.get(released["reason"])
+        if isinstance(kept, PayloadsReleasedReason):  # else (edited by hand): looked at again
+            return Check(True, kept, released["message"])
     if status.get("payloadMode") != PayloadMode.BY_HANDLE:
-        return Check(True, "NoPayloadFiles", "payloads moved inline: no file is on a volume")
+        return Check(
+            True,
+            PayloadsReleasedReason.NO_PAYLOAD_FILES,
+            "payloads moved inline: no file is on a volume",
+        )
     if status.get("phase") == PHASE_FAILED:
         return Check(
             False,
-            "KeptAfterFailure",
+            PayloadsReleasedReason.KEPT_AFTER_FAILURE,
             "the run failed: its payload files and claim stay for debugging; deleting the run "
             "releases them as its deletionPolicy says",
         )
@@ -110,7 +117,11 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
     claim = status.get("claimName")
     if spec.payloads.volume.deletion_policy is DeletionPolicy.RETAIN:
-        return Check(False, "Retained", f"deletionPolicy Retain: claim {claim} and the files stay")
+        return Check(
+            False,
+            PayloadsReleasedReason.RETAINED,
+            f"deletionPolicy Retain: claim {claim} and the files stay",
+        )
     job_name = child_name(meta["name"], CLEANUP)
     job = children.get((meta["namespace"], "Job", job_name))
     if job is None:
@@ -123,14 +134,14 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             layout=lifecycle.layout_of(pin),
         )
         await op.client.apply(build_cleanup(ctx))
-        return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
+        return deleting(job_name, status)
     outcome = lifecycle.job_outcome(job)
     if outcome is None:
-        return Check(False, "DeletingFiles", f"Job {job_name} deletes {status.get('payloadRoot')}")
+        return deleting(job_name, status)
     if outcome == JOB_FAILED:
         return Check(
             False,
-            "CleanupFailed",
+            PayloadsReleasedReason.CLEANUP_FAILED,
             f"Job {job_name} could not delete the payload files: kubectl logs job/{job_name}; "
             "delete the Job to try again",
             warning=True,
@@ -140,4 +151,16 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     then = (
         "goes when the run is deleted" if claim_owned_by_run(spec) else "stays (the run brought it)"
     )
-    return Check(True, "FilesDeleted", f"the payload files were deleted; claim {claim} {then}")
+    return Check(
+        True,
+        PayloadsReleasedReason.FILES_DELETED,
+        f"the payload files were deleted; claim {claim} {then}",
+    )
+
+
+def deleting(job_name: str, status: Mapping[str, Any]) -> Check:
+    return Check(
+        False,
+        PayloadsReleasedReason.DELETING_FILES,
+        f"Job {job_name} deletes {status.get('payloadRoot')}",
+    )

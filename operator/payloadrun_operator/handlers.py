@@ -34,19 +34,22 @@ from payloadrun_operator.names import (
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.status import (
-    APPLIED,
-    READY,
-    VALIDATED,
+    AppliedReason,
     Check,
+    ConditionType,
+    ReadyReason,
+    ValidatedReason,
     rfc3339,
     status_update,
 )
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
-SPEC_VALID = Check(True, "SpecValid", "the spec is valid")
+SPEC_VALID = Check(True, ValidatedReason.SPEC_VALID, "the spec is valid")
 # Ready describes the accepted spec: a refused one leaves the children as they were, not ready.
 SPEC_REJECTED = Check(
-    False, "SpecRejected", "the spec was refused (see the Validated condition): not applied"
+    False,
+    ReadyReason.SPEC_REJECTED,
+    "the spec was refused (see the Validated condition): not applied",
 )
 # Runs reconciled at once (controller-runtime's MaxConcurrentReconciles). The API server is the
 # bottleneck of a burst, and this many keep it busy; without a bound, every run of a burst (900
@@ -54,7 +57,7 @@ SPEC_REJECTED = Check(
 # heap those leave behind is not returned (bench/operator.py: RSS after 1,050 runs).
 RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
-CHILDREN_APPLIED = Check(True, "ChildrenApplied", "every child was applied")
+CHILDREN_APPLIED = Check(True, AppliedReason.CHILDREN_APPLIED, "every child was applied")
 # kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
 CHILD_PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
@@ -102,7 +105,7 @@ def report(
     op: Operator,
     body: kopf.Body,
     patch: kopf.Patch,
-    checks: dict[str, Check],
+    checks: dict[ConditionType, Check],
     fields: dict[str, Any],
 ) -> str:
     """Write the conditions and fields into status, post an event per transition; the phase."""
@@ -132,7 +135,12 @@ async def reconcile(
             op,
             body,
             patch,
-            {VALIDATED: Check(False, "InvalidSpec", message, warning=True), READY: SPEC_REJECTED},
+            {
+                ConditionType.VALIDATED: Check(
+                    False, ValidatedReason.INVALID_SPEC, message, warning=True
+                ),
+                ConditionType.READY: SPEC_REJECTED,
+            },
             {"observedGeneration": generation},
         )
         op.metrics.reconciles.labels("rejected").inc()
@@ -150,7 +158,7 @@ async def reconcile(
         # one of them is applied
         refused = Check(
             False,
-            "ApplyFailed",
+            AppliedReason.APPLY_FAILED,
             refusal_message(exc, op.settings.apply_retry_seconds),
             warning=True,
         )
@@ -159,9 +167,9 @@ async def reconcile(
             body,
             patch,
             {
-                VALIDATED: SPEC_VALID,
-                APPLIED: refused,
-                READY: Check(False, "ApplyFailed", refused.message),
+                ConditionType.VALIDATED: SPEC_VALID,
+                ConditionType.APPLIED: refused,
+                ConditionType.READY: Check(False, ReadyReason.APPLY_FAILED, refused.message),
             },
             {},
         )
@@ -172,8 +180,8 @@ async def reconcile(
         raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=5)
     # VolumeReady and Ready come from the children's watch events (following.py)
     checks = {
-        VALIDATED: SPEC_VALID,
-        APPLIED: CHILDREN_APPLIED,
+        ConditionType.VALIDATED: SPEC_VALID,
+        ConditionType.APPLIED: CHILDREN_APPLIED,
         **lifecycle.suspend_check(spec.suspend, status),
     }
     fields: dict[str, Any] = {"observedGeneration": generation}

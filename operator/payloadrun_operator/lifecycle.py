@@ -35,18 +35,25 @@ from payloadrun_operator.names import (
 )
 from payloadrun_operator.settings import OperatorSettings
 from payloadrun_operator.status import (
-    COMPLETE,
-    FAILED,
     JOB_COMPLETE,
     JOB_FAILED,
     PHASE_FAILED,
     PHASE_SUCCEEDED,
-    SUSPENDED,
     Check,
+    CompleteReason,
+    ConditionType,
+    FailedReason,
+    ReadyReason,
+    SuspendedReason,
     condition,
 )
 
 FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
+# status.failure.component -> the Failed condition's reason
+FAILED_REASONS = {
+    ORCHESTRATOR: FailedReason.ORCHESTRATOR_FAILED,
+    TRAINER: FailedReason.TRAINER_FAILED,
+}
 
 # The layout of the pods the operator builds: 1 before pod templates, 2 since (templates, the run
 # directory, addresses, rendezvous, /dev/shm, trainers restarted together). A run records the
@@ -269,37 +276,45 @@ def end_checks(
     status: Mapping[str, Any],
     trainer: Mapping[str, Any] | None,
     failure: Mapping[str, Any] | None,
-) -> dict[str, Check]:
+) -> dict[ConditionType, Check]:
     """Failed once a component's Job has (``failure``), Complete once the trainers' Job is (the
     orchestrator exiting 0 is not the run's end); nothing before, and nothing new after."""
     conds = status.get("conditions") or []
     if any(
         (condition(conds, c) or {}).get("status") == ConditionStatus.TRUE
-        for c in (COMPLETE, FAILED)
+        for c in (ConditionType.COMPLETE, ConditionType.FAILED)
     ):
         return {}
     if failure is not None:
-        reason = f"{failure['component'].title()}Failed"
-        return {FAILED: Check(True, reason, failure["message"], warning=True)}
+        reason = FAILED_REASONS[failure["component"]]
+        return {ConditionType.FAILED: Check(True, reason, failure["message"], warning=True)}
     if job_outcome(trainer) == JOB_COMPLETE:
         done = (trainer or {}).get("status", {}).get("succeeded", 0)
-        return {COMPLETE: Check(True, "TrainersSucceeded", f"every trainer exited 0 ({done})")}
+        return {
+            ConditionType.COMPLETE: Check(
+                True, CompleteReason.TRAINERS_SUCCEEDED, f"every trainer exited 0 ({done})"
+            )
+        }
     return {}
 
 
-def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[str, Check]:
+def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[ConditionType, Check]:
     """Suspended while spec.suspend is set; False (resumed) once a suspended run resumes."""
     if suspend:
         return {
-            SUSPENDED: Check(
+            ConditionType.SUSPENDED: Check(
                 True,
-                "SpecSuspended",
+                SuspendedReason.SPEC_SUSPENDED,
                 "spec.suspend is true: no pod runs; "
                 "the claim, the payload directory and the journal stay",
             )
         }
-    if condition(status.get("conditions") or [], SUSPENDED) is not None:
-        return {SUSPENDED: Check(False, "Resumed", "spec.suspend is false: the pods run")}
+    if condition(status.get("conditions") or [], ConditionType.SUSPENDED) is not None:
+        return {
+            ConditionType.SUSPENDED: Check(
+                False, SuspendedReason.RESUMED, "spec.suspend is false: the pods run"
+            )
+        }
     return {}
 
 
@@ -361,4 +376,6 @@ def ready_check(active: bool, workloads: Check) -> Check:
     """Ready while active is the workloads' readiness; a stopped run is not ready, and says why."""
     if active:
         return workloads
-    return Check(False, "Stopped", "the run is suspended or finished: its workloads have no pods")
+    return Check(
+        False, ReadyReason.STOPPED, "the run is suspended or finished: its workloads have no pods"
+    )

@@ -199,8 +199,10 @@ class Volume(Model):
 class Payloads(Model):
     mode: PayloadModeSetting = Field(
         default=PayloadModeSetting.AUTO,
-        description="Auto: by handle when router replay or sampling-mask capture is on, the run "
-        "is multi-node and inference is not disaggregated; inline otherwise.",
+        description="Auto: by handle when spec.payloads.root is set (PayloadRootSet), or when "
+        "router replay or sampling-mask capture is on, deploymentType is MultiNode and "
+        "inference is not disaggregated (MultiNodePerTokenPayloads); inline otherwise "
+        "(NoPerTokenPayloads, SingleNode, Disaggregated). Inline and ByHandle force the mode.",
     )
     root: Annotated[str, Field(max_length=1024, pattern=r"^/")] | None = Field(
         default=None,
@@ -450,7 +452,11 @@ class Inference(Model):
 
     replicas: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="vLLM pods.")
     disaggregated: bool = Field(
-        default=False, description="Prefill/decode-disaggregated inference behind a P/D router."
+        default=False,
+        description="Whether the run's inference is prefill/decode-disaggregated behind a P/D "
+        "router. It only decides the payload mode (Auto picks Inline; ByHandle or a payload root "
+        "is refused): the operator deploys no P/D router and no prefill/decode roles, so the "
+        "template or the image has to run them.",
     )
     image: Name | None = Field(
         default=None,
@@ -459,8 +465,10 @@ class Inference(Model):
     command: list[str] | None = Field(default=None, description="Default: the image's.")
     args: list[str] = Field(
         default_factory=list,
-        description="vLLM's flags; by handle, vLLM needs --enable-return-routed-experts and, for "
-        "the tokens-in generate endpoint, --enable-scale-out.",
+        description="vLLM's flags. Router replay needs --enable-return-routed-experts; "
+        "sampling-mask capture needs --return-sampling-mask with --logprobs-mode "
+        "processed_logprobs (masks come on the tokens-in generate endpoint only); that endpoint "
+        "needs --enable-scale-out.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
     resources: Resources | None = Field(default=None, description="vLLM's container resources.")
@@ -608,7 +616,10 @@ class PayloadRunSpec(Model):
 
     deployment_type: DeploymentType = Field(
         default=DeploymentType.MULTI_NODE,
-        description="MultiNode when inference, orchestrator and trainers run on separate nodes.",
+        description="MultiNode when inference, orchestrator and trainers run on separate nodes, "
+        "SingleNode when they share one. It only decides the payload mode (SingleNode: Auto "
+        "picks Inline): the operator places no pod by it; spec.placement and each role's "
+        "template decide where pods run.",
     )
     router_replay: bool = Field(default=False, description="MoE router replay: routed expert ids.")
     sampling_mask_capture: bool = Field(
@@ -653,14 +664,15 @@ class Condition(Model):
     """One observation of the run, shaped as Kubernetes' metav1.Condition (same rules)."""
 
     type: Annotated[str, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)] = Field(
-        description="Validated, VolumeReady, Ready, Suspended, Complete, Failed or "
-        "PayloadsReleased: one entry per type (CamelCase, or "
-        "example.com/CamelCase for a condition another controller adds)."
+        # crd.py puts the list of types in front (payloadrun_operator.status.ConditionType)
+        description="One entry per type (CamelCase, or example.com/CamelCase for a condition "
+        "another controller adds)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)] = Field(
+        # crd.py adds each type's reasons (payloadrun_operator.status.REASONS)
         description="Why the condition has its status, as a CamelCase identifier for programs "
-        "and alerts (e.g. ClaimPending, WorkloadsNotReady)."
+        "and alerts."
     )
     message: Annotated[str, Field(max_length=MAX_CONDITION_MESSAGE)] = Field(
         description="Why, for people: what is missing or wrong, and what to do. May be empty."
@@ -699,8 +711,9 @@ class PinnedSidecars(Model):
     )
     pod_layout: int | None = Field(
         default=None,
-        description="The layout of the pods the run was started with: 2 since pod templates "
-        "(none: 1, before them).",
+        description="The layout of the pods the run was started with: 2 for every run started "
+        "by 0.1.0 or later (none: 1, a run started by a development build before 0.1.0, which "
+        "had no pod templates).",
     )
 
 
@@ -749,14 +762,15 @@ class PayloadRunStatus(Model):
     )
     payload_mode_reason: str | None = Field(
         default=None,
-        description="Why that mode, as a CamelCase reason (e.g. MultiNodePerTokenPayloads, "
-        "SingleNode, Disaggregated, InlineRequested).",
+        description="Why that mode, as a CamelCase reason: InlineRequested, ByHandleRequested, "
+        "PayloadRootSet, NoPerTokenPayloads, SingleNode, Disaggregated or "
+        "MultiNodePerTokenPayloads (spec.payloads.mode says the rule).",
     )
     payload_mode_message: str | None = Field(default=None, description="Why that mode, in words.")
     payload_root: str | None = Field(
         default=None,
-        description="The run's directory on the shared volume, as its pods see it (by handle "
-        "only).",
+        description="The payload root: the directory of the run's v<k> payload directories on "
+        "the shared volume, as its pods see it in PAYLOAD_ROOT (by handle only).",
     )
     claim_name: str | None = Field(
         default=None,
@@ -786,12 +800,8 @@ class PayloadRunStatus(Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Validated (the spec was accepted), VolumeReady (the payload volume's "
-        "claim is bound, or none is needed), Ready (the accepted spec's workloads have every "
-        "pod ready; the phase is then Running), Suspended, Complete (the trainers finished), "
-        "Failed (a component failed beyond spec.failurePolicy) and PayloadsReleased (a finished "
-        "run's payload files were deleted, unless its volume's deletionPolicy is Retain), each "
-        "with a reason and a message.",
+        # crd.py writes what each type means (payloadrun_operator.status.MEANINGS)
+        description="The run's conditions, each with a reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -31,11 +31,10 @@ from payloadrun_operator.names import (
 from payloadrun_operator.runtime import Operator
 from payloadrun_operator.status import (
     JOB_FAILED,
-    PAYLOADS_RELEASED,
     PHASE_REJECTED,
-    READY,
-    VOLUME_READY,
     Check,
+    ConditionType,
+    ReadyReason,
     claim_check,
     status_update,
     workloads_check,
@@ -43,7 +42,7 @@ from payloadrun_operator.status import (
 
 log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
-FINISHED = Check(False, "Finished", "the run has finished: its workloads have no pods")
+FINISHED = Check(False, ReadyReason.FINISHED, "the run has finished: its workloads have no pods")
 
 
 @dataclass(frozen=True)
@@ -70,12 +69,12 @@ async def refresh_run(
     client = op.client
     meta, status = run["metadata"], run["status"]
     ns, name = meta["namespace"], meta["name"]
-    checks: dict[str, Check] = {}
+    checks: dict[ConditionType, Check] = {}
     fields: dict[str, Any] = {}
     restart: tuple[str, dict[str, Any]] | None = None  # (plan, the failed trainers' Job)
     if lifecycle.is_final(status.get("phase")):
-        checks[READY] = FINISHED
-        checks[PAYLOADS_RELEASED] = await finishing.release(op, run, children)
+        checks[ConditionType.READY] = FINISHED
+        checks[ConditionType.PAYLOADS_RELEASED] = await finishing.release(op, run, children)
     else:
         restart = await follow_active(op, run, children, now, checks, fields)
     update = status_update(status, meta.get("generation"), checks, fields, now)
@@ -98,7 +97,7 @@ async def refresh_run(
     # checked at every pass, it costs no write when everything is stopped already.
     if lifecycle.is_final(update.phase):
         await finishing.stop(op, run, children)
-    volume = checks.get(VOLUME_READY)
+    volume = checks.get(ConditionType.VOLUME_READY)
     brought = (
         bool(status.get("claimName"))
         and (
@@ -116,7 +115,7 @@ async def follow_active(
     run: dict[str, Any],
     children: finishing.Children,
     now: str,
-    checks: dict[str, Check],
+    checks: dict[ConditionType, Check],
     fields: dict[str, Any],
 ) -> tuple[str, dict[str, Any]] | None:
     """The checks and fields of a run that has not ended (into ``checks`` and ``fields``), and
@@ -130,8 +129,8 @@ async def follow_active(
         claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
     workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
     active = lifecycle.runs_pods(suspend, status.get("phase"))
-    checks[VOLUME_READY] = claim_check(claim, claim_name)
-    checks[READY] = lifecycle.ready_check(active, workloads_check(workloads))
+    checks[ConditionType.VOLUME_READY] = claim_check(claim, claim_name)
+    checks[ConditionType.READY] = lifecycle.ready_check(active, workloads_check(workloads))
     checks |= lifecycle.suspend_check(suspend, status)
     listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
@@ -159,7 +158,7 @@ async def follow_active(
     end = lifecycle.end_checks(status, jobs[TRAINER], failure)
     if end:
         checks |= end
-        checks[READY] = FINISHED
+        checks[ConditionType.READY] = FINISHED
         fields["completionTime"] = now
         if failure is not None:
             fields["failure"] = failure

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from payloadrun.helptext import HelpFormatter, plain
 from payloadrun_operator.admission import admit
 from payloadrun_operator.builders import build_children
 from payloadrun_operator.models import GROUP, KIND
@@ -45,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "render",
         help="print the children the operator would create for PayloadRun files (no cluster)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain(HELP),
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "-f",
@@ -61,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-n",
         "--namespace",
         default="default",
-        help="namespace of runs whose metadata names none (default: default)",
+        help="namespace of runs whose metadata names none",
     )
     p.set_defaults(command="render")
 

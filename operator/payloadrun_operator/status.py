@@ -12,22 +12,142 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
 
-# The conditions, each True or False with a reason:
-VALIDATED = "Validated"  # the spec was accepted (False: refused, the phase is Rejected)
-APPLIED = "Applied"  # every child was applied (False: the API server refused one, with why)
-VOLUME_READY = "VolumeReady"  # the payload volume's claim is bound, or inline needs none
-READY = "Ready"  # the accepted spec's workloads have every pod ready (the phase is Running)
-SUSPENDED = "Suspended"  # spec.suspend: no pod runs (the phase is Suspended)
-# A batch/v1 Job's condition types once it has ended (lifecycle.job_outcome's values).
+# --- the vocabulary: every condition type and reason the operator sets -------------------------
+# One home, used wherever a condition is set: set_condition refuses a type or a reason outside it,
+# the CRD's descriptions and docs/payloadrun-reference.md#conditions are generated from it
+# (hack/crd_reference.py), and alerts and runbooks can rely on it.
+
+
+class ConditionType(StrEnum):
+    """The conditions of a run, each True or False with a reason of its own enum (REASONS)."""
+
+    VALIDATED = "Validated"
+    APPLIED = "Applied"
+    VOLUME_READY = "VolumeReady"
+    READY = "Ready"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    PAYLOADS_RELEASED = "PayloadsReleased"
+
+
+class ValidatedReason(StrEnum):
+    SPEC_VALID = "SpecValid"  # True
+    INVALID_SPEC = "InvalidSpec"  # False: the phase is Rejected, nothing is applied
+
+
+class AppliedReason(StrEnum):
+    CHILDREN_APPLIED = "ChildrenApplied"  # True
+    APPLY_FAILED = "ApplyFailed"  # False: the API server refused a child (which, and why)
+
+
+class VolumeReadyReason(StrEnum):
+    CLAIM_BOUND = "ClaimBound"  # True
+    NOT_NEEDED = "NotNeeded"  # True: inline, no shared volume
+    CLAIM_MISSING = "ClaimMissing"  # False
+    CLAIM_PENDING = "ClaimPending"  # False
+    CLAIM_LOST = "ClaimLost"  # False (a Warning)
+
+
+class ReadyReason(StrEnum):
+    WORKLOADS_READY = "WorkloadsReady"  # True
+    WORKLOADS_NOT_READY = "WorkloadsNotReady"  # False
+    APPLY_FAILED = "ApplyFailed"  # False: a child was refused (the Applied condition says which)
+    SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
+    STOPPED = "Stopped"  # False: suspended
+    FINISHED = "Finished"  # False: the run has ended
+
+
+class SuspendedReason(StrEnum):
+    SPEC_SUSPENDED = "SpecSuspended"  # True
+    RESUMED = "Resumed"  # False
+
+
+class CompleteReason(StrEnum):
+    TRAINERS_SUCCEEDED = "TrainersSucceeded"  # True
+
+
+class FailedReason(StrEnum):
+    ORCHESTRATOR_FAILED = "OrchestratorFailed"  # True
+    TRAINER_FAILED = "TrainerFailed"  # True
+
+
+class PayloadsReleasedReason(StrEnum):
+    FILES_DELETED = "FilesDeleted"  # True
+    NO_PAYLOAD_FILES = "NoPayloadFiles"  # True: the run was inline
+    DELETING_FILES = "DeletingFiles"  # False: the cleanup Job runs
+    RETAINED = "Retained"  # False: deletionPolicy Retain
+    KEPT_AFTER_FAILURE = "KeptAfterFailure"  # False: a failed run keeps them for debugging
+    CLEANUP_FAILED = "CleanupFailed"  # False (a Warning)
+
+
+Reason = (
+    ValidatedReason
+    | AppliedReason
+    | VolumeReadyReason
+    | ReadyReason
+    | SuspendedReason
+    | CompleteReason
+    | FailedReason
+    | PayloadsReleasedReason
+)
+
+REASONS: dict[ConditionType, type[StrEnum]] = {
+    ConditionType.VALIDATED: ValidatedReason,
+    ConditionType.APPLIED: AppliedReason,
+    ConditionType.VOLUME_READY: VolumeReadyReason,
+    ConditionType.READY: ReadyReason,
+    ConditionType.SUSPENDED: SuspendedReason,
+    ConditionType.COMPLETE: CompleteReason,
+    ConditionType.FAILED: FailedReason,
+    ConditionType.PAYLOADS_RELEASED: PayloadsReleasedReason,
+}
+
+# Reasons that go with a True status; every other reason goes with False (set_condition checks).
+TRUE_REASONS: frozenset[StrEnum] = frozenset(
+    {
+        ValidatedReason.SPEC_VALID,
+        AppliedReason.CHILDREN_APPLIED,
+        VolumeReadyReason.CLAIM_BOUND,
+        VolumeReadyReason.NOT_NEEDED,
+        ReadyReason.WORKLOADS_READY,
+        SuspendedReason.SPEC_SUSPENDED,
+        CompleteReason.TRAINERS_SUCCEEDED,
+        FailedReason.ORCHESTRATOR_FAILED,
+        FailedReason.TRAINER_FAILED,
+        PayloadsReleasedReason.FILES_DELETED,
+        PayloadsReleasedReason.NO_PAYLOAD_FILES,
+    }
+)
+
+# What each condition says when True (the CRD's descriptions and the reference are made of these).
+MEANINGS: dict[ConditionType, str] = {
+    ConditionType.VALIDATED: "the spec was accepted (False: it was refused, the phase is "
+    "Rejected and nothing is applied)",
+    ConditionType.APPLIED: "every child was applied (False: the API server refused one; the "
+    "message says which, and why)",
+    ConditionType.VOLUME_READY: "the payload volume's claim is bound, or the run needs none",
+    ConditionType.READY: "the accepted spec's workloads have every pod ready (the phase is "
+    "then Running)",
+    ConditionType.SUSPENDED: "spec.suspend is true: no pod runs (set once a run was suspended; "
+    "False after it resumed)",
+    ConditionType.COMPLETE: "every trainer exited 0: the phase is Succeeded, for good",
+    ConditionType.FAILED: "a component failed beyond spec.failurePolicy: the phase is Failed, "
+    "for good",
+    ConditionType.PAYLOADS_RELEASED: "a finished run's payload files were deleted, or it had "
+    "none (False: being deleted, or kept: deletionPolicy Retain, a failed run, a failed "
+    "cleanup Job)",
+}
+
+# A batch/v1 Job's condition types once it has ended (lifecycle.job_outcome's values): the Job's
+# vocabulary, not the run's.
 JOB_COMPLETE = "Complete"
 JOB_FAILED = "Failed"
-COMPLETE = "Complete"  # every trainer exited 0 (the phase is Succeeded, for good)
-FAILED = "Failed"  # a component failed beyond spec.failurePolicy (the phase is Failed, for good)
-PAYLOADS_RELEASED = "PayloadsReleased"  # a finished run's files were deleted (unless Retain)
 
 PHASE_REJECTED = "Rejected"
 PHASE_PROVISIONING = "Provisioning"
@@ -46,7 +166,7 @@ class Check:
     """
 
     ok: bool
-    reason: str
+    reason: Reason
     message: str
     warning: bool = False
 
@@ -72,9 +192,25 @@ def bounded_message(message: str) -> str:
     return message[: MAX_CONDITION_MESSAGE - 1] + "\u2026"
 
 
+def vocabulary_error(ctype: ConditionType, check: Check) -> str | None:
+    """Why ``check`` cannot be condition ``ctype`` (a type, reason or status outside the
+    vocabulary), or None. A programming error: the reference and alerts list only these."""
+    if not isinstance(ctype, ConditionType):
+        return f"{ctype!r} is not a ConditionType: add it there (and to the reference) first"
+    reasons = REASONS[ctype]
+    if not isinstance(check.reason, reasons):
+        return (
+            f"{ctype} has no reason {str(check.reason)!r}: its reasons are "
+            f"{', '.join(reasons)} ({reasons.__name__})"
+        )
+    if check.ok != (check.reason in TRUE_REASONS):
+        return f"{ctype}'s reason {check.reason} goes with status {not check.ok}, not {check.ok}"
+    return None
+
+
 def set_condition(
     conditions: Iterable[dict[str, Any]],
-    ctype: str,
+    ctype: ConditionType,
     check: Check,
     *,
     generation: int | None,
@@ -83,8 +219,11 @@ def set_condition(
     """``conditions`` with ``ctype`` set; its transition time moves only when its status does.
 
     ``now`` is an RFC 3339 time (:func:`rfc3339`); a condition that has no transition time yet
-    gets it.
+    gets it. ``ctype`` and the check's reason must be of the vocabulary (:data:`REASONS`).
     """
+    problem = vocabulary_error(ctype, check)
+    if problem is not None:
+        raise ValueError(problem)
     status = ConditionStatus.TRUE if check.ok else ConditionStatus.FALSE
     out = []
     found = False
@@ -101,12 +240,12 @@ def set_condition(
 
 
 def _condition(
-    ctype: str, status: str, check: Check, generation: int | None, since: str
+    ctype: ConditionType, status: str, check: Check, generation: int | None, since: str
 ) -> dict[str, Any]:
     cond = {
-        "type": ctype,
-        "status": status,
-        "reason": check.reason,
+        "type": str(ctype),
+        "status": str(status),
+        "reason": str(check.reason),
         "message": bounded_message(check.message),
         "lastTransitionTime": since,
     }
@@ -129,15 +268,18 @@ def transitions(
 
 def phase(conditions: Iterable[dict[str, Any]]) -> str:
     conds = list(conditions)
-    validated = condition(conds, VALIDATED)
+    validated = condition(conds, ConditionType.VALIDATED)
     if validated is not None and validated["status"] == ConditionStatus.FALSE:
         return PHASE_REJECTED
-    for ctype, final_phase in ((FAILED, PHASE_FAILED), (COMPLETE, PHASE_SUCCEEDED)):
+    for ctype, final_phase in (
+        (ConditionType.FAILED, PHASE_FAILED),
+        (ConditionType.COMPLETE, PHASE_SUCCEEDED),
+    ):
         if (condition(conds, ctype) or {}).get("status") == ConditionStatus.TRUE:
             return final_phase
-    if (condition(conds, SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
+    if (condition(conds, ConditionType.SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
         return PHASE_SUSPENDED
-    ready = condition(conds, READY)
+    ready = condition(conds, ConditionType.READY)
     if ready is not None and ready["status"] == ConditionStatus.TRUE:
         return PHASE_RUNNING
     return PHASE_PROVISIONING
@@ -146,18 +288,23 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
 def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
     """Is the payload volume usable? ``name`` None means inline mode: no volume needed."""
     if name is None:
-        return Check(True, "NotNeeded", "payloads move inline: no shared volume")
+        return Check(True, VolumeReadyReason.NOT_NEEDED, "payloads move inline: no shared volume")
     if claim is None:
-        return Check(False, "ClaimMissing", f"PersistentVolumeClaim {name} does not exist yet")
+        return Check(
+            False,
+            VolumeReadyReason.CLAIM_MISSING,
+            f"PersistentVolumeClaim {name} does not exist yet",
+        )
     claim_phase = claim.get("status", {}).get("phase", "Pending")
     if claim_phase == "Bound":
-        return Check(True, "ClaimBound", f"PersistentVolumeClaim {name} is bound")
+        return Check(True, VolumeReadyReason.CLAIM_BOUND, f"PersistentVolumeClaim {name} is bound")
+    lost = claim_phase == "Lost"
     return Check(
         False,
-        f"Claim{claim_phase}",
+        VolumeReadyReason.CLAIM_LOST if lost else VolumeReadyReason.CLAIM_PENDING,
         f"PersistentVolumeClaim {name} is {claim_phase}: it needs a ReadWriteMany volume "
         "(a storage class that provisions one, or a matching PersistentVolume)",
-        warning=claim_phase == "Lost",
+        warning=lost,
     )
 
 
@@ -185,8 +332,8 @@ def workloads_check(workloads: Iterable[dict[str, Any] | None]) -> Check:
     results = [workload_ready(w) for w in workloads]
     waiting = [msg for ok, msg in results if not ok]
     if waiting:
-        return Check(False, "WorkloadsNotReady", "waiting for " + ", ".join(waiting))
-    return Check(True, "WorkloadsReady", ", ".join(msg for _, msg in results))
+        return Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting for " + ", ".join(waiting))
+    return Check(True, ReadyReason.WORKLOADS_READY, ", ".join(msg for _, msg in results))
 
 
 @dataclass(frozen=True)
@@ -201,7 +348,7 @@ class StatusUpdate:
 def status_update(
     status: Mapping[str, Any],
     generation: int | None,
-    checks: Mapping[str, Check],
+    checks: Mapping[ConditionType, Check],
     fields: Mapping[str, Any],
     now: str,
 ) -> StatusUpdate:
@@ -219,7 +366,7 @@ def status_update(
     events = [
         (
             "Warning" if check.warning else "Normal",
-            check.reason,
+            str(check.reason),
             f"{ctype} is {check.ok}: {check.message}",
         )
         for ctype, check in checks.items()

@@ -18,7 +18,8 @@ list of collisions: a user value is never overridden silently. The rules, as
    container port the operator declares is kept when the template declares the same number.
 4. **Added unless the template has its own**: ``/dev/shm`` (not when the template mounts
    something there or sets ``hostIPC``), the payload volume's ``fsGroup`` (the run's one, see
-   :func:`run_fs_group`).
+   :func:`run_fs_group`), and in every other container of the template (init containers too)
+   the run's identity (``PAYLOADRUN_RUN``, ...), each variable unless that container sets it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Parts:
     short: Manifest = field(default_factory=dict)  # image, command, args, resources that are set
     short_env: tuple[Manifest, ...] = ()
     env: tuple[Manifest, ...] = ()  # the operator's, first in the main container's env
+    identity: tuple[Manifest, ...] = ()  # first in every other container's, unless it sets them
     mounts: tuple[Manifest, ...] = ()  # into the main container
     ports: tuple[Manifest, ...] = ()  # declared on the main container
     sidecars: tuple[Manifest, ...] = ()  # native sidecars (initContainers, after the user's)
@@ -91,8 +93,13 @@ def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
         index = 0
     main = dict(containers[index])
     errors += _fill_main(main, parts, f"{where}.spec.containers[{parts.main}]")
+    containers = [
+        c if i == index else with_identity(c, parts.identity) for i, c in enumerate(containers)
+    ]
     containers[index] = main
     pod["containers"] = containers
+    if pod.get("initContainers"):  # the template's own (the operator's sidecars come later)
+        pod["initContainers"] = [with_identity(c, parts.identity) for c in pod["initContainers"]]
 
     for key in parts.pod_unset:
         if key in pod:
@@ -137,6 +144,18 @@ def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
     if errors:
         raise TemplateConflict(errors)
     return {"metadata": out_meta, "spec": pod}
+
+
+def with_identity(container: Manifest, identity: Iterable[Manifest]) -> Manifest:
+    """``container`` told which run it belongs to: ``identity``'s variables first (so its own
+    entries can refer to them as ``$(PAYLOADRUN_RUN)``), except those it sets itself, which
+    stay as written."""
+    own = container.get("env") or []
+    taken = {e.get("name") for e in own}
+    added = [dict(e) for e in identity if e["name"] not in taken]
+    if not added:
+        return container
+    return {**container, "env": [*added, *own]}
 
 
 def _labels(meta: Mapping[str, Any], parts: Parts, where: str) -> tuple[dict[str, str], list[str]]:

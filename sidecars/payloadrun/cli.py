@@ -24,7 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
         "volume: the data-plane tools.",
     )
     add_version_flag(parser)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        help="one of these; payloadrun COMMAND --help describes its flags",
+    )
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(subparsers)
     for subcommand in subparsers.choices.values():  # `payloadrun writer --version` too

@@ -317,6 +317,13 @@ def log_format(default: str = "plain", **how: Any) -> Any:
     )
 
 
+# What "payload root" means in every --help, the docs and the CRD: one directory per run.
+PAYLOAD_ROOT_HELP = (
+    "the payload root: the directory of this run's v<k> payload directories on the shared "
+    "volume (the operator sets <mountPath>/<namespace>/<name>/payloads, or spec.payloads.root)"
+)
+
+
 def payload_root(help: str) -> Any:
     """The payload-root setting: ``--root`` or ``PAYLOAD_ROOT``, required (the retention sidecar,
     ``payloadrun wipe``)."""

@@ -1,4 +1,5 @@
-"""``payloadrun simulate``: an RL loop (inference, orchestrator, trainer) against a payload root.
+"""``payloadrun simulate``: an RL loop (inference, orchestrator, trainer) against a payload root
+(the directory that holds the ``v<k>`` payload directories).
 
 It plays prime-rl's parts with files instead of models, to show what a retention policy does to
 the payload directory:
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.paths import PayloadRoot, payload_dir, version_dir_name
 from payloadrun.retention.policy import backstop_bound, min_fresh_version
 from payloadrun.store import FILE_SUFFIX
@@ -549,32 +551,67 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate",
         help="play an RL loop against a payload root under a retention policy",
-        description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
     )
     d = Workload()
-    p.add_argument("--policy", choices=POLICIES, default=DELETE_ON_CONSUME)
-    p.add_argument("--root", type=Path, help="payload root (default: a temporary directory)")
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=DELETE_ON_CONSUME,
+        help="delete-on-consume: a retention sidecar deletes each batch's files once trained "
+        "on; version-sweep: public prime-rl's rmtree of stale v<k> directories, nothing else",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        help="the payload root to play against (default: a temporary directory, removed after)",
+    )
     p.add_argument("--url", help="use the retention sidecar at this URL instead of starting one")
     p.add_argument(
         "--writer-url",
         help="get each rollout's payload file from this writer sidecar (a tokens-in generate "
         "request with payload_dir) instead of writing files; its payload root must be --root",
     )
-    p.add_argument("--prompt-tokens", type=int, default=64, help="with --writer-url")
-    p.add_argument("--max-tokens", type=int, default=16, help="with --writer-url")
+    p.add_argument(
+        "--prompt-tokens", type=int, default=64, help="prompt tokens per request, with --writer-url"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        help="completion tokens per request, with --writer-url",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per batch")
     p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per group")
-    p.add_argument("--files-per-rollout", type=int, default=d.files_per_rollout)
-    p.add_argument("--bytes-per-file", type=int, default=d.bytes_per_file)
-    p.add_argument("--max-off-policy-steps", type=int, default=d.max_off_policy_steps)
-    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument(
+        "--files-per-rollout",
+        type=int,
+        default=d.files_per_rollout,
+        help="payload files each rollout writes",
+    )
+    p.add_argument(
+        "--bytes-per-file", type=int, default=d.bytes_per_file, help="bytes of each payload file"
+    )
+    p.add_argument(
+        "--max-off-policy-steps",
+        type=int,
+        default=d.max_off_policy_steps,
+        help="the trainer's staleness bound m: rollouts older than min_fresh_version(step, m) "
+        "are swept",
+    )
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps to play")
     p.add_argument("--drop-rate", type=float, default=d.drop_rate, help="groups dropped")
     p.add_argument(
         "--straggler-rate", type=float, default=d.straggler_rate, help="groups with a slow rollout"
     )
     p.add_argument("--trainer-lag", type=int, default=d.trainer_lag, help="batches in flight")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="the workload's random seed (both policies see the same rollouts for one seed)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.set_defaults(run=run)
 

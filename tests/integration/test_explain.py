@@ -20,13 +20,18 @@ from kubernetes.client.rest import ApiException
 from payloadrun_operator.crd import CRD_FILE, build_crd
 from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.status import (
-    READY,
-    VALIDATED,
-    VOLUME_READY,
     Check,
+    ConditionType,
+    ReadyReason,
+    ValidatedReason,
+    VolumeReadyReason,
     rfc3339,
     status_update,
 )
+
+READY = ConditionType.READY
+VALIDATED = ConditionType.VALIDATED
+VOLUME_READY = ConditionType.VOLUME_READY
 
 pytestmark = pytest.mark.integration
 
@@ -187,9 +192,9 @@ def test_what_the_operator_writes_is_accepted(crd, custom, namespace):
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run"))
     now = rfc3339(datetime.now(UTC))
     checks = {
-        VALIDATED: Check(True, "SpecValid", "the spec is valid"),
-        VOLUME_READY: Check(False, "ClaimPending", "x" * 40_000),
-        READY: Check(False, "WorkloadsNotReady", "waiting for run-inference 0/1 ready"),
+        VALIDATED: Check(True, ValidatedReason.SPEC_VALID, "the spec is valid"),
+        VOLUME_READY: Check(False, VolumeReadyReason.CLAIM_PENDING, "x" * 40_000),
+        READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting for run-inference 0/1 ready"),
     }
     update = status_update({}, 1, checks, {"observedGeneration": 1, "payloadMode": "ByHandle"}, now)
     run = write_status(custom, namespace, "run", update.fields)

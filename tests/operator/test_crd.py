@@ -13,7 +13,11 @@ from payloadrun_operator.kubeschema import (
     kubernetes_version,
     render_openapi_file,
 )
-from payloadrun_operator.status import READY, VALIDATED, VOLUME_READY
+from payloadrun_operator.status import ConditionType
+
+READY = ConditionType.READY
+VALIDATED = ConditionType.VALIDATED
+VOLUME_READY = ConditionType.VOLUME_READY
 
 REPO = Path(__file__).resolve().parents[2]
 

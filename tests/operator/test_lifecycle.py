@@ -51,17 +51,22 @@ from payloadrun_operator.settings import (
     OperatorSettings,
 )
 from payloadrun_operator.status import (
-    COMPLETE,
-    FAILED,
-    READY,
-    SUSPENDED,
-    VALIDATED,
-    VOLUME_READY,
+    REASONS,
+    TRUE_REASONS,
     Check,
+    ConditionType,
+    ReadyReason,
     phase,
     set_condition,
     status_update,
 )
+
+COMPLETE = ConditionType.COMPLETE
+FAILED = ConditionType.FAILED
+READY = ConditionType.READY
+SUSPENDED = ConditionType.SUSPENDED
+VALIDATED = ConditionType.VALIDATED
+VOLUME_READY = ConditionType.VOLUME_READY
 
 COMPONENTS = (INFERENCE, ORCHESTRATOR, TRAINER)
 KIND_OF = {component: kind for _, kind, component in WORKLOADS}
@@ -822,11 +827,34 @@ def test_a_failure_without_a_reason_says_failed():
 # --- conditions ----------------------------------------------------------------------------------
 
 
+def check_of(ctype: str, ok: bool) -> Check:
+    """A check of the vocabulary for condition ``ctype`` with status ``ok``."""
+    reason = next(r for r in REASONS[ConditionType(ctype)] if (r in TRUE_REASONS) == ok)
+    return Check(ok, reason, "m")
+
+
+def with_condition(conds, ctype: str, ok: bool, now: str = T0):
+    """``conds`` with ``ctype`` True or False as the operator writes it; as a status edited by
+    hand would have it for a status the operator never sets (Complete or Failed False)."""
+    if any(r for r in REASONS[ConditionType(ctype)] if (r in TRUE_REASONS) == ok):
+        return set_condition(
+            conds, ConditionType(ctype), check_of(ctype, ok), generation=1, now=now
+        )
+    raw = {
+        "type": ctype,
+        "status": str(ok),
+        "reason": "ByHand",
+        "message": "",
+        "lastTransitionTime": now,
+    }
+    return [*(c for c in conds if c["type"] != ctype), raw]
+
+
 def conditions(**values):
     """Conditions as the operator writes them, from TYPE=True/False."""
     conds = []
     for ctype, ok in values.items():
-        conds = set_condition(conds, ctype, Check(ok, "Because", "m"), generation=1, now=T0)
+        conds = with_condition(conds, ctype, ok)
     return conds
 
 
@@ -879,16 +907,12 @@ def test_nothing_ends_a_running_run():
 @pytest.mark.parametrize("final", [COMPLETE, FAILED])
 def test_a_finished_run_gets_no_new_end(final):
     status = running_status()
-    status["conditions"] = set_condition(
-        status["conditions"], final, Check(True, "Because", "m"), generation=1, now=T1
-    )
+    status["conditions"] = with_condition(status["conditions"], final, True, T1)
     trainer = job_with(COMPLETE_STATUS)
     assert end_checks(status, trainer, None) == {}
     assert end_checks(status, trainer, ORCHESTRATOR_FAILURE) == {}
     # a False one is no end
-    status["conditions"] = set_condition(
-        status["conditions"], final, Check(False, "Because", "m"), generation=1, now=T1
-    )
+    status["conditions"] = with_condition(status["conditions"], final, False, T1)
     assert end_checks(status, trainer, None) != {}
 
 
@@ -915,7 +939,7 @@ def test_suspend_and_resume_through_the_status():
     assert suspended.phase == "Suspended"
     assert ("Normal", "SpecSuspended") in [(t, r) for t, r, _ in suspended.events]
     status = {**status, **suspended.fields}
-    checks = {READY: Check(False, "WorkloadsNotReady", "waiting")}
+    checks = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting")}
     resumed = status_update(status, 3, checks | suspend_check(False, status), {}, T1)
     assert resumed.phase == "Provisioning"
     assert ("Normal", "Resumed") in [(t, r) for t, r, _ in resumed.events]
@@ -983,13 +1007,13 @@ def test_a_completed_run_stays_succeeded_when_ready_flips():
     status = running_status()
     trainer = job_with(COMPLETE_STATUS)
     end = end_checks(status, trainer, None)
-    done = status_update(status, 1, {**end, READY: Check(False, "Finished", "m")}, {}, T1)
+    done = status_update(status, 1, {**end, READY: Check(False, ReadyReason.FINISHED, "m")}, {}, T1)
     assert done.phase == "Succeeded" and done.fields["phase"] == "Succeeded"
     assert ("Normal", "TrainersSucceeded") in [(t, r) for t, r, _ in done.events]
     status = {**status, **done.fields}
     PayloadRunStatus.model_validate(status)
     for ok in (True, False, True):
-        flipped = status_update(status, 1, {READY: Check(ok, "Whatever", "m")}, {}, T1)
+        flipped = status_update(status, 1, {READY: check_of(READY, ok)}, {}, T1)
         assert flipped.phase == "Succeeded"
         assert (flipped.fields or status)["phase"] == "Succeeded"
         status = {**status, **(flipped.fields or {})}
@@ -1001,7 +1025,9 @@ def test_a_failed_run_is_failed_with_its_failure_in_the_status():
     status = running_status()
     end = end_checks(status, job_with(RUNNING_STATUS), ORCHESTRATOR_FAILURE)
     fields = {"failure": ORCHESTRATOR_FAILURE, "completionTime": T1}
-    update = status_update(status, 1, {**end, READY: Check(False, "Finished", "m")}, fields, T1)
+    update = status_update(
+        status, 1, {**end, READY: Check(False, ReadyReason.FINISHED, "m")}, fields, T1
+    )
     assert update.phase == "Failed"
     assert ("Warning", "OrchestratorFailed") in [(t, r) for t, r, _ in update.events]
     parsed = PayloadRunStatus.model_validate({**status, **update.fields})

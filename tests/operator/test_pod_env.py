@@ -131,3 +131,55 @@ def test_every_container_of_an_inline_run_has_exactly_the_documented_env(spec_di
     env = built(ctx)
     assert set(env) == {names.VLLM_CONTAINER, names.ORCHESTRATOR_CONTAINER, names.TRAINER_CONTAINER}
     assert env == {c: v for c, v in documented(ctx).items() if c in env}
+
+
+IDENTITY = {"PAYLOADRUN_RUN", "PAYLOADRUN_RUN_ID", "PAYLOADRUN_PAYLOAD_MODE"}
+
+
+def with_extra_containers(spec: dict[str, Any]) -> dict[str, Any]:
+    """Each role's template with a container and an init container of the user's own; the
+    trainers' sidecar names its run itself."""
+    spec = copy.deepcopy(spec)
+    for role in ("inference", "orchestrator", "trainer"):
+        own = [{"name": "LOG_DIR", "value": "/logs/$(PAYLOADRUN_RUN)"}]
+        if role == "trainer":
+            own.append({"name": "PAYLOADRUN_RUN", "value": "named-by-me"})
+        spec[role]["template"] = {
+            "spec": {
+                "containers": [{"name": f"{role}-shipper", "image": "busybox", "env": own}],
+                "initContainers": [{"name": f"{role}-warmup", "image": "busybox"}],
+            }
+        }
+    return spec
+
+
+@pytest.mark.parametrize("mode", ["ByHandle", "Inline"])
+def test_a_templates_own_containers_are_told_which_run_they_belong_to(spec_dict, mode):
+    """The table's "all": every container of the run's pods, the user's too; a variable the
+    user's container sets is its own."""
+    spec = with_extra_containers(spec_dict)
+    spec["payloads"] = {"mode": mode}
+    ctx = context(spec)
+    pods = [
+        c["spec"]["template"]["spec"]
+        for c in build_children(ctx)
+        if (c.get("spec") or {}).get("template")
+    ]
+    containers = {
+        c["name"]: c for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]
+    }
+    for role in ("inference", "orchestrator", "trainer"):
+        for name in (f"{role}-shipper", f"{role}-warmup"):
+            env = containers[name]["env"]
+            values = {e["name"]: e["value"] for e in env}
+            assert set(values) - {"LOG_DIR"} == IDENTITY, name
+            assert values["PAYLOADRUN_RUN_ID"] == "uid-123"
+            assert values["PAYLOADRUN_PAYLOAD_MODE"] == mode
+            in_order = [e["name"] for e in env]
+            if name == "trainer-shipper":  # the user's own, where the user put it
+                assert values["PAYLOADRUN_RUN"] == "named-by-me"
+                assert in_order == [*in_order[:2], "LOG_DIR", "PAYLOADRUN_RUN"]
+            else:
+                assert values["PAYLOADRUN_RUN"] == "run1"
+                if "LOG_DIR" in values:  # after the variable it refers to
+                    assert in_order.index("LOG_DIR") > in_order.index("PAYLOADRUN_RUN")

@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 from payloadrun_operator.handlers import utc_now
 from payloadrun_operator.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
 from payloadrun_operator.status import (
-    READY,
-    VALIDATED,
-    VOLUME_READY,
+    REASONS,
+    TRUE_REASONS,
     Check,
+    ConditionType,
+    ReadyReason,
+    ValidatedReason,
     bounded_message,
     claim_check,
     phase,
@@ -23,47 +25,59 @@ from payloadrun_operator.status import (
     workloads_check,
 )
 
+READY = ConditionType.READY
+VALIDATED = ConditionType.VALIDATED
+VOLUME_READY = ConditionType.VOLUME_READY
+
 
 def test_set_condition_keeps_transition_time_while_status_holds():
-    conds = set_condition([], READY, Check(False, "Waiting", "m1"), generation=1, now="t1")
+    waiting = Check(False, ReadyReason.WORKLOADS_NOT_READY, "m1")
+    conds = set_condition([], READY, waiting, generation=1, now="t1")
     assert conds == [
         {
             "type": READY,
             "status": "False",
-            "reason": "Waiting",
+            "reason": "WorkloadsNotReady",
             "message": "m1",
             "lastTransitionTime": "t1",
             "observedGeneration": 1,
         }
     ]
-    same = set_condition(conds, READY, Check(False, "StillWaiting", "m2"), generation=2, now="t2")
-    assert same[0]["lastTransitionTime"] == "t1" and same[0]["reason"] == "StillWaiting"
-    flipped = set_condition(same, READY, Check(True, "Done", "m3"), generation=2, now="t3")
+    refused = Check(False, ReadyReason.APPLY_FAILED, "m2")
+    same = set_condition(conds, READY, refused, generation=2, now="t2")
+    assert same[0]["lastTransitionTime"] == "t1" and same[0]["reason"] == "ApplyFailed"
+    done = Check(True, ReadyReason.WORKLOADS_READY, "m3")
+    flipped = set_condition(same, READY, done, generation=2, now="t3")
     assert flipped[0]["lastTransitionTime"] == "t3" and flipped[0]["status"] == "True"
 
 
 def test_set_condition_leaves_others_alone():
-    conds = set_condition([], VALIDATED, Check(True, "SpecValid", "ok"), generation=1, now="t")
-    conds = set_condition(conds, READY, Check(False, "W", "w"), generation=1, now="t")
+    valid = Check(True, ValidatedReason.SPEC_VALID, "ok")
+    conds = set_condition([], VALIDATED, valid, generation=1, now="t")
+    waiting = Check(False, ReadyReason.WORKLOADS_NOT_READY, "w")
+    conds = set_condition(conds, READY, waiting, generation=1, now="t")
     assert [c["type"] for c in conds] == [VALIDATED, READY]
 
 
 def test_transitions_report_status_or_reason_changes():
-    before = set_condition([], READY, Check(False, "A", "x"), generation=1, now="t")
-    after = set_condition(before, READY, Check(False, "A", "other message"), generation=1, now="t")
+    a, b = ReadyReason.WORKLOADS_NOT_READY, ReadyReason.STOPPED
+    before = set_condition([], READY, Check(False, a, "x"), generation=1, now="t")
+    after = set_condition(before, READY, Check(False, a, "other message"), generation=1, now="t")
     assert transitions(before, after) == []
-    after = set_condition(before, READY, Check(False, "B", "x"), generation=1, now="t")
-    assert [c["reason"] for c in transitions(before, after)] == ["B"]
+    after = set_condition(before, READY, Check(False, b, "x"), generation=1, now="t")
+    assert [c["reason"] for c in transitions(before, after)] == ["Stopped"]
 
 
 def test_phase():
-    ok = Check(True, "R", "m")
-    bad = Check(False, "R", "m")
+    valid = Check(True, ValidatedReason.SPEC_VALID, "m")
+    invalid = Check(False, ValidatedReason.INVALID_SPEC, "m")
+    ready = Check(True, ReadyReason.WORKLOADS_READY, "m")
+    waiting = Check(False, ReadyReason.STOPPED, "m")
     assert phase([]) == "Provisioning"
-    assert phase(set_condition([], VALIDATED, bad, generation=1, now="t")) == "Rejected"
-    conds = set_condition([], VALIDATED, ok, generation=1, now="t")
-    assert phase(set_condition(conds, READY, bad, generation=1, now="t")) == "Provisioning"
-    assert phase(set_condition(conds, READY, ok, generation=1, now="t")) == "Running"
+    assert phase(set_condition([], VALIDATED, invalid, generation=1, now="t")) == "Rejected"
+    conds = set_condition([], VALIDATED, valid, generation=1, now="t")
+    assert phase(set_condition(conds, READY, waiting, generation=1, now="t")) == "Provisioning"
+    assert phase(set_condition(conds, READY, ready, generation=1, now="t")) == "Running"
 
 
 def test_claim_check():
@@ -96,14 +110,18 @@ def test_workload_ready():
 
 
 def test_status_update_writes_only_what_changed_and_names_the_events():
-    checks = {READY: Check(False, "WorkloadsNotReady", "waiting", warning=False)}
+    checks = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting", warning=False)}
     first = status_update({}, 3, checks, {"payloadMode": "ByHandle"}, "t1")
     assert first.fields["payloadMode"] == "ByHandle" and first.fields["phase"] == "Provisioning"
     assert first.events == [("Normal", "WorkloadsNotReady", "Ready is False: waiting")]
     again = status_update(first.fields, 3, checks, {"payloadMode": "ByHandle"}, "t2")
     assert again.fields is None and again.events == []
     failed = status_update(
-        first.fields, 3, {READY: Check(False, "ApplyFailed", "422", warning=True)}, {}, "t3"
+        first.fields,
+        3,
+        {READY: Check(False, ReadyReason.APPLY_FAILED, "422", warning=True)},
+        {},
+        "t3",
     )
     assert failed.events == [("Warning", "ApplyFailed", "Ready is False: 422")]
     assert failed.fields["conditions"][0]["lastTransitionTime"] == "t1"  # still False
@@ -132,7 +150,7 @@ def test_a_reason_the_api_server_would_refuse_is_refused_here():
 
 def test_a_long_message_is_cut_to_the_limit():
     conds = set_condition(
-        [], READY, Check(False, "ApplyFailed", "é" * 40_000), generation=1, now=T0
+        [], READY, Check(False, ReadyReason.APPLY_FAILED, "é" * 40_000), generation=1, now=T0
     )
     message = conds[0]["message"]
     assert len(message) == MAX_CONDITION_MESSAGE and message.endswith("\u2026")
@@ -140,19 +158,27 @@ def test_a_long_message_is_cut_to_the_limit():
 
 
 def test_a_condition_without_transition_time_gets_one():
-    old = [{"type": READY, "status": "False", "reason": "W", "message": ""}]
-    (cond,) = set_condition(old, READY, Check(False, "W", "still"), generation=1, now=T0)
+    old = [{"type": READY, "status": "False", "reason": "Stopped", "message": ""}]
+    stopped = Check(False, ReadyReason.STOPPED, "still")
+    (cond,) = set_condition(old, READY, stopped, generation=1, now=T0)
     assert cond["lastTransitionTime"] == T0
 
 
 T0 = "2026-12-01T00:00:00Z"
-CHECKS = st.builds(
-    Check,
-    ok=st.booleans(),
-    reason=st.from_regex(r"[A-Za-z]([A-Za-z0-9_,:]{0,30}[A-Za-z0-9_])?", fullmatch=True),
-    message=st.text(max_size=200) | st.just("m" * 40_000),
-    warning=st.booleans(),
-)
+TYPES = [VALIDATED, VOLUME_READY, READY]
+
+
+def checks_of(ctype: ConditionType) -> st.SearchStrategy[Check]:
+    """Any check the vocabulary allows for ``ctype``: one of its reasons, with its status."""
+    return st.builds(
+        lambda reason, message, warning: Check(reason in TRUE_REASONS, reason, message, warning),
+        st.sampled_from(list(REASONS[ctype])),
+        st.text(max_size=200) | st.just("m" * 40_000),
+        st.booleans(),
+    )
+
+
+CHECKS = st.fixed_dictionaries({}, optional={ctype: checks_of(ctype) for ctype in TYPES})
 TIMES = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
 )
@@ -162,7 +188,7 @@ TIMES = st.datetimes(
 @given(
     steps=st.lists(
         st.tuples(
-            st.dictionaries(st.sampled_from([VALIDATED, VOLUME_READY, READY]), CHECKS),
+            CHECKS,
             st.one_of(st.none(), st.integers(min_value=0, max_value=2**63 - 1)),
             TIMES,
         ),

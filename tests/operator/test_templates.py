@@ -82,7 +82,14 @@ def test_short_fields_fill_the_main_container_of_the_template(spec_dict):
     )
     # the port the template declares for vLLM is kept, not declared twice
     assert vllm["ports"] == [{"name": "api", "containerPort": 8000}]
-    assert "env" not in container(pod, "log-shipper")
+    # the template's other container: told which run it belongs to, nothing else of the operator's
+    shipper = container(pod, "log-shipper")
+    assert [e["name"] for e in shipper["env"]] == [
+        "PAYLOADRUN_RUN",
+        "PAYLOADRUN_RUN_ID",
+        "PAYLOADRUN_PAYLOAD_MODE",
+    ]
+    assert "volumeMounts" not in shipper
 
 
 def test_a_template_without_the_main_container_gets_it_first(spec_dict):

@@ -1,9 +1,11 @@
 """``payloadrun retention``: the retention sidecar beside the orchestrator.
 
-Every flag has an environment variable (the operator sets those, see
-:class:`payloadrun.settings.Env`); a flag given on the command line wins. The API binds 127.0.0.1
-(only the orchestrator in the pod may delete); ``/metrics`` binds 0.0.0.0 so Prometheus can scrape
-the pod. The default ports are the CRD's.
+It deletes the payload files under the payload root (the directory of the run's ``v<k>``
+directories on the shared volume) once the trainer has consumed them. Every flag has an
+environment variable, named in its help (the operator sets them: :class:`payloadrun.settings.Env`
+lists them); a flag given on the command line wins. The API binds 127.0.0.1 (only the orchestrator
+in the pod may delete); ``/metrics`` binds 0.0.0.0 so Prometheus can scrape the pod. The default
+ports are the CRD's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from payloadrun import serving, settings
+from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.retention.config import COMMAND, RetentionConfig
 from payloadrun.settings import RETENTION_METRICS_PORT, RETENTION_PORT, Env, setting
 
@@ -55,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         COMMAND,
         help="run the retention sidecar (delete payload files once the trainer consumed them)",
-        description=__doc__,
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
     )
     settings.add_arguments(p, RetentionConfig, RetentionListen)
     p.set_defaults(run=run)

@@ -40,7 +40,7 @@ CALL_DEADLINE_S = 5.0
 class RetentionConfig:
     """What one retention service is configured with."""
 
-    root: Path = settings.payload_root("payload root, the shared volume's run directory")
+    root: Path = settings.payload_root(f"{settings.PAYLOAD_ROOT_HELP}; created if missing")
     run_id: str = setting(
         help="this run's identity; a journal of another run id is not replayed",
         flag="--run-id",

@@ -79,6 +79,7 @@ from aiohttp import web
 
 from payloadrun import serving
 from payloadrun.codec import encode_npy_base64
+from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.settings import VLLM_PORT
 from payloadrun.vllm import (
     CHAT_PATH,
@@ -891,8 +892,8 @@ def non_negative_float(raw: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m payloadrun.testing.fakevllm",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
     )
     d = FakeConfig()
     p.add_argument(

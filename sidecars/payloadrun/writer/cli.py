@@ -1,8 +1,11 @@
 """``payloadrun writer``: run the writer sidecar beside vLLM.
 
-Every flag has an environment variable (the operator sets those, see
-:class:`payloadrun.settings.Env`); a flag wins over its variable. The defaults are the CRD's.
-The settings are declared in :mod:`payloadrun.writer.config`.
+A reverse proxy in front of vLLM. Requests whose sampling parameters carry payload_dir (a
+``v<k>`` directory under the payload root) get their routed_experts and sampling_mask written to
+``<payload_dir>/<uuid>.bin`` and replaced by ``choices[i].payload`` segments; everything else
+passes through unchanged. Every flag has an environment variable, named in its help (the operator
+sets them: :class:`payloadrun.settings.Env` lists them); a flag wins over its variable. The
+defaults are the CRD's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import sys
 from collections.abc import Mapping
 
 from payloadrun import serving, settings
+from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.writer.config import (  # noqa: F401  (WriterListen, split_listen: moved here)
     COMMAND,
     WriterConfig,
@@ -29,11 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         COMMAND,
         help="run the writer sidecar: a reverse proxy to vLLM that moves payloads by handle",
-        description="A reverse proxy in front of vLLM. Requests whose sampling parameters carry "
-        "payload_dir get their routed_experts and sampling_mask written to "
-        "<payload_dir>/<uuid>.bin and replaced by choices[i].payload segments; everything "
-        "else passes through unchanged. Each flag can be set by the environment variable "
-        "named in its help.",
+        description=plain(__doc__),  # the settings: payloadrun.writer.config
+        formatter_class=HelpFormatter,
     )
     settings.add_arguments(p, WriterConfig, WriterListen)
     p.set_defaults(run=run)

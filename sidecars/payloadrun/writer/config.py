@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from payloadrun import serving, settings
 from payloadrun.settings import (
+    PAYLOAD_ROOT_HELP,
     VLLM_PORT,
     WRITER_METRICS_PORT,
     WRITER_PORT,
@@ -46,7 +47,8 @@ class WriterConfig:
     )
     payload_root: str | None = setting(
         None,
-        help="the shared volume's mount; payload_dir must be <root>/v<k>",
+        help=f"{PAYLOAD_ROOT_HELP}; a request's payload_dir must be <root>/v<k>; unset: "
+        "every answer goes inline",
         flag="--payload-root",
         env=Env.PAYLOAD_ROOT,
     )
@@ -94,7 +96,7 @@ class WriterConfig:
         "write is not done by then goes back inline at once (fallback reason write_timeout), "
         "and the file of the late write is removed when the write returns. Also the deadline "
         "of each probe of the payload root. 0: no deadline and no breaker (writes on the "
-        "request pool, as before issue 33: a hung volume then hangs its requests)",
+        "request pool, as in 0.1.0: a hung volume then hangs its requests)",
         flag="--write-deadline",
         env=Env.WRITER_WRITE_DEADLINE,
         parse=parse_float,
