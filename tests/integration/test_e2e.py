@@ -44,6 +44,7 @@ from pod_helpers import CONNECT, FAKE_VLLM, pod_security_labels, restricted
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
 from payloadrun.testing.processes import free_port
+from payloadrun_devcluster.binaries import cache_dir
 from payloadrun_operator.names import TRAINER_DIST_PORT
 
 pytestmark = pytest.mark.integration
@@ -190,7 +191,13 @@ def e2e(request, tmp_path_factory):
         yield backend
         backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         return
-    env = {**backend.env, "HOME": str(tmp_path_factory.mktemp("helm-home"))}
+    # helm's own files in a home of the test's; the project's caches (the images, crane and helm
+    # that hack/publish.sh uses) stay where they are, not under that home
+    env = {
+        **backend.env,
+        "HOME": str(tmp_path_factory.mktemp("helm-home")),
+        "PAYLOADRUN_CACHE": str(cache_dir()),
+    }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
