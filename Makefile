@@ -8,7 +8,7 @@ VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
 .PHONY: help venv lint format test unit demo bench bench-all cluster-binaries node prometheus images
-.PHONY: dashboard-schema vllm
+.PHONY: dashboard-schema vllm publish
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -49,6 +49,12 @@ test: lint cluster-binaries node prometheus dashboard-schema vllm ## every test:
 
 unit: ## the tests that need no control plane and no GlusterFS (no root)
 	@$(PY) -m pytest -m "not integration and not sharedfs"
+
+publish: ## the release path (docs/releasing.md): images and chart to REGISTRY, sdist and wheel to dist/ (ARGS=--plain-http)
+	@[ -n "$(REGISTRY)" ] || { echo "make publish: give REGISTRY=host/namespace, e.g. 127.0.0.1:5000/payloadrun" >&2; exit 2; }
+	@PYTHON=$(PY) bash hack/publish.sh images $(REGISTRY) $(ARGS)
+	@PYTHON=$(PY) bash hack/publish.sh chart $(REGISTRY) $(ARGS)
+	@PYTHON=$(PY) bash hack/publish.sh dist dist
 
 demo: cluster-binaries node ## the main job: cluster, chart, operator, runs, data path (ARGS=--keep)
 	@$(PY) hack/demo.py $(ARGS)

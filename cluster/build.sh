@@ -8,13 +8,20 @@
 #   helm                                             (helm.sh/helm/v3)
 #   coredns                                          (github.com/coredns/coredns)
 #   kube-router                                      (github.com/cloudnativelabs/kube-router/v2)
+#   crane                                            (github.com/google/go-containerregistry)
+#   registry                                         (github.com/distribution/distribution/v3)
 # into a cache outside the repository, keyed by version:
 #   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,...,kube-proxy}
 #   .../bin/etcd-<v>/etcd
 #   .../bin/helm-<v>/helm
 #   .../bin/coredns-<v>/coredns
 #   .../bin/kube-router-<v>/kube-router
+#   .../bin/crane-<v>/crane, .../bin/registry-<v>/registry   (the release path: hack/publish.sh)
 #   .../bin/cluster-k<v>-e<v>-h<v>-c<v>-r<v>/   symlinks to all of the above (printed on stdout at the end)
+#
+# `bash cluster/build.sh --release-tools` builds only helm and crane (what hack/publish.sh needs:
+# a release job has no use for Kubernetes' 20 minutes, nor for the tests' registry) and prints
+# .../bin/release-h<v>-c<v>/, a directory of symlinks to those two.
 # containerd, runc, iptables and ipset come from Debian's packages: cluster/node-packages.sh.
 # The Go module and build caches live under the same cache directory, so a bumped
 # component rebuilds from cached modules and packages.
@@ -31,10 +38,18 @@ set -euo pipefail
 # while a build is running cannot change what that build executes.
 main() {
 
+TOOLS_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --release-tools) TOOLS_ONLY=1 ;;
+  *) echo "build.sh: unknown argument '$1' (none builds everything; --release-tools: helm and crane)" >&2; exit 2 ;;
+esac
+
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 : "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}" "${KUBE_ROUTER_VERSION:?missing in versions.env}"
+: "${CRANE_VERSION:?missing in versions.env}" "${REGISTRY_VERSION:?missing in versions.env}"
 
 CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
 JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
@@ -44,6 +59,9 @@ ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
 COREDNS_DIR="$BIN_ROOT/coredns-$COREDNS_VERSION"
 KUBE_ROUTER_DIR="$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION"
+CRANE_DIR="$BIN_ROOT/crane-$CRANE_VERSION"
+REGISTRY_DIR="$BIN_ROOT/registry-$REGISTRY_VERSION"
+TOOLS_DIR="$BIN_ROOT/release-h$HELM_VERSION-c$CRANE_VERSION"
 SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION-r$KUBE_ROUTER_VERSION"
 K8S_BINS=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
 
@@ -51,8 +69,21 @@ START_S=$SECONDS
 log() { printf '[%s +%4ds] build.sh: %s\n' "$(date +%H:%M:%S)" "$((SECONDS - START_S))" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+have_tools() {
+  [[ -x "$HELM_DIR/helm" && -x "$CRANE_DIR/crane" ]]
+}
+
+link_tools() {
+  local tmp="$TOOLS_DIR.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  ln -s "$HELM_DIR/helm" "$tmp/helm"
+  ln -s "$CRANE_DIR/crane" "$tmp/crane"
+  rm -rf "$TOOLS_DIR"; mv "$tmp" "$TOOLS_DIR"
+}
+
 have_all() {
   local b
+  have_tools && [[ -x "$REGISTRY_DIR/registry" ]] || return 1
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
   [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" && -x "$KUBE_ROUTER_DIR/kube-router" ]]
 }
@@ -66,12 +97,26 @@ link_set() {
   ln -s "$HELM_DIR/helm" "$tmp/helm"
   ln -s "$COREDNS_DIR/coredns" "$tmp/coredns"
   ln -s "$KUBE_ROUTER_DIR/kube-router" "$tmp/kube-router"
+  ln -s "$CRANE_DIR/crane" "$tmp/crane"
+  ln -s "$REGISTRY_DIR/registry" "$tmp/registry"
   rm -rf "$SET_DIR"; mv "$tmp" "$SET_DIR"
 }
 
+# What this call wants built, and what it prints once it is.
+wanted() { if (( TOOLS_ONLY )); then have_tools; else have_all; fi; }
+finish() {
+  if (( TOOLS_ONLY )); then link_tools; echo "$TOOLS_DIR"; else link_set; echo "$SET_DIR"; fi
+}
+
 # ---- warm path: no Go, no network ---------------------------------------------------------
-if have_all; then
-  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" ]] || link_set
+if (( TOOLS_ONLY )) && have_tools; then
+  [[ -L "$TOOLS_DIR/helm" && -L "$TOOLS_DIR/crane" ]] || link_tools
+  log "release tools present (helm $HELM_VERSION, crane $CRANE_VERSION)"
+  echo "$TOOLS_DIR"
+  exit 0
+fi
+if (( ! TOOLS_ONLY )) && have_all; then
+  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" && -L "$SET_DIR/crane" && -L "$SET_DIR/registry" ]] || link_set
   log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION)"
   echo "$SET_DIR"
   exit 0
@@ -90,7 +135,7 @@ exec 9>"$CACHE/.build.lock"
 if ! flock -n 9; then
   log "another build holds $CACHE/.build.lock; waiting for it"
   flock 9
-  if have_all; then link_set; log "built by the other process"; echo "$SET_DIR"; exit 0; fi
+  if wanted; then log "built by the other process"; finish; exit 0; fi
 fi
 
 export GOMODCACHE="$CACHE/go/mod"
@@ -151,11 +196,13 @@ EOF_MAIN
 }
 
 need_k8s_pkgs=()
-for b in "${K8S_BINS[@]}"; do
-  [[ -x "$K8S_DIR/$b" ]] || need_k8s_pkgs+=("k8s.io/kubernetes/cmd/$b")
-done
 need_etcd=0
-[[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
+if (( ! TOOLS_ONLY )); then
+  for b in "${K8S_BINS[@]}"; do
+    [[ -x "$K8S_DIR/$b" ]] || need_k8s_pkgs+=("k8s.io/kubernetes/cmd/$b")
+  done
+  [[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
+fi
 
 if (( ${#need_k8s_pkgs[@]} || need_etcd )); then
   KMINOR="${KUBERNETES_VERSION#v1.}"; KMINOR="${KMINOR%%.*}"
@@ -268,7 +315,7 @@ fi
 
 # -- CoreDNS: the node's cluster DNS (kubernetes.default.svc for in-cluster clients such as kopf).
 # Its go.mod has no replace directives either: `go install pkg@version`.
-if [[ ! -x "$COREDNS_DIR/coredns" ]]; then
+if (( ! TOOLS_ONLY )) && [[ ! -x "$COREDNS_DIR/coredns" ]]; then
   log "coredns $COREDNS_VERSION: compiling github.com/coredns/coredns"
   CTMP="$CACHE/wrappers/coredns-$COREDNS_VERSION"; rm -rf "$CTMP"; mkdir -p "$CTMP"
   (
@@ -282,7 +329,7 @@ fi
 
 # -- kube-router: only its network policy controller runs on the node (node.py). Its go.mod has no
 # replace directives either; it builds with CGO_ENABLED=0 (about 90 s from an empty cache).
-if [[ ! -x "$KUBE_ROUTER_DIR/kube-router" ]]; then
+if (( ! TOOLS_ONLY )) && [[ ! -x "$KUBE_ROUTER_DIR/kube-router" ]]; then
   log "kube-router $KUBE_ROUTER_VERSION: compiling github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
   RTMP="$CACHE/wrappers/kube-router-$KUBE_ROUTER_VERSION"; rm -rf "$RTMP"; mkdir -p "$RTMP"
   KR_LDFLAGS="-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
@@ -296,11 +343,34 @@ if [[ ! -x "$KUBE_ROUTER_DIR/kube-router" ]]; then
   log "kube-router done"
 fi
 
-have_all || die "build finished but binaries are missing; see $LOG"
-link_set
+# -- crane and registry: the release path (hack/publish.sh pushes with crane; the tests start the
+# registry on loopback). Neither go.mod has replace directives: `go install pkg@version`.
+go_install() {  # name version package ldflags dest-dir version-argument
+  local what=$1 version=$2 pkg=$3 ldflags=$4 dest=$5 check=$6 tmp
+  log "$what $version: compiling $pkg"
+  tmp="$CACHE/wrappers/$what-$version"; rm -rf "$tmp"; mkdir -p "$tmp"
+  (
+    export GOBIN="$tmp" GOFLAGS="-modcacherw -buildvcs=false"
+    run_go "$what build" -C "$tmp" install -v -p "$JOBS" -trimpath -ldflags "$ldflags" "$pkg@$version"
+  )
+  mkdir -p "$dest"; mv -f "$tmp/$what" "$dest/$what"
+  "$dest/$what" "$check" >>"$LOG" 2>&1 || die "built $what does not run (see $LOG)"
+  log "$what done"
+}
+if [[ ! -x "$CRANE_DIR/crane" ]]; then
+  go_install crane "$CRANE_VERSION" github.com/google/go-containerregistry/cmd/crane \
+    "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$CRANE_VERSION" \
+    "$CRANE_DIR" version
+fi
+if (( ! TOOLS_ONLY )) && [[ ! -x "$REGISTRY_DIR/registry" ]]; then
+  go_install registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry \
+    "-s -w -X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION" \
+    "$REGISTRY_DIR" --version
+fi
+
+wanted || die "build finished but binaries are missing; see $LOG"
 log "done in $((SECONDS - START_S))s; cache size $(du -sh "$CACHE" 2>/dev/null | cut -f1)"
-log "binaries: $SET_DIR"
-echo "$SET_DIR"
+finish
 }
 
 main "$@"

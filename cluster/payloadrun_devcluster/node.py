@@ -32,6 +32,14 @@ new ``up`` trips over):
   and network namespaces), with the mounts in them; pod cgroups under ``/kubepods``; kubelet's
   ``/var/log/containers`` links.
 
+Images come into the node two ways: imported from tarballs (:meth:`LocalNode.load_image`, what
+``hack/images.sh`` makes), or pulled by containerd from a registry, as on any cluster. Its
+registry configuration is a hosts directory (``config_path``:
+``<state>/node/config/registry-hosts``) that containerd reads at each pull, so a registry started
+after the node, on a port found then, becomes usable over plain HTTP with
+:meth:`LocalNode.trust_plain_http_registry` (the release path's test:
+``tests/integration/test_e2e.py``).
+
 One node per machine: the bridge, the addresses and port 53 on the node address are fixed.
 """
 
@@ -189,7 +197,14 @@ def cni_config(ipam_dir: Path) -> dict:
     }
 
 
-def containerd_config(node_dir: Path, run_dir: Path, cni_conf_dir: Path) -> str:
+def containerd_config(
+    node_dir: Path, run_dir: Path, cni_conf_dir: Path, registry_hosts: Path
+) -> str:
+    """containerd's configuration (version 2, read by Debian's 1.6 and Ubuntu's 1.7).
+
+    ``registry_hosts`` is its registry hosts directory (``<host[:port]>/hosts.toml`` files, see
+    :func:`plain_http_registry_hosts`), read at each pull.
+    """
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{node_dir / "containerd"}"
@@ -206,6 +221,8 @@ state = "{run_dir / "containerd"}"
   netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  [{cri}.registry]
+    config_path = "{registry_hosts}"
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf_dir}"
@@ -217,6 +234,21 @@ state = "{run_dir / "containerd"}"
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
 """
+
+
+def plain_http_registry_hosts(host: str) -> str:
+    """A ``hosts.toml`` that has containerd pull from ``host`` (``127.0.0.1:5000``) over HTTP.
+
+    Without one containerd speaks HTTPS to every registry but ``localhost``, and a registry on
+    ``127.0.0.1`` without TLS fails the pull with "server gave HTTP response to HTTPS client".
+    """
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", host):
+        raise ValueError(f"registry host {host!r} is not host or host:port (no scheme, no path)")
+    return (
+        f'server = "http://{host}"\n\n'
+        f'[host."http://{host}"]\n'
+        '  capabilities = ["pull", "resolve"]\n'
+    )
 
 
 def kubelet_config(
@@ -754,6 +786,19 @@ class LocalNode:
             timeout=timeout,
         )
 
+    @property
+    def registry_hosts_dir(self) -> Path:
+        """containerd's registry hosts directory (``config_path``), read at each pull."""
+        return self.node_dir / "config" / "registry-hosts"
+
+    def trust_plain_http_registry(self, host: str) -> Path:
+        """Let the node pull images from ``host`` (``127.0.0.1:PORT``) over plain HTTP; takes
+        effect at the next pull (no restart). Returns the ``hosts.toml`` written."""
+        hosts = self.registry_hosts_dir / host / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(plain_http_registry_hosts(host))
+        return hosts
+
     def load_image(self, tarball: Path) -> None:
         """Import a docker-archive or OCI tarball into the node's image store."""
         result = self.ctr("images", "import", "--no-unpack", str(tarball))
@@ -803,7 +848,10 @@ class LocalNode:
         install_volume_driver(plugin_dir)
 
         containerd_toml = configs / "containerd.toml"
-        containerd_toml.write_text(containerd_config(node, RUN_DIR, cni_dir))
+        self.registry_hosts_dir.mkdir(parents=True, exist_ok=True)
+        containerd_toml.write_text(
+            containerd_config(node, RUN_DIR, cni_dir, self.registry_hosts_dir)
+        )
         spawn("containerd", ["containerd", "--config", str(containerd_toml)])
         wait("containerd", lambda: self.ctr("version", timeout=5).returncode == 0, 60)
         self.load_image(pause_image_tarball())

@@ -1,9 +1,12 @@
 """End-to-end bodies with real pods, run against two backends.
 
 - ``local`` (``make test``): the local cluster with its node (containerd, kubelet, kube-proxy,
-  CoreDNS; ``tests/integration/conftest.py``), the project's images built from its Dockerfiles by
-  ``hack/images.sh`` and imported into the node, the chart installed by ``hack/install-chart.sh``
-  with the operator as a pod, and ReadWriteMany claims served by the node's provisioner.
+  CoreDNS; ``tests/integration/conftest.py``) and the release path a user's cluster takes: the
+  project's images built from its Dockerfiles by ``hack/images.sh`` and the chart, pushed by
+  ``hack/publish.sh`` (what the release workflow runs) to a real OCI registry on loopback
+  (``local_registry.py``), the chart installed from ``oci://`` by ``hack/install-chart.sh`` with
+  the operator as a pod, both images pulled from that registry by the node's containerd (nothing
+  imported under their names), and ReadWriteMany claims served by the node's provisioner.
 - ``kind`` (where Docker runs; ``bash hack/kind-e2e.sh test`` sets it up): the same install on a
   kind cluster, with the static hostPath volume of ``hack/kind/volume.sh``.
 
@@ -23,6 +26,7 @@ import re
 import shutil
 import subprocess
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -34,12 +38,13 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from local_registry import LocalRegistry
 from pod_helpers import CONNECT, FAKE_VLLM, pod_security_labels, restricted
 
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
 from payloadrun.testing.processes import free_port
-from payloadrun_devkit.images import build_images
+from payloadrun_devcluster.binaries import cache_dir
 from payloadrun_operator.names import TRAINER_DIST_PORT
 
 pytestmark = [pytest.mark.integration, pytest.mark.node]  # its cluster comes by getfixturevalue
@@ -89,6 +94,9 @@ class Backend:
     kubeconfig: str
     env: dict[str, str]  # PATH with kubectl and helm, KUBECONFIG
     image: str = "payloadrun:e2e"
+    # local: the registry the release path pushed to, and the node that pulls from it
+    registry: LocalRegistry | None = None
+    node: Any = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -147,9 +155,9 @@ def _local_backend(request: pytest.FixtureRequest) -> Backend:
             "local end-to-end: the session's cluster runs no node (PAYLOADRUN_NO_NODE is set, "
             "or this machine cannot run one: see the node tests' skip reason)"
         )
-    for path in build_images(REPO).values():
-        cluster.load_image(path)
-    return Backend("local", str(cluster.kubeconfig), {**os.environ, **cluster.env()})
+    return Backend(
+        "local", str(cluster.kubeconfig), {**os.environ, **cluster.env()}, node=cluster.node
+    )
 
 
 def _kind_backend() -> Backend:
@@ -183,27 +191,64 @@ def e2e(request, tmp_path_factory):
         yield backend
         backend.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         return
-    env = {**backend.env, "HOME": str(tmp_path_factory.mktemp("helm-home"))}
+    # helm's own files in a home of the test's; the project's caches (the images, crane and helm
+    # that hack/publish.sh uses) stay where they are, not under that home
+    env = {
+        **backend.env,
+        "HOME": str(tmp_path_factory.mktemp("helm-home")),
+        "PAYLOADRUN_CACHE": str(cache_dir()),
+    }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             args, capture_output=True, text=True, env=env, timeout=400, check=False
         )
 
-    restricted_namespace(backend, SYSTEM_NS)  # before the operator's pods are made
-    # two operator pods: one acts on the Lease, one stands by
-    install = run(
-        "bash", str(REPO / "hack" / "install-chart.sh"), "e2e", "--set", "operator.replicas=2"
-    )
-    assert install.returncode == 0, install.stderr + backend.kubectl(
-        "describe", "pods", "-n", SYSTEM_NS, check=False
-    )
-    restricted_namespace(backend, NAMESPACE)
-    yield backend
-    # The operator pod watches every namespace: it must not outlive this module, or it would
-    # reconcile the runs of the tests that come after it beside their own operator.
-    run("helm", "uninstall", "payloadrun", "--namespace", SYSTEM_NS, "--wait")
-    backend.kubectl("delete", "namespace", NAMESPACE, SYSTEM_NS, "--wait=false", check=False)
+    # The release path: both images and the chart pushed by the release's script to a registry
+    # on loopback, the chart installed from it, the node told it may pull from it over HTTP.
+    registry = LocalRegistry.start(tmp_path_factory.mktemp("registry"))
+    try:
+        backend.registry = registry
+        prefix = f"{registry.host}/payloadrun"
+        version = release_version()
+        for part in ("images", "chart"):
+            published = run("bash", str(REPO / "hack" / "publish.sh"), part, prefix, "--plain-http")
+            assert published.returncode == 0, published.stderr[-4000:]
+        backend.image = f"{prefix}/payloadrun:{version}"  # the run's own containers pull it too
+        backend.node.trust_plain_http_registry(registry.host)
+        assert node_images(backend, prefix) == [], "imported, not pulled"
+
+        restricted_namespace(backend, SYSTEM_NS)  # before the operator's pods are made
+        # two operator pods: one acts on the Lease, one stands by
+        install = run(
+            "env", f"PAYLOADRUN_REGISTRY={prefix}", "PAYLOADRUN_PLAIN_HTTP=1",
+            "bash", str(REPO / "hack" / "install-chart.sh"), version,
+            "--set", "operator.replicas=2",
+        )  # fmt: skip
+        assert install.returncode == 0, install.stderr + backend.kubectl(
+            "describe", "pods", "-n", SYSTEM_NS, check=False
+        )
+        restricted_namespace(backend, NAMESPACE)
+        yield backend
+        # The operator pod watches every namespace: it must not outlive this module, or it would
+        # reconcile the runs of the tests that come after it beside their own operator.
+        run("helm", "uninstall", "payloadrun", "--namespace", SYSTEM_NS, "--wait")
+        backend.kubectl("delete", "namespace", NAMESPACE, SYSTEM_NS, "--wait=false", check=False)
+    finally:
+        registry.stop()
+
+
+def release_version() -> str:
+    """The one version of the release: the wheel's, both images' tag, the chart's."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def node_images(e2e: Backend, prefix: str) -> list[str]:
+    """The node's images (containerd's k8s.io namespace) whose names start with ``prefix``."""
+    listed = e2e.node.ctr("images", "ls", "-q")
+    assert listed.returncode == 0, listed.stderr
+    return sorted(n for n in listed.stdout.split() if n.startswith(prefix + "/"))
 
 
 # ---- the operator, as the chart installs it ---------------------------------------------------
@@ -296,6 +341,50 @@ def test_pods_and_sidecars_become_ready(e2e):
         for pod in pods:
             ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
             assert ready == "True", (component, pod["metadata"]["name"], pod["status"])
+
+
+def test_the_release_was_installed_from_the_registry_and_pulled_by_the_node(e2e):
+    """What hack/publish.sh pushed is what runs: the chart's release came from ``oci://``, its
+    images at the chart's appVersion, and the node's containerd pulled both (the kubelet says it
+    pulled them; the registry logged containerd fetching their manifests and layers)."""
+    if e2e.registry is None:
+        pytest.skip("kind: hack/kind-e2e.sh loads the images into kind's node")
+    prefix, version = f"{e2e.registry.host}/payloadrun", release_version()
+    operator_image = f"{prefix}/payloadrun-operator:{version}"
+    sidecar_image = f"{prefix}/payloadrun:{version}"
+    (release,) = json.loads(
+        subprocess.run(
+            ["helm", "list", "-n", SYSTEM_NS, "-o", "json"],
+            capture_output=True, text=True, env=e2e.env, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert (release["chart"], release["app_version"]) == (f"payloadrun-{version}", version)
+    for pod in operator_pods(e2e):
+        assert pod["spec"]["containers"][0]["image"] == operator_image
+    inference = e2e.pod_of("inference")
+    writer = inference["spec"]["initContainers"][0]
+    assert (writer["name"], writer["image"]) == ("payload-writer", sidecar_image)
+
+    def pulled(namespace: str) -> set[str]:
+        events = e2e.get("events", "-n", namespace, "--field-selector", "reason=Pulled")["items"]
+        return {
+            m.group(1)
+            for e in events
+            if (m := re.match(r'Successfully pulled image "([^"]+)"', e.get("message", "")))
+        }
+
+    assert operator_image in pulled(SYSTEM_NS)
+    assert sidecar_image in pulled(NAMESPACE)
+    # by tag (CRI also records each by digest, prefix/name@sha256:...)
+    tagged = [n for n in node_images(e2e, prefix) if "@" not in n]
+    assert tagged == sorted([operator_image, sidecar_image])
+    fetched = {
+        (r.path.split("/")[3], r.path.split("/")[4])  # /v2/payloadrun/<repository>/<kind>/...
+        for r in e2e.registry.requests()
+        if r.method == "GET" and r.status == 200 and r.agent.startswith("containerd/")
+    }
+    for repository in ("payloadrun", "payloadrun-operator"):
+        assert {(repository, "manifests"), (repository, "blobs")} <= fetched, fetched
 
 
 def outside_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]:
@@ -637,10 +726,15 @@ def test_containers_cannot_write_where_they_must_not(e2e):
 
 
 # ---- other runs -----------------------------------------------------------------------------
-def test_an_inline_run_has_no_volume_and_no_sidecars(e2e):
+def test_an_inline_run_has_no_volume_and_no_sidecars_and_succeeds(e2e):
+    """An inline run (no volume, no sidecars) that runs to its end: its trainer exits 0 once told
+    to, and the run is Succeeded (with the local backend: a release installed from the registry
+    carries a run from apply to success)."""
     run = run_manifest(e2e.image, "e2e-inline")
     run["spec"]["deploymentType"] = "SingleNode"
     del run["spec"]["payloads"]
+    done = "/tmp/done"
+    run["spec"]["trainer"].update(command=[*SLEEP, "--until", done], replicas=1)
     e2e.kubectl("apply", "-f", "-", input=json.dumps(run))
 
     def reconciled():
@@ -655,6 +749,17 @@ def test_an_inline_run_has_no_volume_and_no_sidecars(e2e):
     )
     claims = e2e.get("pvc", "-n", NAMESPACE, "-l", "payloadrun.dev/run=e2e-inline")["items"]
     assert claims == []
+
+    trainer = e2e.pod_of("trainer", "e2e-inline")["metadata"]["name"]
+    e2e.exec(trainer, "trainer", "python", "-c", f"open({done!r}, 'x').close()")
+
+    def succeeded():
+        status = e2e.get("payloadrun", "e2e-inline", "-n", NAMESPACE)["status"]
+        return status["phase"] == "Succeeded" and status
+
+    status = wait_for("the inline run Succeeded", succeeded, 120)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Complete"][0] == "True", conditions
     e2e.kubectl("delete", "payloadrun", "e2e-inline", "-n", NAMESPACE, "--wait=true")
 
 

@@ -216,3 +216,136 @@ def test_the_images_hold_the_wheels_modules_and_nothing_dev_only(wheel: zipfile.
         assert product_modules(site) == want, (name, sorted(product_modules(site) ^ want))
         tops = {PurePosixPath(f).parts[0].split("-")[0] for f in site}
         assert not tops & DEV_ONLY, (name, sorted(tops & DEV_ONLY))
+
+
+# ---- the release: one version, a wheel that installs alone ----------------------------------
+PUBLISH = REPO / "hack" / "publish.sh"
+CHART = REPO / "charts" / "payloadrun" / "Chart.yaml"
+
+
+def project_version() -> str:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def publish(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(PUBLISH), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+
+
+def test_one_version_for_the_wheel_the_images_and_the_chart(wheel: zipfile.ZipFile) -> None:
+    """pyproject.toml's version is the release's: the wheel's, what hack/publish.sh tags the
+    images with and packages the chart at, and what Chart.yaml says (a chart installed from the
+    checkout, as hack/install-chart.sh does, has the same version as the published one)."""
+    import yaml
+
+    version = project_version()
+    chart = yaml.safe_load(CHART.read_text())
+    assert (chart["version"], chart["appVersion"]) == (version, version), (
+        f"{CHART.relative_to(REPO)} says version {chart['version']}, appVersion "
+        f"{chart['appVersion']}; pyproject.toml says {version}: make them equal"
+    )
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    assert f"\nVersion: {version}\n" in wheel.read(metadata).decode()
+    printed = publish("version")
+    assert (printed.returncode, printed.stdout) == (0, f"{version}\n"), printed.stderr
+
+
+def test_the_release_workflow_refuses_a_tag_that_is_not_the_version() -> None:
+    version = project_version()
+    assert publish("check-tag", f"v{version}").returncode == 0
+    for wrong in (version, f"v{version}.1", "v0.0.0-rc1"):
+        refused = publish("check-tag", wrong)
+        assert refused.returncode != 0, wrong
+        assert f"not v{version}, the version in pyproject.toml" in refused.stderr
+
+
+def images_wheelhouse() -> Path:
+    """hack/images.sh's wheelhouse (the product's dependencies for CPython 3.11 on Linux)."""
+    from payloadrun_devcluster.binaries import cache_dir
+
+    complete = sorted(cache_dir().glob("images/wheels-*/.complete"))
+    if not complete:
+        skip_or_fail("no images wheelhouse (~/.cache/payloadrun/images/wheels-*): make images")
+    if sys.version_info[:2] != (3, 11):
+        skip_or_fail(f"the wheelhouse is CPython 3.11's; this is {sys.version.split()[0]}")
+    return complete[-1].parent
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_into_a_fresh_venv_and_its_commands_run(
+    wheel: zipfile.ZipFile, tmp_path: Path
+) -> None:
+    """``pip install payloadrun[operator]`` as a user runs it, into a venv of its own, offline
+    from the images' wheelhouse: nothing of the dev extra comes along, and both console scripts
+    and ``import payloadrun`` work there (run from a directory with no checkout in it)."""
+    wheelhouse = images_wheelhouse()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # no PYTHONPATH (the tests' checkout on it would hide what the wheel installed)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_FIND_LINKS")}
+    installed = subprocess.run(
+        [
+            *(str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"),
+            *("--no-index", "--find-links", str(wheelhouse), f"{wheel.filename}[operator]"),
+        ],
+        capture_output=True, text=True, timeout=240, check=False, env=env,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-4000:]
+
+    def run(*command: str) -> str:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=False, env=env, cwd=tmp_path
+        )
+        assert done.returncode == 0, (command, done.stderr[-4000:])
+        return done.stdout
+
+    for script in ("payloadrun", "payloadrun-operator"):
+        assert run(str(venv / "bin" / script), "--help").startswith("usage:"), script
+    where = run(
+        str(python), "-c", "import payloadrun, payloadrun_operator; print(payloadrun.__file__)"
+    )
+    assert where.startswith(str(venv)), where
+    listed = run(str(python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check")
+    names = {normalized(d["name"]) for d in json.loads(listed)}
+    assert "payloadrun" in names and "kopf" in names
+    dev = {normalized(Requirement(r).name) for r in dev_requirements()}
+    assert not names & dev, f"dev-only distributions installed with the wheel: {names & dev}"
+
+
+def dev_requirements() -> list[str]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "dev"
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_publish_builds_the_sdist_and_the_wheel_at_the_version(tmp_path: Path) -> None:
+    """``hack/publish.sh dist``, the release workflow's build of what goes to PyPI."""
+    try:
+        import build  # noqa: F401
+    except ImportError:
+        skip_or_fail("the 'build' package is missing (the dev extra has it): make venv")
+    version = project_version()
+    built = publish("dist", str(tmp_path), "--no-isolation")
+    assert built.returncode == 0, built.stderr[-4000:]
+    sdist, wheel_path = (Path(line) for line in built.stdout.split())
+    assert (sdist.name, wheel_path.name) == (
+        f"payloadrun-{version}.tar.gz",
+        f"payloadrun-{version}-py3-none-any.whl",
+    )
+    with tarfile.open(sdist) as archive:
+        names = archive.getnames()
+    root = f"payloadrun-{version}"
+    for shipped in ("pyproject.toml", "README.md", "sidecars/payloadrun/__init__.py"):
+        assert f"{root}/{shipped}" in names, shipped
+    assert not [n for n in names if n.startswith((f"{root}/tests/", f"{root}/cluster/"))]
+    with zipfile.ZipFile(wheel_path) as released:
+        tops = {PurePosixPath(n).parts[0] for n in released.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == PRODUCT_PACKAGES

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The release path: what .github/workflows/release.yml runs on a tag, what `make publish` runs, and
+# what tests/integration/test_e2e.py runs against a registry on loopback. One version for all of it:
+# pyproject.toml's [project] version (the wheel's), which is both images' tag and the chart's
+# version and appVersion (charts/payloadrun/Chart.yaml carries the same; tests/packaging checks).
+#
+#   bash hack/publish.sh version                  # print the version
+#   bash hack/publish.sh check-tag TAG            # fail unless TAG is v<version> (the workflow's tag)
+#   bash hack/publish.sh images PREFIX [--plain-http]
+#       both images from hack/images.sh, pushed with crane as PREFIX/payloadrun:<version> (the
+#       sidecars) and PREFIX/payloadrun-operator:<version>
+#   bash hack/publish.sh chart PREFIX [--plain-http]
+#       the chart packaged at <version> and pushed with helm as oci://PREFIX/charts/payloadrun
+#   bash hack/publish.sh dist DIR [--no-isolation]
+#       the sdist and the wheel (python -m build) into DIR; PyPI gets them from the workflow
+#       (trusted publishing needs the workflow's identity, so no upload happens here)
+#
+# PREFIX is a registry and a namespace: ghcr.io/payloadrun for a release, 127.0.0.1:PORT/payloadrun
+# for the tests. --plain-http talks HTTP to it (a registry on loopback without TLS).
+# With PUBLISH_USERNAME and PUBLISH_PASSWORD set, crane and helm log in to PREFIX's registry first
+# (the workflow passes github.actor and GITHUB_TOKEN); otherwise whatever login they have is used.
+#
+# crane and helm are built from the Go module proxy at the versions of cluster/versions.env, once,
+# into the cache (`cluster/build.sh --release-tools`). The images need root (hack/images.sh).
+# Progress goes to stderr; stdout has one line per pushed artifact: `<reference>@<digest>` for an
+# image, `oci://...:<version>` for the chart, a file path for each distribution.
+#
+#   PYTHON   the Python that runs `build` (default: python3)
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-python3}
+
+log() { printf '[publish %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+usage() {
+  sed -n '/^#   bash hack/,/^# PREFIX/p' "${BASH_SOURCE[0]}" | sed '$d; s/^#//' >&2
+  exit 2
+}
+
+# pyproject.toml's [project] version: the one version source
+version() {
+  "$python" - "$repo/pyproject.toml" <<'EOF'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print(tomllib.load(f)["project"]["version"])
+EOF
+}
+
+tools() {  # the directory holding helm and crane (built once)
+  bash "$repo/cluster/build.sh" --release-tools
+}
+
+registry_host() { echo "${1%%/*}"; }
+
+login() {  # tool prefix plain
+  local tool=$1 prefix=$2 plain=$3 host
+  [ -n "${PUBLISH_USERNAME:-}" ] && [ -n "${PUBLISH_PASSWORD:-}" ] || return 0
+  host=$(registry_host "$prefix")
+  log "logging $(basename "$tool") in to $host as $PUBLISH_USERNAME"
+  case $(basename "$tool") in
+    crane) printf '%s' "$PUBLISH_PASSWORD" |
+      "$tool" auth login "$host" -u "$PUBLISH_USERNAME" --password-stdin >&2 ;;
+    helm) printf '%s' "$PUBLISH_PASSWORD" |
+      "$tool" registry login "$host" -u "$PUBLISH_USERNAME" --password-stdin \
+        ${plain:+--plain-http} >&2 ;;
+  esac
+}
+
+parse_prefix() {  # PREFIX [--plain-http] -> sets prefix, plain
+  prefix=${1:-}
+  if [ -z "$prefix" ] || [[ $prefix == -* ]]; then usage; fi
+  prefix=${prefix%/}
+  [[ $prefix == */* ]] ||
+    die "PREFIX '$prefix' names no namespace: give a registry and a path, e.g. ghcr.io/payloadrun or 127.0.0.1:5000/payloadrun"
+  plain=""
+  case "${2:-}" in
+    "") ;;
+    --plain-http) plain=1 ;;
+    *) die "unknown flag '$2' (only --plain-http)" ;;
+  esac
+}
+
+push_images() {
+  local v crane name tarball ref lines
+  v=$(version)
+  crane=$(tools)/crane
+  login "$crane" "$prefix" "$plain"
+  log "building (or finding cached) both images: hack/images.sh"
+  lines=$(bash "$repo/hack/images.sh")
+  [ "$(wc -l <<<"$lines")" = 2 ] || die "hack/images.sh printed not two images: $lines"
+  while read -r name tarball; do
+    # images.sh names them payloadrun:e2e and payloadrun-operator:e2e: the repository is kept,
+    # the tag is the version
+    ref=$prefix/${name%%:*}:$v
+    log "pushing $(basename "$tarball") as $ref"
+    # crane prints the pushed digest reference
+    "$crane" push ${plain:+--insecure} "$tarball" "$ref"
+  done <<<"$lines"
+}
+
+push_chart() {
+  local v helm out
+  v=$(version)
+  helm=$(tools)/helm
+  login "$helm" "$prefix" "$plain"
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' RETURN
+  log "packaging charts/payloadrun at version and appVersion $v"
+  "$helm" package "$repo/charts/payloadrun" --version "$v" --app-version "$v" \
+    --destination "$out" >&2
+  log "pushing it to oci://$prefix/charts"
+  "$helm" push "$out/payloadrun-$v.tgz" "oci://$prefix/charts" ${plain:+--plain-http} >&2
+  echo "oci://$prefix/charts/payloadrun:$v"
+}
+
+build_dist() {  # DIR [--no-isolation]
+  local dest=${1:-} v isolation=""
+  [ -n "$dest" ] || usage
+  case "${2:-}" in
+    "") ;;
+    --no-isolation) isolation=--no-isolation ;;
+    *) die "unknown flag '$2' (only --no-isolation)" ;;
+  esac
+  v=$(version)
+  "$python" -m build --version >/dev/null 2>&1 ||
+    die "$python has no 'build' module: pip install build (the dev extra has it)"
+  mkdir -p "$dest"
+  dest=$(cd "$dest" && pwd)
+  log "building the sdist and the wheel of payloadrun $v into $dest"
+  # a copy of the tracked files: what the release builds is what the tag holds, not the
+  # checkout's untracked files or a stale build/ directory
+  local src
+  src=$(mktemp -d)
+  trap 'rm -rf "$src"' RETURN
+  git -C "$repo" ls-files -z | (cd "$repo" && xargs -0 cp --parents -t "$src")
+  "$python" -m build --sdist --wheel $isolation --outdir "$dest" "$src" >&2
+  local wheel="$dest/payloadrun-$v-py3-none-any.whl" sdist="$dest/payloadrun-$v.tar.gz"
+  if [ ! -f "$wheel" ] || [ ! -f "$sdist" ]; then
+    die "python -m build made no $wheel and $sdist: $(ls "$dest")"
+  fi
+  echo "$sdist"
+  echo "$wheel"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  version) version ;;
+  check-tag)
+    tag=${1:-}
+    [ -n "$tag" ] || usage
+    v=$(version)
+    [ "$tag" = "v$v" ] ||
+      die "the tag '$tag' is not v$v, the version in pyproject.toml: bump [project] version (and Chart.yaml's version and appVersion) to the tag's, or tag v$v"
+    log "tag $tag matches the version $v"
+    ;;
+  images) parse_prefix "$@"; push_images ;;
+  chart) parse_prefix "$@"; push_chart ;;
+  dist) build_dist "$@" ;;
+  *) usage ;;
+esac
