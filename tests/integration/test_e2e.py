@@ -725,6 +725,30 @@ def test_containers_cannot_write_where_they_must_not(e2e):
     assert reader == str({f"{ROOT}/v0/probe2": "EROFS"}) + "\n"
 
 
+def test_the_runbook_runs_against_this_run(e2e, tmp_path):
+    """docs/operations.md's commands as written, against this run and the chart's operator pods
+    (test_runbook.py: how the page marks them, what runs rewritten or not at all, and why). Here:
+    the writer has a previous container (killed above) and step 1 was consumed."""
+    from test_runbook import NOT_RUN, run_the_runbook, runbook_commands
+
+    status = json.loads(
+        e2e.exec(e2e.pod_of("orchestrator")["metadata"]["name"], "orchestrator", "python", "-c",
+                 "from payloadrun import RetentionClient; import json; "
+                 "print(json.dumps(RetentionClient().status()))")
+    )  # fmt: skip
+    assert status["policy_step"] >= 1, status  # a step the trainer has read
+    values = {
+        "NS": NAMESPACE,
+        "RUN": RUN,
+        "POD": e2e.pod_of("inference")["metadata"]["name"],
+        "OPERATOR_NS": SYSTEM_NS,
+        "OPERATOR": "payloadrun",  # hack/install-chart.sh's release
+        "STEP": str(status["policy_step"]),
+    }
+    ran = run_the_runbook(e2e.kubeconfig, e2e.env, values, tmp_path)
+    assert len(ran) == len(runbook_commands()) - len(NOT_RUN)
+
+
 # ---- other runs -----------------------------------------------------------------------------
 def test_an_inline_run_has_no_volume_and_no_sidecars_and_succeeds(e2e):
     """An inline run (no volume, no sidecars) that runs to its end: its trainer exits 0 once told
