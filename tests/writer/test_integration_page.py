@@ -10,6 +10,7 @@ or calls the API as it no longer is, fails here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -17,8 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from payloadrun.retention.client import RetentionClient
 from payloadrun.testing.processes import SidecarProcess, fake_vllm, writer
+from payloadrun_devkit.required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "integration.md"
@@ -52,7 +56,10 @@ def _wait_deleted(retention_url: str, root: Path) -> dict:
             time.sleep(0.05)
 
 
+@pytest.mark.torch  # the trainer's block reads into torch tensors
 def test_the_integration_page_runs(tmp_path: Path):
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("openai") is None:
+        skip_or_fail("the page's trainer needs torch and its client openai (the dev extras)")
     run_directory = tmp_path / "run"
     root = run_directory / "payloads"
     root.mkdir(parents=True)
