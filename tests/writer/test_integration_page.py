@@ -97,3 +97,55 @@ def test_the_integration_page_runs(tmp_path: Path):
         status = _wait_deleted(retention.url, root)
         assert status["deleted"]["consumed"]["files"] == STEPS * KEPT, status
         assert status["deleted"]["discarded"]["files"] == STEPS * DROPPED + OPENAI_ANSWERS, status
+
+
+def _volume(root: Path) -> list[str]:
+    """What the payload root holds: ``v<k>/`` directories and ``v<k>/<name>`` files."""
+    out = []
+    for version in sorted(root.glob("v*")):
+        out.append(f"{version.name}/")
+        out += [f"{version.name}/{f.stem}" for f in sorted(version.iterdir())]
+    return out
+
+
+def _settles_to(client: RetentionClient, root: Path, expected: list[str]) -> None:
+    """Wait until the sidecar's background deletions are done and the volume is ``expected``."""
+    deadline = time.monotonic() + 30
+    while True:
+        status = client.status()
+        idle = not status["queue_files"] and not status["outstanding_jobs"]
+        if idle and _volume(root) == expected:
+            return
+        assert time.monotonic() < deadline, (_volume(root), expected, status)
+        time.sleep(0.02)
+
+
+def test_the_pages_off_policy_timeline(tmp_path: Path):
+    """The page's timeline with maxOffPolicySteps 1, call by call, as the volume shows it."""
+    root = tmp_path / "payloads"
+    root.mkdir()
+
+    def write(version: int, name: str) -> Path:
+        path = root / f"v{version}" / f"{name}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"\0" * 384)
+        return path
+
+    with (
+        SidecarProcess(root, "timeline", args=["--max-off-policy-steps", "1"]) as sidecar,
+        RetentionClient(sidecar.url) as client,
+    ):
+        a, b, c = write(0, "A"), write(0, "B"), write(0, "C")
+        client.record_batch(1, [a, b])
+        _settles_to(client, root, ["v0/", "v0/A", "v0/B", "v0/C"])
+        client.policy_updated(1)
+        _settles_to(client, root, ["v0/", "v0/C"])
+        client.discard([c])
+        _settles_to(client, root, ["v0/"])
+        d, e, _ = write(0, "D"), write(1, "E"), write(1, "F")
+        client.record_batch(2, [d, e])
+        _settles_to(client, root, ["v0/", "v0/D", "v1/", "v1/E", "v1/F"])
+        client.policy_updated(2)
+        _settles_to(client, root, ["v1/", "v1/F"])
+        client.policy_updated(3)
+        _settles_to(client, root, [])
