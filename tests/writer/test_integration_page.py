@@ -5,7 +5,8 @@ to the trainers with the segments as JSON, the trainer's reads, the retention ca
 client): this test joins every ```python block of the page, in order, and runs it in a fresh
 interpreter with the operator's environment pointing at a ``payloadrun writer`` process in front
 of the fake vLLM and a ``payloadrun retention`` process. A snippet that names something undefined,
-or calls the API as it no longer is, fails here.
+or calls the API as it no longer is, fails here. The page's off-policy timeline (what each
+retention call leaves on the volume) is replayed call by call against a retention process too.
 """
 
 from __future__ import annotations
