@@ -117,7 +117,9 @@ def test_doc_block_runs(where, block, kube_binaries):
             assert "The run finishes" in stdout and "PayloadsReleased: FilesDeleted" in stdout
 
 
-@pytest.mark.parametrize("generator", ["hack/crd_reference.py", "hack/dashboards.py"])
+@pytest.mark.parametrize(
+    "generator", ["hack/crd_reference.py", "hack/dashboards.py", "hack/run_diagram.py"]
+)
 def test_generated_pages_are_current(generator):
     result = subprocess.run(
         [sys.executable, str(REPO / generator), "--check"],
