@@ -23,6 +23,10 @@ HISTORY = re.compile(
 # work of issue 34 this round: add them here once their notes name versions too.
 VERSIONED = [
     "CHANGELOG.md",
+    "README.md",
+    "docs/operations.md",
+    "docs/install.md",
+    "docs/integration.md",
     "docs/operator.md",
     "docs/writer.md",
     "docs/retention.md",
