@@ -14,14 +14,14 @@ from typing import Any
 
 import kopf
 
-from payloadrun_operator import credentials, heap, lifecycle
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.following import Follower
-from payloadrun_operator.kube import ChildRefused, KubeApiError
-from payloadrun_operator.metrics import UNKNOWN_MODE
-from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    AppliedReason,
+    ConditionType,
+    ReadyReason,
+    ValidatedReason,
+)
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
     CHILD_KINDS,
@@ -31,17 +31,16 @@ from payloadrun_operator.names import (
     LABEL_MANAGED_BY,
     WORKLOADS,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings
-from payloadrun_operator.status import (
-    AppliedReason,
-    Check,
-    ConditionType,
-    ReadyReason,
-    ValidatedReason,
-    rfc3339,
-    status_update,
-)
+from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import RunContext, build_children
+from payloadrun_operator.observed.following import Follower
+from payloadrun_operator.observed.status import Check, rfc3339, status_update
+from payloadrun_operator.platform import credentials, heap
+from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
+from payloadrun_operator.platform.metrics import UNKNOWN_MODE
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 SPEC_VALID = Check(True, ValidatedReason.SPEC_VALID, "the spec is valid")

@@ -23,11 +23,8 @@ from payloadrun.writer.cli import configs as writer_configs
 from payloadrun.writer.cli import register as register_writer
 from payloadrun.writer.config import WriterConfig, WriterListen, deprecated_in_use, listen_from
 from payloadrun.writer.server import build_app as build_writer_app
-from payloadrun_operator import names
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.kube import PLURALS
-from payloadrun_operator.models import (
+from payloadrun_operator.api import names
+from payloadrun_operator.api.models import (
     GROUP,
     KIND,
     PLURAL,
@@ -37,7 +34,10 @@ from payloadrun_operator.models import (
     Retention,
     Writer,
 )
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.kube import PLURALS
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def _children(spec_dict: dict) -> tuple[RunContext, list[dict]]:

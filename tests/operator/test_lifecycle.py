@@ -12,9 +12,24 @@ import re
 
 import pytest
 
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.lifecycle import (
+from payloadrun_operator.api.conditions import REASONS, TRUE_REASONS, ConditionType, ReadyReason
+from payloadrun_operator.api.models import (
+    PayloadRunSpec,
+    PayloadRunStatus,
+    PinnedSidecars,
+    RunFailure,
+)
+from payloadrun_operator.api.names import (
+    INFERENCE,
+    INPUTS_ANNOTATION,
+    ORCHESTRATOR,
+    ROLLOUT_ANNOTATION,
+    TRAINER,
+    WORKLOADS,
+)
+from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.desired.lifecycle import (
     APPLY,
     KEEP,
     RECREATE,
@@ -36,29 +51,11 @@ from payloadrun_operator.lifecycle import (
     suspend_check,
     workload_plan,
 )
-from payloadrun_operator.models import PayloadRunSpec, PayloadRunStatus, PinnedSidecars, RunFailure
-from payloadrun_operator.names import (
-    INFERENCE,
-    INPUTS_ANNOTATION,
-    ORCHESTRATOR,
-    ROLLOUT_ANNOTATION,
-    TRAINER,
-    WORKLOADS,
-)
-from payloadrun_operator.settings import (
+from payloadrun_operator.observed.status import Check, phase, set_condition, status_update
+from payloadrun_operator.platform.settings import (
     DEFAULT_RETENTION_RESOURCES,
     DEFAULT_WRITER_RESOURCES,
     OperatorSettings,
-)
-from payloadrun_operator.status import (
-    REASONS,
-    TRUE_REASONS,
-    Check,
-    ConditionType,
-    ReadyReason,
-    phase,
-    set_condition,
-    status_update,
 )
 
 COMPLETE = ConditionType.COMPLETE

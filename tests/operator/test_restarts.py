@@ -1,7 +1,7 @@
 """Restarting the trainers together (restarts.py): when, how often, what is recorded."""
 
-from payloadrun_operator import restarts
-from payloadrun_operator.models import PayloadRunStatus
+from payloadrun_operator.api.models import PayloadRunStatus
+from payloadrun_operator.observed import restarts
 
 T0 = "2026-12-01T10:00:00Z"
 

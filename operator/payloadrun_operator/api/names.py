@@ -8,7 +8,7 @@ same names), the default ports the CRD's (:mod:`payloadrun.settings`).
 
 from __future__ import annotations
 
-from payloadrun_operator.models import GROUP, VERSION
+from payloadrun_operator.api.models import GROUP, VERSION
 
 API_VERSION = f"{GROUP}/{VERSION}"
 

@@ -39,9 +39,26 @@ from payloadrun import serving, wipe
 from payloadrun.retention import config as retention_config
 from payloadrun.settings import Env
 from payloadrun.writer import config as writer_config
-from payloadrun_operator import lifecycle, names
-from payloadrun_operator import networkpolicy as netpol
-from payloadrun_operator.decisions import (
+from payloadrun_operator.api import names
+from payloadrun_operator.api.models import (
+    KIND,
+    EnvVar,
+    Inference,
+    Orchestrator,
+    PayloadAccess,
+    PayloadRunSpec,
+    Resources,
+    Trainer,
+)
+from payloadrun_operator.api.names import (
+    INFERENCE,
+    ORCHESTRATOR,
+    TRAINER,
+    VOLUME_NAME,
+)
+from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired import networkpolicy as netpol
+from payloadrun_operator.desired.decisions import (
     DEFAULT_CLAIM_SIZE,
     ModeDecision,
     claim_name,
@@ -53,24 +70,7 @@ from payloadrun_operator.decisions import (
     payload_root,
     run_dir_on_payload_volume,
 )
-from payloadrun_operator.models import (
-    KIND,
-    EnvVar,
-    Inference,
-    Orchestrator,
-    PayloadAccess,
-    PayloadRunSpec,
-    Resources,
-    Trainer,
-)
-from payloadrun_operator.names import (
-    INFERENCE,
-    ORCHESTRATOR,
-    TRAINER,
-    VOLUME_NAME,
-)
-from payloadrun_operator.settings import OperatorSettings
-from payloadrun_operator.templates import (
+from payloadrun_operator.desired.templates import (
     Manifest,
     Parts,
     TemplateConflict,
@@ -79,6 +79,7 @@ from payloadrun_operator.templates import (
     run_fs_group,
     with_overlays,
 )
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from payloadrun_operator import lifecycle, schema_check
-from payloadrun_operator.builders import RunContext, run_errors
-from payloadrun_operator.decisions import validation_errors
-from payloadrun_operator.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api import schema_check
+from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
+from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired.builders import RunContext, run_errors
+from payloadrun_operator.desired.decisions import validation_errors
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from payloadrun_operator import lifecycle
-from payloadrun_operator.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
-from payloadrun_operator.status import JOB_FAILED
+from payloadrun_operator.api.conditions import JOB_FAILED
+from payloadrun_operator.api.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
+from payloadrun_operator.desired import lifecycle
 
 NONE = "none"  # nothing to do
 RESTART = "restart"  # record a new restart, then delete the failed Job

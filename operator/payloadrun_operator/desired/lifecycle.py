@@ -24,29 +24,28 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.models import ConditionStatus, PayloadRunSpec
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_COMPLETE,
+    JOB_FAILED,
+    PHASE_FAILED,
+    PHASE_SUCCEEDED,
+    CompleteReason,
+    ConditionType,
+    FailedReason,
+    ReadyReason,
+    SuspendedReason,
+)
+from payloadrun_operator.api.models import ConditionStatus, PayloadRunSpec
+from payloadrun_operator.api.names import (
     INFERENCE,
     INPUTS_ANNOTATION,
     ORCHESTRATOR,
     ROLLOUT_ANNOTATION,
     TRAINER,
 )
-from payloadrun_operator.settings import OperatorSettings
-from payloadrun_operator.status import (
-    JOB_COMPLETE,
-    JOB_FAILED,
-    PHASE_FAILED,
-    PHASE_SUCCEEDED,
-    Check,
-    CompleteReason,
-    ConditionType,
-    FailedReason,
-    ReadyReason,
-    SuspendedReason,
-    condition,
-)
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.observed.status import Check, condition
+from payloadrun_operator.platform.settings import OperatorSettings
 
 FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
 # status.failure.component -> the Failed condition's reason

@@ -14,12 +14,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from payloadrun_operator import finishing, lifecycle, restarts
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import build_trainer
-from payloadrun_operator.metrics import UNKNOWN_MODE
-from payloadrun_operator.models import KIND, FailurePolicy
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_FAILED,
+    PHASE_REJECTED,
+    ConditionType,
+    ReadyReason,
+)
+from payloadrun_operator.api.models import KIND, FailurePolicy
+from payloadrun_operator.api.names import (
     API_VERSION,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
@@ -28,17 +30,13 @@ from payloadrun_operator.names import (
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import (
-    JOB_FAILED,
-    PHASE_REJECTED,
-    Check,
-    ConditionType,
-    ReadyReason,
-    claim_check,
-    status_update,
-    workloads_check,
-)
+from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_trainer
+from payloadrun_operator.observed import finishing, restarts
+from payloadrun_operator.observed.status import Check, claim_check, status_update, workloads_check
+from payloadrun_operator.platform.metrics import UNKNOWN_MODE
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}

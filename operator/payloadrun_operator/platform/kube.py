@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import kopf
 
-from payloadrun_operator.models import KIND, PLURAL
-from payloadrun_operator.names import API_VERSION, FIELD_MANAGER
+from payloadrun_operator.api.models import KIND, PLURAL
+from payloadrun_operator.api.names import API_VERSION, FIELD_MANAGER
 
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {

@@ -26,10 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator import readiness
-from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import KIND
-from payloadrun_operator.names import (
+from payloadrun_operator.api.models import KIND
+from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
     API_VERSION,
     CHILD_KINDS,
@@ -37,7 +35,9 @@ from payloadrun_operator.names import (
     LABEL_RUN,
     MANAGED_SELECTOR,
 )
-from payloadrun_operator.runtime import Operator
+from payloadrun_operator.observed import readiness
+from payloadrun_operator.platform.kube import KubeApiError
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.following")
 RunKey = tuple[str, str]  # (namespace, name)

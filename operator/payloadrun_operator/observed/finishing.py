@@ -14,26 +14,25 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator import lifecycle
-from payloadrun_operator.builders import RunContext, build_cleanup
-from payloadrun_operator.decisions import PayloadMode, claim_owned_by_run
-from payloadrun_operator.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_FAILED,
+    PHASE_FAILED,
+    ConditionType,
+    PayloadsReleasedReason,
+)
+from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
+from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
     ORCHESTRATOR,
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import (
-    JOB_FAILED,
-    PHASE_FAILED,
-    Check,
-    ConditionType,
-    PayloadsReleasedReason,
-    condition,
-)
+from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired.builders import RunContext, build_cleanup
+from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
+from payloadrun_operator.observed.status import Check, condition
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.finishing")
 Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
