@@ -33,7 +33,8 @@ from payloadrun_operator.api.names import (
 )
 from payloadrun_operator.desired import lifecycle
 from payloadrun_operator.desired.admission import admit
-from payloadrun_operator.desired.builders import RunContext, build_children
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap

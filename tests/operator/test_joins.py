@@ -34,7 +34,8 @@ from payloadrun_operator.api.models import (
     Retention,
     Writer,
 )
-from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.platform.kube import PLURALS
 from payloadrun_operator.platform.settings import OperatorSettings

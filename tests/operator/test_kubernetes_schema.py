@@ -30,7 +30,8 @@ from payloadrun_devcluster.binaries import cache_dir, read_versions
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.crd import build_crd
 from payloadrun_operator.api.models import PayloadRunSpec
-from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.platform.settings import OperatorSettings
 

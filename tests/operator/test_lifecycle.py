@@ -27,7 +27,8 @@ from payloadrun_operator.api.names import (
     TRAINER,
     WORKLOADS,
 )
-from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.desired.lifecycle import (
     APPLY,

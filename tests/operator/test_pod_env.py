@@ -18,7 +18,8 @@ import pytest
 
 from payloadrun_operator.api import names
 from payloadrun_operator.api.models import PayloadRunSpec
-from payloadrun_operator.desired.builders import RunContext, build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.platform.settings import OperatorSettings
 

@@ -27,7 +27,8 @@ from pydantic import ValidationError
 from payloadrun_operator.api import schema_check
 from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
 from payloadrun_operator.desired import lifecycle
-from payloadrun_operator.desired.builders import RunContext, run_errors
+from payloadrun_operator.desired.builders import run_errors
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import validation_errors
 from payloadrun_operator.platform.settings import OperatorSettings
 

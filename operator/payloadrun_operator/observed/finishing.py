@@ -29,7 +29,8 @@ from payloadrun_operator.api.names import (
     child_name,
 )
 from payloadrun_operator.desired import lifecycle
-from payloadrun_operator.desired.builders import RunContext, build_cleanup
+from payloadrun_operator.desired.builders import build_cleanup
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
 from payloadrun_operator.observed.status import Check, condition
 from payloadrun_operator.platform.runtime import Operator
