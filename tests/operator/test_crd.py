@@ -232,6 +232,6 @@ def test_the_vendored_openapi_is_the_pinned_kubernetes_version():
     path = module.document_path(version)
     if not path.exists():
         skip_or_fail(f"{path} is absent: bash cluster/build.sh fetches it")
-    assert (REPO / "operator" / "payloadrun_operator" / OPENAPI_FILE).read_text() == (
+    assert (REPO / "operator" / "payloadrun_operator" / "api" / OPENAPI_FILE).read_text() == (
         render_openapi_file(extract(json.loads(path.read_text()), version))
     ), "run python hack/kubernetes_openapi.py, then regenerate the CRD"
