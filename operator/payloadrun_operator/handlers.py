@@ -31,10 +31,12 @@ from payloadrun_operator.api.names import (
     LABEL_MANAGED_BY,
     WORKLOADS,
 )
-from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired import context
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.observed import outcome
+from payloadrun_operator.observed import plan as plans
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
@@ -148,7 +150,7 @@ async def reconcile(
     ctx, pin = admission.ctx, admission.pin
     spec = ctx.spec
     status = body.get("status") or {}
-    final = lifecycle.is_final(status.get("phase"))
+    final = context.is_final(status.get("phase"))
     decision = ctx.decision
     try:
         applied, waiting = await apply_children(op, ctx, final=final)
@@ -182,7 +184,7 @@ async def reconcile(
     checks = {
         ConditionType.VALIDATED: SPEC_VALID,
         ConditionType.APPLIED: CHILDREN_APPLIED,
-        **lifecycle.suspend_check(spec.suspend, status),
+        **outcome.suspend_check(spec.suspend, status),
     }
     fields: dict[str, Any] = {"observedGeneration": generation}
     if not final:  # a finished run keeps what it ran with
@@ -236,21 +238,21 @@ async def apply_children(
                 applied[key] = await op.client.apply(child)
             continue
         live = await op.client.get(child["apiVersion"], child["kind"], ctx.namespace, meta["name"])
-        plan = lifecycle.workload_plan(child, live)
-        if final and plan != lifecycle.SCALE:
-            plan = lifecycle.KEEP
-        if plan == lifecycle.APPLY:
+        plan = plans.workload_plan(child, live)
+        if final and plan != plans.SCALE:
+            plan = plans.KEEP
+        if plan == plans.APPLY:
             applied[key] = await op.client.apply(child)
-        elif plan == lifecycle.SCALE:
-            manifest = lifecycle.activity_manifest(child)
+        elif plan == plans.SCALE:
+            manifest = plans.activity_manifest(child)
             applied[key] = await op.client.apply(manifest, manager=ACTIVITY_MANAGER)
-        elif plan == lifecycle.RECREATE:
+        elif plan == plans.RECREATE:
             # Foreground: the Job goes once its pods have, so old and new pods never overlap
             await op.client.delete(
                 child["apiVersion"], child["kind"], ctx.namespace, meta["name"], "Foreground"
             )
             waiting.append(f"{child['kind']} {meta['name']}")
-        elif plan == lifecycle.WAIT:
+        elif plan == plans.WAIT:
             waiting.append(f"{child['kind']} {meta['name']}")
         elif live is not None:
             applied[key] = {"kind": child["kind"], **live}

@@ -28,28 +28,25 @@ from payloadrun_operator.api.names import (
     WORKLOADS,
 )
 from payloadrun_operator.desired.builders import build_children, build_cleanup
-from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.context import RunContext, is_final, runs_pods
 from payloadrun_operator.desired.decisions import decide_payload_mode
-from payloadrun_operator.desired.lifecycle import (
+from payloadrun_operator.desired.pinning import current_pin, inputs_hash, pin_of, pinned_settings
+from payloadrun_operator.observed.outcome import (
+    end_checks,
+    failure_of,
+    job_outcome,
+    last_failed_container,
+    ready_check,
+    suspend_check,
+)
+from payloadrun_operator.observed.plan import (
     APPLY,
     KEEP,
     RECREATE,
     SCALE,
     WAIT,
     activity_manifest,
-    current_pin,
-    end_checks,
-    failure_of,
-    inputs_hash,
-    is_final,
-    job_outcome,
-    last_failed_container,
     needs_scaling,
-    pin_of,
-    pinned_settings,
-    ready_check,
-    runs_pods,
-    suspend_check,
     workload_plan,
 )
 from payloadrun_operator.observed.status import Check, phase, set_condition, status_update

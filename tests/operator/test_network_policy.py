@@ -14,7 +14,7 @@ from test_builders import SETTINGS, by_kind, context
 from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.desired.admission import spec_errors
 from payloadrun_operator.desired.builders import build_children
-from payloadrun_operator.desired.lifecycle import inputs_hash, pin_of
+from payloadrun_operator.desired.pinning import inputs_hash, pin_of
 from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 COMPONENTS = ("inference", "orchestrator", "trainer")

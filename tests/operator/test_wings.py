@@ -23,11 +23,6 @@ PACKAGE = "payloadrun_operator"
 ROOT = Path(payloadrun_operator.__file__).parent
 WINGS = ("api", "platform", "desired", "observed")
 TOP = len(WINGS)  # the top level (handlers, render, __main__) may import every wing
-# Arrows back up that a later commit of issue 35 removes (lifecycle.py's conditions go to the
-# observed wing when it is split); each must still exist, so the list cannot go stale.
-KNOWN_ARROWS_UP = {
-    ("payloadrun_operator.desired.lifecycle", "payloadrun_operator.observed.status"),
-}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -116,13 +111,10 @@ def test_every_module_lies_in_a_wing_or_at_the_top() -> None:
 
 def test_no_module_imports_a_higher_wing() -> None:
     found = arrows_up(import_graph())
-    new = sorted(found - KNOWN_ARROWS_UP)
-    assert not new, (
-        f"imports back up a wing (order: {' < '.join(WINGS)} < top level): {new}; move what the "
-        "lower module needs down into its wing (or below), or the importer up"
+    assert not found, (
+        f"imports back up a wing (order: {' < '.join(WINGS)} < top level): {sorted(found)}; move "
+        "what the lower module needs down into its wing (or below), or the importer up"
     )
-    gone = sorted(KNOWN_ARROWS_UP - found)
-    assert not gone, f"arrows up that no longer exist: {gone}; remove them from KNOWN_ARROWS_UP"
 
 
 def test_the_crd_imports_nothing_that_computes_status() -> None:

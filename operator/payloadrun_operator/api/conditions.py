@@ -136,7 +136,7 @@ MEANINGS: dict[ConditionType, str] = {
     "cleanup Job)",
 }
 
-# A batch/v1 Job's condition types once it has ended (lifecycle.job_outcome's values): the Job's
+# A batch/v1 Job's condition types once it has ended (outcome.job_outcome's values): the Job's
 # vocabulary, not the run's.
 JOB_COMPLETE = "Complete"
 JOB_FAILED = "Failed"

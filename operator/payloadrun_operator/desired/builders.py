@@ -20,7 +20,7 @@ Every main container gets ``/dev/shm`` (inference and trainers) and the run dire
 the template has its own; by handle the trainers see the payload root read-only. Both Jobs use
 ``restartPolicy: Never`` (a failed pod stays, with its logs) and never run a replacement beside
 the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its
-inputs (:func:`lifecycle.inputs_hash`) and has pods only while the run is active
+inputs (:func:`pinning.inputs_hash`) and has pods only while the run is active
 (``RunContext.active``, :mod:`context`). A finished run's ``<run>-cleanup`` Job deletes its
 payload files (:func:`build_cleanup`). The pods' env is :mod:`env`'s, their volumes
 :mod:`volumes`', the operator's own containers :mod:`sidecars`'.

@@ -1,6 +1,8 @@
 """A run's context: everything the builders read of one run (its identity, spec, payload mode,
 the operator's settings with the run's pinned ones, whether its workloads have pods, and the
-pod layout it was started with), made once per reconcile by :meth:`RunContext.of`."""
+pod layout it was started with), made once per reconcile by :meth:`RunContext.of`; and the
+run's activity: its pods run unless ``spec.suspend`` is set or the run has finished
+(:func:`runs_pods`)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from payloadrun_operator.api import names
+from payloadrun_operator.api.conditions import PHASE_FAILED, PHASE_SUCCEEDED
 from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
-from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired import pinning
 from payloadrun_operator.desired.decisions import (
     ModeDecision,
     claim_name,
@@ -32,9 +35,9 @@ class RunContext:
     uid: str
     spec: PayloadRunSpec
     decision: ModeDecision
-    settings: OperatorSettings  # with the run's pinned sidecar settings (lifecycle.pinned_settings)
+    settings: OperatorSettings  # with the run's pinned sidecar settings (pinning.pinned_settings)
     active: bool = True  # whether the workloads have pods (not suspended, not finished)
-    layout: int = lifecycle.POD_LAYOUT  # the pod layout the run was started with
+    layout: int = pinning.POD_LAYOUT  # the pod layout the run was started with
 
     @classmethod
     def of(
@@ -44,7 +47,7 @@ class RunContext:
         settings: OperatorSettings,
         *,
         active: bool = True,
-        layout: int = lifecycle.POD_LAYOUT,
+        layout: int = pinning.POD_LAYOUT,
     ) -> RunContext:
         """The context of the run whose ``metadata`` is ``meta`` (its mode decided here)."""
         decision = decide_payload_mode(spec)
@@ -88,5 +91,19 @@ class RunContext:
         }
 
     def inputs(self, component: str) -> str:
-        pin = {**lifecycle.pin_of(self.settings), "podLayout": self.layout}
-        return lifecycle.inputs_hash(self.spec, component, pin)
+        pin = {**pinning.pin_of(self.settings), "podLayout": self.layout}
+        return pinning.inputs_hash(self.spec, component, pin)
+
+
+# --- activity: pods run unless spec.suspend is set or the run has finished -------------------
+
+FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
+
+
+def is_final(phase: str | None) -> bool:
+    return phase in FINAL_PHASES
+
+
+def runs_pods(suspend: bool, phase: str | None) -> bool:
+    """Whether the run's workloads should have pods."""
+    return not suspend and not is_final(phase)

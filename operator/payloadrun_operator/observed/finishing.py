@@ -28,10 +28,12 @@ from payloadrun_operator.api.names import (
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.desired import pinning
 from payloadrun_operator.desired.builders import build_cleanup
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
+from payloadrun_operator.observed import plan
+from payloadrun_operator.observed.outcome import job_outcome
 from payloadrun_operator.observed.status import Check, condition
 from payloadrun_operator.platform.runtime import Operator
 
@@ -55,8 +57,8 @@ async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None
             "metadata": {"name": live["metadata"]["name"], "namespace": ns},
             "spec": {"suspend": True} if kind == "Job" else {"replicas": 0},
         }
-        if lifecycle.needs_scaling(stopped, live):
-            await op.client.apply(lifecycle.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
+        if plan.needs_scaling(stopped, live):
+            await op.client.apply(plan.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
 
 
 async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -129,13 +131,13 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         ctx = RunContext.of(
             meta,
             spec,
-            lifecycle.pinned_settings(op.settings, pin),
+            pinning.pinned_settings(op.settings, pin),
             active=False,
-            layout=lifecycle.layout_of(pin),
+            layout=pinning.layout_of(pin),
         )
         await op.client.apply(build_cleanup(ctx))
         return deleting(job_name, status)
-    outcome = lifecycle.job_outcome(job)
+    outcome = job_outcome(job)
     if outcome is None:
         return deleting(job_name, status)
     if outcome == JOB_FAILED:

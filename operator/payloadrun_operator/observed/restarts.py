@@ -21,7 +21,7 @@ from typing import Any
 
 from payloadrun_operator.api.conditions import JOB_FAILED
 from payloadrun_operator.api.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
-from payloadrun_operator.desired import lifecycle
+from payloadrun_operator.observed import outcome
 
 NONE = "none"  # nothing to do
 RESTART = "restart"  # record a new restart, then delete the failed Job
@@ -33,7 +33,7 @@ def plan(status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, l
     """What to do about the trainers' Job of a run whose status is ``status``."""
     if layout < 2 or job is None or job["metadata"].get("deletionTimestamp"):
         return NONE
-    if lifecycle.job_outcome(job) != JOB_FAILED:
+    if outcome.job_outcome(job) != JOB_FAILED:
         return NONE
     last = status.get("lastTrainerRestart") or {}
     if last.get("jobUid") == job["metadata"].get("uid"):
@@ -52,7 +52,7 @@ def restart_record(
     pods = list(pods)
     count = (status.get("trainerRestarts") or 0) + 1
     # the first rank to fail is the cause: the Job controller stopped the others after it
-    pod, exit_code = lifecycle.first_failed_container(pods, TRAINER_CONTAINER)
+    pod, exit_code = outcome.first_failed_container(pods, TRAINER_CONTAINER)
     rank = next(
         (
             p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_ANNOTATION)
