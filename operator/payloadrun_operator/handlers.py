@@ -36,8 +36,8 @@ from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.observed import outcome
-from payloadrun_operator.observed import plan as plans
 from payloadrun_operator.observed.following import Follower
+from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
@@ -238,21 +238,21 @@ async def apply_children(
                 applied[key] = await op.client.apply(child)
             continue
         live = await op.client.get(child["apiVersion"], child["kind"], ctx.namespace, meta["name"])
-        plan = plans.workload_plan(child, live)
-        if final and plan != plans.SCALE:
-            plan = plans.KEEP
-        if plan == plans.APPLY:
+        plan = workload_plan(child, live)
+        if final and plan != WorkloadPlan.SCALE:
+            plan = WorkloadPlan.KEEP
+        if plan == WorkloadPlan.APPLY:
             applied[key] = await op.client.apply(child)
-        elif plan == plans.SCALE:
-            manifest = plans.activity_manifest(child)
+        elif plan == WorkloadPlan.SCALE:
+            manifest = activity_manifest(child)
             applied[key] = await op.client.apply(manifest, manager=ACTIVITY_MANAGER)
-        elif plan == plans.RECREATE:
+        elif plan == WorkloadPlan.RECREATE:
             # Foreground: the Job goes once its pods have, so old and new pods never overlap
             await op.client.delete(
                 child["apiVersion"], child["kind"], ctx.namespace, meta["name"], "Foreground"
             )
             waiting.append(f"{child['kind']} {meta['name']}")
-        elif plan == plans.WAIT:
+        elif plan == WorkloadPlan.WAIT:
             waiting.append(f"{child['kind']} {meta['name']}")
         elif live is not None:
             applied[key] = {"kind": child["kind"], **live}

@@ -141,9 +141,22 @@ MEANINGS: dict[ConditionType, str] = {
 JOB_COMPLETE = "Complete"
 JOB_FAILED = "Failed"
 
-PHASE_REJECTED = "Rejected"
-PHASE_PROVISIONING = "Provisioning"
-PHASE_RUNNING = "Running"
-PHASE_SUSPENDED = "Suspended"
-PHASE_SUCCEEDED = "Succeeded"
-PHASE_FAILED = "Failed"
+
+class Phase(StrEnum):
+    """A run's phase (``status.phase``), made of its conditions (status.phase); the printer
+    column, the ``payloadrun_operator_runs`` metric's label and the alerts read it."""
+
+    REJECTED = "Rejected"
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def final(self) -> bool:
+        """Succeeded and Failed are for good: nothing of the run runs on (until it is deleted)."""
+        return self in FINAL_PHASES
+
+
+FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})

@@ -492,7 +492,7 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
     # together (readiness.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
     # would join a group whose collective hangs.
     # (A run started before pod layout 2 keeps a Job that replaces ranks one by one.)
-    backoff = 0 if ctx.layout >= 2 else ctx.spec.failure_policy.backoff_limit
+    backoff = 0 if ctx.layout.restarts_trainers_together else ctx.spec.failure_policy.backoff_limit
     return [
         headless_service(ctx, TRAINER, service_ports(pod, dist)),
         job(ctx, TRAINER, trainer.replicas, pod, backoff_limit=backoff),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from payloadrun_operator.api import names
-from payloadrun_operator.api.conditions import PHASE_FAILED, PHASE_SUCCEEDED
+from payloadrun_operator.api.conditions import FINAL_PHASES
 from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
 from payloadrun_operator.desired import pinning
@@ -37,7 +37,10 @@ class RunContext:
     decision: ModeDecision
     settings: OperatorSettings  # with the run's pinned sidecar settings (pinning.pinned_settings)
     active: bool = True  # whether the workloads have pods (not suspended, not finished)
-    layout: int = pinning.POD_LAYOUT  # the pod layout the run was started with
+    layout: pinning.PodLayout = pinning.CURRENT_LAYOUT  # the pod layout the run was started with
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", pinning.PodLayout.of(self.layout))  # 2 is PodLayout(2)
 
     @classmethod
     def of(
@@ -47,7 +50,7 @@ class RunContext:
         settings: OperatorSettings,
         *,
         active: bool = True,
-        layout: int = pinning.POD_LAYOUT,
+        layout: pinning.PodLayout | int = pinning.POD_LAYOUT,
     ) -> RunContext:
         """The context of the run whose ``metadata`` is ``meta`` (its mode decided here)."""
         decision = decide_payload_mode(spec)
@@ -91,13 +94,11 @@ class RunContext:
         }
 
     def inputs(self, component: str) -> str:
-        pin = {**pinning.pin_of(self.settings), "podLayout": self.layout}
+        pin = {**pinning.pin_of(self.settings), "podLayout": self.layout.version}
         return pinning.inputs_hash(self.spec, component, pin)
 
 
 # --- activity: pods run unless spec.suspend is set or the run has finished -------------------
-
-FINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
 
 
 def is_final(phase: str | None) -> bool:

@@ -65,7 +65,7 @@ LAYOUT_2_ENV = frozenset(
 
 def main_env(ctx: RunContext, env: list[Manifest]) -> tuple[Manifest, ...]:
     """The operator's env of a main container, as the run's pod layout has it."""
-    if ctx.layout >= 2:
+    if ctx.layout.has_addresses:
         return tuple(env)
     return tuple(e for e in env if e["name"] not in LAYOUT_2_ENV)
 

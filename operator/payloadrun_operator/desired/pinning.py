@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from payloadrun_operator.api.models import PayloadRunSpec
@@ -34,12 +35,54 @@ from payloadrun_operator.api.names import (
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.platform.settings import OperatorSettings
 
-# The layout of the pods the operator builds: 1 before pod templates, 2 since (templates, the run
-# directory, addresses, rendezvous, /dev/shm, trainers restarted together). A run records the
-# layout it started with in status.sidecars.podLayout (absent: 1); its workloads' inputs are
-# hashed as that layout's were, so an operator upgrade does not roll it, and its trainers fail
-# as that layout's did. The rollout annotation moves it onto the current layout.
+# The layout of the pods the operator builds today (PodLayout says what each one has).
 POD_LAYOUT = 2
+
+
+@dataclass(frozen=True)
+class PodLayout:
+    """The layout of the pods the operator builds for a run: 1 before pod templates, 2 since
+    (templates, the run directory, addresses, rendezvous, /dev/shm, trainers restarted together).
+
+    A run records the layout it started with in status.sidecars.podLayout (absent: 1); its
+    workloads' inputs are hashed as that layout's were, so an operator upgrade does not roll it,
+    and its trainers fail as that layout's did. The rollout annotation moves it onto the current
+    layout. Code asks for what a layout has (a property here), never for its number.
+    """
+
+    version: int = POD_LAYOUT
+
+    @classmethod
+    def of(cls, layout: PodLayout | int) -> PodLayout:
+        return layout if isinstance(layout, PodLayout) else cls(int(layout))
+
+    @property
+    def has_pod_templates(self) -> bool:
+        """The spec fields that came with pod templates (:data:`LAYOUT_2_FIELDS`) are part of
+        its workloads' inputs even at their defaults."""
+        return self.version >= 2
+
+    @property
+    def has_addresses(self) -> bool:
+        """The main containers are told the run directory, each other's hosts, every inference
+        replica's admin URL and torchrun's rendezvous (env.LAYOUT_2_ENV); so the orchestrator's
+        inputs count the inference replicas its admin URLs list."""
+        return self.version >= 2
+
+    @property
+    def restarts_trainers_together(self) -> bool:
+        """The trainers' Job fails at its first failed rank (backoffLimit 0) and the operator
+        restarts every rank together (restarts.py); before, the Job replaced ranks one by one."""
+        return self.version >= 2
+
+    @property
+    def in_inputs(self) -> bool:
+        """The layout's version is part of its workloads' inputs (so a roll onto a new layout
+        rolls every workload)."""
+        return self.version >= 2
+
+
+CURRENT_LAYOUT = PodLayout(POD_LAYOUT)
 # Spec fields that layout 2 added, as (section or None for the spec, field, default): left out of
 # a layout-1 run's inputs while they have their default, as they were before they existed.
 LAYOUT_2_FIELDS = (
@@ -100,9 +143,9 @@ def current_pin(
     return pin_of(settings, wanted)
 
 
-def layout_of(pin: Mapping[str, Any]) -> int:
+def layout_of(pin: Mapping[str, Any]) -> PodLayout:
     """The pod layout a run's record says it was started with (1: recorded before layouts)."""
-    return int(pin.get("podLayout") or 1)
+    return PodLayout(int(pin.get("podLayout") or 1))
 
 
 def pinned_settings(settings: OperatorSettings, pin: Mapping[str, Any]) -> OperatorSettings:
@@ -124,7 +167,7 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     they hash as they did then."""
     data = spec.model_dump(mode="json", by_alias=True)
     layout = layout_of(pin)
-    if layout < 2:
+    if not layout.has_pod_templates:
         for section, name, default in LAYOUT_2_FIELDS:
             where = data if section is None else data[section]
             if where.get(name) == default:
@@ -142,9 +185,9 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     if component == ORCHESTRATOR:
         inference = data[INFERENCE]
         inputs["inferencePorts"] = [inference["port"], inference["writer"]["port"]]
-        if layout >= 2:
+        if layout.has_addresses:
             inputs["inferenceReplicas"] = inference["replicas"]
-    if layout >= 2:
-        inputs["podLayout"] = layout
+    if layout.in_inputs:
+        inputs["podLayout"] = layout.version
     encoded = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:20]

@@ -16,9 +16,9 @@ import aiohttp
 
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
-    PHASE_FAILED,
     ConditionType,
     PayloadsReleasedReason,
+    Phase,
 )
 from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
 from payloadrun_operator.api.names import (
@@ -108,7 +108,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             PayloadsReleasedReason.NO_PAYLOAD_FILES,
             "payloads moved inline: no file is on a volume",
         )
-    if status.get("phase") == PHASE_FAILED:
+    if status.get("phase") == Phase.FAILED:
         return Check(
             False,
             PayloadsReleasedReason.KEPT_AFTER_FAILURE,

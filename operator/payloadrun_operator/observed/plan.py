@@ -10,24 +10,23 @@ recreated once it is gone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from payloadrun_operator.api.names import INPUTS_ANNOTATION
 from payloadrun_operator.observed.outcome import job_outcome
 
-APPLY = "apply"  # create it, or bring its template up to date (a StatefulSet rolls)
 
+class WorkloadPlan(StrEnum):
+    """What to do to one workload this pass (:func:`workload_plan`)."""
 
-SCALE = "scale"  # same template: only its activity fields (pods or not, failure limit) change
-
-
-KEEP = "keep"  # nothing to write
-
-
-RECREATE = "recreate"  # a Job whose inputs changed: its template is immutable, so delete it first
-
-
-WAIT = "wait"  # the previous Job is still being deleted
+    APPLY = "apply"  # create it, or bring its template up to date (a StatefulSet rolls)
+    SCALE = "scale"  # same template: only its activity fields (pods or not, failure limit) change
+    KEEP = "keep"  # nothing to write
+    RECREATE = (
+        "recreate"  # a Job whose inputs changed: its template is immutable, so delete it first
+    )
+    WAIT = "wait"  # the previous Job is still being deleted
 
 
 def activity_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,16 +52,16 @@ def activity_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> str:
+def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> WorkloadPlan:
     """What to do to bring the live workload to ``desired`` without disturbing what is equal."""
     if live is None:
-        return APPLY
+        return WorkloadPlan.APPLY
     if live["metadata"].get("deletionTimestamp"):
-        return WAIT
+        return WorkloadPlan.WAIT
     wanted = desired["metadata"].get("annotations", {}).get(INPUTS_ANNOTATION)
     if (live["metadata"].get("annotations") or {}).get(INPUTS_ANNOTATION) != wanted:
-        return RECREATE if desired["kind"] == "Job" else APPLY
-    return SCALE if needs_scaling(desired, live) else KEEP
+        return WorkloadPlan.RECREATE if desired["kind"] == "Job" else WorkloadPlan.APPLY
+    return WorkloadPlan.SCALE if needs_scaling(desired, live) else WorkloadPlan.KEEP
 
 
 def needs_scaling(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:

@@ -16,8 +16,8 @@ from typing import Any
 
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
-    PHASE_REJECTED,
     ConditionType,
+    Phase,
     ReadyReason,
 )
 from payloadrun_operator.api.models import KIND, FailurePolicy
@@ -57,7 +57,7 @@ def follows(run: dict[str, Any]) -> bool:
     status = run.get("status") or {}
     return status.get("observedGeneration") == run["metadata"].get("generation") and status.get(
         "phase"
-    ) not in (None, PHASE_REJECTED)
+    ) not in (None, Phase.REJECTED)
 
 
 async def refresh_run(
@@ -84,7 +84,7 @@ async def refresh_run(
             await client.post_event(run, event_type, reason, message, now)
     if restart is not None:  # recorded: now the failed Job goes, and its pods with it
         plan, job = restart
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             message = fields["lastTrainerRestart"]["message"]
             await client.post_event(run, "Warning", "TrainersRestarted", message, now)
         job_meta = job["metadata"]
@@ -135,19 +135,19 @@ async def follow_active(
     deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
     jobs = {c: None if c in deleting else j for c, j in listed.items()}
     limit, layout = backoff_limit(run), pinning.layout_of(status.get("sidecars") or {})
-    if listed[TRAINER] is None and layout >= 2:
+    if listed[TRAINER] is None and layout.restarts_trainers_together:
         await recreate_trainers(op, run)
     restart = None
     plan = restarts.plan(status, jobs[TRAINER], limit, layout)
-    if plan in (restarts.RESTART, restarts.DELETE):
+    if restarts.ACTIONS[plan].delete_job:
         trainers = jobs[TRAINER]
         assert trainers is not None
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             pods = await finishing.job_pods(op, ns, trainers["metadata"]["name"])
             fields |= restarts.restart_record(status, trainers, pods, limit, now)
         restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
     together = None
-    if layout >= 2:  # the trainers' Job fails at its first failed rank
+    if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
         together = (
             f"a trainer rank failed after {status.get('trainerRestarts') or 0} restart(s) of "
             f"every rank (spec.failurePolicy.backoffLimit is {limit})"

@@ -16,15 +16,10 @@ from typing import Any
 
 from payloadrun_operator.api.conditions import (
     JOB_COMPLETE,
-    PHASE_FAILED,
-    PHASE_PROVISIONING,
-    PHASE_REJECTED,
-    PHASE_RUNNING,
-    PHASE_SUCCEEDED,
-    PHASE_SUSPENDED,
     REASONS,
     TRUE_REASONS,
     ConditionType,
+    Phase,
     ReadyReason,
     Reason,
     VolumeReadyReason,
@@ -145,19 +140,19 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
     conds = list(conditions)
     validated = condition(conds, ConditionType.VALIDATED)
     if validated is not None and validated["status"] == ConditionStatus.FALSE:
-        return PHASE_REJECTED
+        return Phase.REJECTED
     for ctype, final_phase in (
-        (ConditionType.FAILED, PHASE_FAILED),
-        (ConditionType.COMPLETE, PHASE_SUCCEEDED),
+        (ConditionType.FAILED, Phase.FAILED),
+        (ConditionType.COMPLETE, Phase.SUCCEEDED),
     ):
         if (condition(conds, ctype) or {}).get("status") == ConditionStatus.TRUE:
             return final_phase
     if (condition(conds, ConditionType.SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
-        return PHASE_SUSPENDED
+        return Phase.SUSPENDED
     ready = condition(conds, ConditionType.READY)
     if ready is not None and ready["status"] == ConditionStatus.TRUE:
-        return PHASE_RUNNING
-    return PHASE_PROVISIONING
+        return Phase.RUNNING
+    return Phase.PROVISIONING
 
 
 def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
@@ -217,7 +212,7 @@ class StatusUpdate:
 
     fields: dict[str, Any] | None  # status fields to write; None when nothing changed
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    phase: str = PHASE_PROVISIONING
+    phase: str = Phase.PROVISIONING
 
 
 def status_update(
