@@ -20,11 +20,11 @@ from payloadrun_operator.api.conditions import (
     ReadyReason,
     ValidatedReason,
 )
+from payloadrun_operator.api.kinds import FOLLOWED, Kind
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
-    CHILD_KINDS,
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
@@ -60,12 +60,6 @@ SPEC_REJECTED = Check(
 RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, AppliedReason.CHILDREN_APPLIED, "every child was applied")
-# kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
-CHILD_PLURALS = {
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "StatefulSet": "statefulsets",
-    "Job": "jobs",
-}
 
 
 class QuietWatchHandlers(logging.Filter):
@@ -320,24 +314,22 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def follow_run_event(event: kopf.RawEvent, **_: Any) -> None:  # async: no thread
         follower.observe(KIND, event)
 
-    for api_version, kind in CHILD_KINDS:
-        follow_kind(registry, follower, api_version, kind)
+    for kind in FOLLOWED:  # kopf watches each kind the status reads
+        follow_kind(registry, follower, kind)
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
         op.metrics.forget_run(namespace, name)
 
 
-def follow_kind(
-    registry: kopf.OperatorRegistry, follower: Follower, api_version: str, kind: str
-) -> None:
+def follow_kind(registry: kopf.OperatorRegistry, follower: Follower, kind: Kind) -> None:
     """Feed the follower every event of ``kind`` among the operator's children."""
 
     @kopf.on.event(
-        *api_version.split("/"),
-        CHILD_PLURALS[kind],
+        *kind.api_version.split("/"),
+        kind.plural,
         labels={LABEL_MANAGED_BY: FIELD_MANAGER},
         registry=registry,
     )
     async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
-        follower.observe(kind, event)
+        follower.observe(kind.kind, event)

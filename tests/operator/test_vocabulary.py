@@ -1,6 +1,7 @@
-"""The operator's typed vocabulary: a run's pod layout is asked for what it has, never for its
-number; phases, workload plans and restart actions are enums whose values are the strings the
-status, the metrics and the tests have always read."""
+"""The operator's typed vocabulary: one table of the Kubernetes kinds it touches; a run's pod
+layout is asked for what it has, never for its number; phases, workload plans and restart
+actions are enums whose values are the strings the status, the metrics and the tests have
+always read."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from pathlib import Path
 
 import payloadrun_operator
 from payloadrun_operator.api.conditions import FINAL_PHASES, Phase
-from payloadrun_operator.desired.context import is_final
+from payloadrun_operator.api.kinds import FOLLOWED, KINDS, PLURALS
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.api.names import WORKLOADS
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext, is_final
 from payloadrun_operator.desired.pinning import CURRENT_LAYOUT, POD_LAYOUT, PodLayout, layout_of
 from payloadrun_operator.observed.plan import WorkloadPlan
 from payloadrun_operator.observed.restarts import ACTIONS, RestartAction
+from payloadrun_operator.platform.settings import OperatorSettings
 
 ROOT = Path(payloadrun_operator.__file__).parent
 CAPABILITIES = [name for name, value in vars(PodLayout).items() if isinstance(value, property)]
@@ -66,3 +72,15 @@ def test_the_enums_keep_the_strings_of_the_status_and_metrics() -> None:
     assert is_final("Failed") and is_final(Phase.SUCCEEDED) and not is_final(None)
     assert [str(p) for p in WorkloadPlan] == ["apply", "scale", "keep", "recreate", "wait"]
     assert set(ACTIONS) == set(RestartAction), "every restart action has its steps"
+
+
+def test_every_child_the_builders_make_is_a_kind_of_the_table(spec_dict: dict) -> None:
+    """The client finds each child's API path in the one table, and the status follows the
+    kinds of every workload."""
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    ctx = RunContext.of({"name": "r", "namespace": "ns", "uid": "u"}, spec, OperatorSettings())
+    made = {(c["apiVersion"], c["kind"]) for c in [*build_children(ctx), build_cleanup(ctx)]}
+    assert made <= set(PLURALS), sorted(made - set(PLURALS))
+    followed = {(k.api_version, k.kind) for k in FOLLOWED}
+    assert {(api, kind) for api, kind, _ in WORKLOADS} <= followed
+    assert len({(k.api_version, k.kind) for k in KINDS}) == len(KINDS) == len(PLURALS)
