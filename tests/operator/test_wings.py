@@ -11,6 +11,7 @@ cannot hide an arrow. The CRD, generated from the API wing, loads nothing that c
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import payloadrun_operator
 
 PACKAGE = "payloadrun_operator"
 ROOT = Path(payloadrun_operator.__file__).parent
+DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 WINGS = ("api", "platform", "desired", "observed")
 TOP = len(WINGS)  # the top level (handlers, render, __main__) may import every wing
 
@@ -164,3 +166,58 @@ def test_the_reader_finds_every_form_of_import(
     known = set(modules())
     found = imports_of(path, f"{PACKAGE}.{name}", dict.fromkeys(known, path))
     assert found == {f"{PACKAGE}.{e}" for e in expected}
+
+
+def documented_files(text: str) -> dict[str, str]:
+    """The map in docs/operator.md's "The operator's files": each entry's path in the package
+    (a directory ends with /) and what the line says it is."""
+    block = text.split("## The operator's files\n", 1)[1].split("```text\n", 1)[1]
+    lines = block.split("```", 1)[0].splitlines()
+    assert lines[0] == "operator/payloadrun_operator/", lines[0]
+    entries: dict[str, str] = {}
+    parents: list[str] = []
+    for line in lines[1:]:
+        found = re.fullmatch(r"((?:│   |    )*)[├└]── (\S+)\s+(.*)", line)
+        assert found, f"a line of the map that is not a tree entry with a meaning: {line!r}"
+        depth = len(found.group(1)) // 4
+        parents[depth:] = [found.group(2)]
+        entries["".join(parents)] = found.group(3).strip()
+    return entries
+
+
+def package_files(root: Path = ROOT) -> set[str]:
+    """What the map lists: every module and directory of the package, but a wing's
+    ``__init__.py`` (its directory's line says what the wing is)."""
+    found = set()
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in rel:
+            continue
+        if path.is_dir():
+            found.add(rel + "/")
+        elif path.suffix == ".py" and not (path.name == "__init__.py" and path.parent != root):
+            found.add(rel)
+    return found
+
+
+def test_the_map_in_the_docs_lists_every_module_and_no_other() -> None:
+    documented = documented_files(DOC.read_text())
+    actual = package_files()
+    assert set(documented) == actual, (
+        f"docs/operator.md#the-operators-files is out of date: missing "
+        f"{sorted(actual - set(documented))}, gone {sorted(set(documented) - actual)}: one line "
+        "per module, saying what it is"
+    )
+    assert all(documented.values()), documented
+
+
+def test_the_map_reader_reads_nested_entries() -> None:
+    text = (
+        "## The operator's files\n\n```text\noperator/payloadrun_operator/\n"
+        "├── api/        the api\n│   └── models.py   the models\n└── render.py   a command\n```\n"
+    )
+    assert documented_files(text) == {
+        "api/": "the api",
+        "api/models.py": "the models",
+        "render.py": "a command",
+    }
