@@ -235,6 +235,11 @@ class LocalCluster:
         """Import a docker-archive tarball into the node, for pods with imagePullPolicy Never."""
         self.node.load_image(Path(tarball))
 
+    def load_images(self, tarballs: Sequence[Path | str]) -> None:
+        """Import docker-archive tarballs into the node, all at once (see
+        :meth:`LocalNode.load_images <payloadrun_devcluster.node.LocalNode.load_images>`)."""
+        self.node.load_images([Path(t) for t in tarballs])
+
     @property
     def etcd_endpoint(self) -> str:
         return f"http://127.0.0.1:{self.ports['etcd']}"

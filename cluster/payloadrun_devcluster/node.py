@@ -806,6 +806,19 @@ class LocalNode:
         if result.returncode != 0:
             raise NodeError(f"importing {tarball} into the node failed: {result.stderr.strip()}")
 
+    def load_images(self, tarballs: list[Path]) -> None:
+        """:meth:`load_image` of each tarball, all at once (an import mostly waits on the disk
+        and on containerd; a layer two images share is written once, the second import waits
+        for it); the first failure is raised once all have ended."""
+        imports = [
+            InBackground(f"import {tarball.name}", lambda _, t=tarball: self.load_image(t)).start()
+            for tarball in tarballs
+        ]
+        for running in imports:
+            running.thread.join()
+        for done in imports:
+            done.join()
+
     def start_runtime(
         self,
         spawn: Callable[[str, list[str]], ManagedProcess],
