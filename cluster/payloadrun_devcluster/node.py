@@ -283,6 +283,11 @@ def kubelet_config(
         "podLogsDir": str(node_dir / "pod-logs"),
         # The project's images are imported, never pulled: image GC must not remove them.
         "imageGCHighThresholdPercent": 100,
+        # An image the kubelet pulled (the release's, from a registry on loopback) is the same
+        # image as one imported under another name (payloadrun:e2e): since Kubernetes 1.35
+        # (KEP-2535, beta) the kubelet would re-pull it to check the second name's credentials,
+        # and a pod with imagePullPolicy Never got ErrImageNeverPull. No credentials here.
+        "imagePullCredentialsVerificationPolicy": "NeverVerify",
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
             "memory.available": "100Mi",
