@@ -3,7 +3,7 @@
 - ``node``: the tests that need the machine's one node (the session's cluster with its node, or
   nodes of their own) or glusterd (which serves the node's volume too). They run in the order
   they always did (the node-lifecycle tests first, then the session's cluster) and spend most of
-  their time waiting on pods.
+  their time waiting on pods. It collects only their folders (``NODE_PATHS``).
 - ``control-plane``: the other integration tests, which need no node: those that use the
   session's control plane (``kube_cluster`` without ``node_cluster``) get one of their own on
   loopback (``PAYLOADRUN_NO_NODE=1``), beside the node's, and fail, not skip, if one needed pods;
