@@ -195,8 +195,7 @@ class Demo:
             say("$ bash hack/images.sh   # the project's Dockerfiles, built here, cached")
             from payloadrun_devkit.images import build_images
 
-            for path in build_images(REPO).values():
-                self.cluster.load_image(path)
+            self.cluster.load_images(list(build_images(REPO).values()))
             say("$ bash hack/install-chart.sh e2e --set operator.watchNamespaces={payloadrun-demo}")
             result = subprocess.run(
                 ["bash", str(REPO / "hack" / "install-chart.sh"), "e2e", "--set", watch],

@@ -9,6 +9,7 @@ them from the checkout.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import sys
 from pathlib import Path
@@ -43,6 +44,14 @@ def machine_markers(fixturenames: list[str] | tuple[str, ...]) -> set[str]:
     }
 
 
+def in_node_part(markers: set[str]) -> bool:
+    """Whether hack/test.py's node part runs a test with ``markers``: its expression
+    ``(integration or sharedfs) and not (integration and not node and not sharedfs)``."""
+    machine = "integration" in markers or "sharedfs" in markers
+    no_node = "integration" in markers and not {"node", "sharedfs"} & markers
+    return machine and not no_node
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -52,6 +61,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker in wanted:
             if item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+    # hack/test.py's node part collects only these folders: a test it would run elsewhere would
+    # run in no part. The unit part, which collects the whole suite, says so.
+    node_paths = os.environ.get("PAYLOADRUN_NODE_PATHS")
+    if node_paths:
+        roots = [REPO / path for path in node_paths.split(os.pathsep)]
+        lost = [
+            item.nodeid
+            for item in items
+            if in_node_part({mark.name for mark in item.iter_markers()})
+            and not any(item.path.is_relative_to(root) for root in roots)
+        ]
+        if lost:
+            raise pytest.UsageError(
+                f"{len(lost)} tests need the node or glusterd but lie outside hack/test.py's "
+                f"NODE_PATHS ({node_paths}), which its node part collects: {lost[:5]}; move "
+                "them there or add their folder to NODE_PATHS"
+            )
 
 
 @pytest.fixture

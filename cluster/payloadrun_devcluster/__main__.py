@@ -114,7 +114,8 @@ def cmd_load_image(args: argparse.Namespace) -> int:
                 f"error: {tarball} is not a file (a docker-archive tarball, as docker save writes)"
             )
             return 1
-        cluster.load_image(tarball)
+    cluster.load_images(args.tarballs)
+    for tarball in args.tarballs:
         _say(f"imported {tarball}")
     return 0
 

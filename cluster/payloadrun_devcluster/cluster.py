@@ -39,7 +39,7 @@ from .node import (
     SERVICE_SUBNET,
     LocalNode,
 )
-from .processes import ManagedProcess
+from .processes import InBackground, ManagedProcess
 
 # In 198.18.0.0/15 (RFC 2544, benchmarking), which no real network routes: no collision.
 SERVICE_CLUSTER_IP_RANGE = SERVICE_SUBNET
@@ -48,7 +48,10 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 CLUSTER_NAME = "payloadrun-dev"
 ADMIN_USER = "payloadrun-admin"
 STATE_FILE = "state.json"
+STARTUP_LOG = "startup.log"  # when each step of the last start was done: where its time went
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+# the node's processes that are clients of the API server (all but containerd)
+NODE_CLIENTS = ("kube-router", "provisioner", "coredns", "kube-proxy", "kube-scheduler", "kubelet")
 
 
 class ClusterError(RuntimeError):
@@ -175,6 +178,8 @@ class LocalCluster:
         self.host = NODE_IP if node else "127.0.0.1"
         self._node: LocalNode | None = None
         self._node_pki: node_module.NodePKI | None = None
+        self._runtime: list[InBackground] = []  # the node's start that needs no API server
+        self._started_at = time.monotonic()
 
     # ---- paths and addresses -------------------------------------------------------------
     @property
@@ -229,6 +234,11 @@ class LocalCluster:
     def load_image(self, tarball: Path | str) -> None:
         """Import a docker-archive tarball into the node, for pods with imagePullPolicy Never."""
         self.node.load_image(Path(tarball))
+
+    def load_images(self, tarballs: Sequence[Path | str]) -> None:
+        """Import docker-archive tarballs into the node, all at once (see
+        :meth:`LocalNode.load_images <payloadrun_devcluster.node.LocalNode.load_images>`)."""
+        self.node.load_images([Path(t) for t in tarballs])
 
     @property
     def etcd_endpoint(self) -> str:
@@ -344,6 +354,9 @@ class LocalCluster:
         node_module.prepare_host(self.node_dir)
 
     def _abort_start(self) -> None:
+        for part in self._runtime:  # before the host's teardown deletes what they make
+            part.cancel()
+        self._runtime = []
         self._stop_processes()
         (self._require_state_dir() / STATE_FILE).unlink(missing_ok=True)
         self.keep_state = True  # the error message points at the logs in it
@@ -359,6 +372,14 @@ class LocalCluster:
             shutil.rmtree(etcd_data)
         self._write_kubeconfigs()
 
+        self._started_at = time.monotonic()
+        (state / STARTUP_LOG).write_text("")
+        if self.with_node:
+            # containerd, its sandbox image and the shared volume need no API server: begun
+            # first, they are ready by the time it is
+            self._node = LocalNode(self.node_dir, binaries, die_with_parent=not self.detached)
+            self._runtime = self._node.start_runtime(spawn=self._spawn, record=self._record)
+
         self._spawn("etcd", [str(binaries.etcd), *self._etcd_args(etcd_data)])
         self._wait("etcd /health", self._etcd_healthy, timeout=30)
 
@@ -373,23 +394,25 @@ class LocalCluster:
             "kube-controller-manager",
             [str(binaries.kube_controller_manager), *self._controller_manager_args()],
         )
+        if self._node is not None:
+            # the node's components need the API server, not the controller manager: they
+            # start beside it
+            self._node.start(
+                server=self.server,
+                pki=self._pki_or_raise(),
+                node_pki=self._node_pki,
+                ports=self.ports,
+                runtime=self._runtime,
+                spawn=self._spawn,
+                wait=lambda what, check, timeout: self._wait(what, check, timeout=timeout),
+                api=self.request,
+            )
         self._wait("kube-controller-manager /healthz", self._controller_manager_healthy, timeout=60)
         self._wait(
             "the default service account (made by the serviceaccount controller)",
             lambda: self._get_status("/api/v1/namespaces/default/serviceaccounts/default") == 200,
             timeout=60,
         )
-        if self.with_node:
-            self._node = LocalNode(self.node_dir, binaries, die_with_parent=not self.detached)
-            self._node.start(
-                server=self.server,
-                pki=self._pki_or_raise(),
-                node_pki=self._node_pki,
-                ports=self.ports,
-                spawn=self._spawn,
-                wait=lambda what, check, timeout: self._wait(what, check, timeout=timeout),
-                api=self.request,
-            )
         self._write_state()
 
     def stop(self) -> None:
@@ -419,42 +442,41 @@ class LocalCluster:
     def _stop_processes(self) -> list[str]:
         errors: list[str] = []
         # The node first (kubelet before containerd), then the control plane's clients, etcd
-        # last so the API server can shut down cleanly.
-        node_order = (
-            "kube-router",
-            "provisioner",
-            "coredns",
-            "kube-proxy",
-            "kube-scheduler",
-            "kubelet",
-        )
-        for name in node_order:
-            errors.extend(self._stop_one(name, grace=5.0))
+        # last so the API server can shut down cleanly. Each step's processes stop together:
+        # none waits for another's shutdown.
+        errors.extend(self._stop_together(NODE_CLIENTS, grace=5.0))
         node = self.with_node and self.state_dir is not None
         if node:
             # containers and shims die before containerd
             node_module.kill_pod_processes()
-            errors.extend(self._stop_one("containerd", grace=5.0))
-        for name in ("kube-controller-manager", "kube-apiserver"):
-            errors.extend(self._stop_one(name, grace=10.0))
+            errors.extend(self._stop_together(("containerd",), grace=5.0))
+        errors.extend(self._stop_together(("kube-controller-manager", "kube-apiserver"), 10.0))
         if node:
             # mounts, rules, bridge, sysctls: after the API server, which deletes its own
             # Lease through its advertised address (the bridge's) as it stops, and waited 10 s
             # for an address already gone
             errors.extend(node_module.teardown_host(self.node_dir))
-        errors.extend(self._stop_one("etcd", grace=10.0))
+        errors.extend(self._stop_together(("etcd",), grace=10.0))
         self.processes = {}
         return errors
 
-    def _stop_one(self, name: str, grace: float) -> list[str]:
-        process = self.processes.get(name)
-        if process is None:
-            return []
-        try:
-            process.stop(grace=grace)
-        except Exception as error:
-            return [f"stopping {name}: {error}"]
-        return []
+    def _stop_together(self, names: Sequence[str], grace: float) -> list[str]:
+        """SIGTERM each of ``names`` at once, then wait for each (SIGKILL after ``grace``)."""
+        stopping = []
+        errors = []
+        for name in names:
+            process = self.processes.get(name)
+            try:
+                if process is not None and process.terminate():
+                    stopping.append((name, process))
+            except Exception as error:
+                errors.append(f"stopping {name}: {error}")
+        for name, process in stopping:
+            try:
+                process.wait_or_kill(grace)
+            except Exception as error:
+                errors.append(f"stopping {name}: {error}")
+        return errors
 
     # ---- attach to a detached cluster ------------------------------------------------------
     @classmethod
@@ -511,13 +533,16 @@ class LocalCluster:
             return False
 
     # ---- processes -----------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str]) -> ManagedProcess:
         state = self._require_state_dir()
         args = [*args, *self.extra_args.get(name, ())]
-        self.processes[name] = ManagedProcess.spawn(
+        process = ManagedProcess.spawn(
             name, args, state / f"{name}.log", cwd=state, die_with_parent=not self.detached
         )
+        self.processes[name] = process
         self._write_state_partial()
+        self._record(f"{name} spawned")
+        return process
 
     def _write_state_partial(self) -> None:
         # Recorded as soon as a process exists, so `down` can stop a half-started cluster.
@@ -647,15 +672,24 @@ class LocalCluster:
         write_private(state / "controller-manager.kubeconfig", json.dumps(kcm, indent=2) + "\n")
 
     # ---- waiting ---------------------------------------------------------------------------
+    def _record(self, done: str) -> None:
+        """A line of ``startup.log``: seconds since the start began, and what was done then
+        (one write per line: the node's threads record too)."""
+        line = f"{time.monotonic() - self._started_at:7.2f} s  {done}\n"
+        with open(self._require_state_dir() / STARTUP_LOG, "a") as log:
+            log.write(line)
+
     def _wait(
-        self, what: str, check: Callable[[], bool], timeout: float, interval: float = 0.25
+        self, what: str, check: Callable[[], bool], timeout: float, interval: float = 0.1
     ) -> None:
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         last_error: Exception | None = None
         while True:
             self._raise_if_any_died(what)
             try:
                 if check():
+                    self._record(f"{what} (waited {time.monotonic() - began:.2f} s)")
                     return
                 last_error = None
             except Exception as error:  # not up yet: connection refused, TLS handshake, 5xx...
@@ -669,7 +703,7 @@ class LocalCluster:
             time.sleep(interval)
 
     def _raise_if_any_died(self, waiting_for: str) -> None:
-        for name, process in self.processes.items():
+        for name, process in list(self.processes.items()):
             if not process.running():
                 code = process.exit_code()
                 raise ClusterError(

@@ -55,6 +55,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -66,7 +67,7 @@ from .binaries import NODE_NAMES, Binaries
 from .certs import ClusterPKI, issue_client_cert, issue_serving_cert
 from .flexvolume import install as install_volume_driver
 from .images import pause_image_name, pause_image_tarball
-from .processes import ManagedProcess
+from .processes import InBackground, ManagedProcess
 
 NODE_NAME = "payloadrun-node"
 BRIDGE = "prnode0"
@@ -282,6 +283,11 @@ def kubelet_config(
         "podLogsDir": str(node_dir / "pod-logs"),
         # The project's images are imported, never pulled: image GC must not remove them.
         "imageGCHighThresholdPercent": 100,
+        # An image the kubelet pulled (the release's, from a registry on loopback) is the same
+        # image as one imported under another name (payloadrun:e2e): since Kubernetes 1.35
+        # (KEP-2535, beta) the kubelet would re-pull it to check the second name's credentials,
+        # and a pod with imagePullPolicy Never got ErrImageNeverPull. No credentials here.
+        "imagePullCredentialsVerificationPolicy": "NeverVerify",
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
             "memory.available": "100Mi",
@@ -805,6 +811,76 @@ class LocalNode:
         if result.returncode != 0:
             raise NodeError(f"importing {tarball} into the node failed: {result.stderr.strip()}")
 
+    def load_images(self, tarballs: list[Path]) -> None:
+        """:meth:`load_image` of each tarball, all at once (an import mostly waits on the disk
+        and on containerd; a layer two images share is written once, the second import waits
+        for it); the first failure is raised once all have ended."""
+        imports = [
+            InBackground(f"import {tarball.name}", lambda _, t=tarball: self.load_image(t)).start()
+            for tarball in tarballs
+        ]
+        for running in imports:
+            running.thread.join()
+        for done in imports:
+            done.join()
+
+    def start_runtime(
+        self,
+        spawn: Callable[[str, list[str]], ManagedProcess],
+        record: Callable[[str], None],
+    ) -> list[InBackground]:
+        """What needs no API server, begun before the control plane starts (:meth:`start` waits
+        for it): containerd, spawned here (in the caller's thread: ``PR_SET_PDEATHSIG`` is tied
+        to the thread that forks), and in threads of their own containerd answering with the
+        sandbox image imported, and the shared GlusterFS volume with the provisioner's client.
+        Each takes seconds the control plane's start spends waiting anyway."""
+        node = self.node_dir
+        configs = node / "config"
+        configs.mkdir(parents=True, exist_ok=True)
+        cni_dir = configs / "cni"
+        cni_dir.mkdir(exist_ok=True)
+        (cni_dir / "10-payloadrun.conflist").write_text(
+            json.dumps(cni_config(node / "cni-ipam"), indent=2)
+        )
+        install_volume_driver(self.volume_plugin_dir)
+        containerd_toml = configs / "containerd.toml"
+        self.registry_hosts_dir.mkdir(parents=True, exist_ok=True)
+        containerd_toml.write_text(
+            containerd_config(node, RUN_DIR, cni_dir, self.registry_hosts_dir)
+        )
+        containerd = spawn("containerd", ["containerd", "--config", str(containerd_toml)])
+
+        def runtime(cancelled: threading.Event) -> None:
+            # the sandbox image imported before the kubelet asks for a sandbox
+            deadline = time.monotonic() + 60
+            while self.ctr("version", timeout=5).returncode != 0:
+                if not containerd.running():
+                    raise NodeError(
+                        f"containerd exited (code {containerd.exit_code()}) while starting; its "
+                        f"log is {containerd.log_path}:\n{containerd.log_tail()}"
+                    )
+                if cancelled.is_set() or time.monotonic() > deadline:
+                    raise NodeError(f"containerd did not answer within 60 s: {containerd.log_path}")
+                time.sleep(0.1)
+            record("containerd answers")
+            self.load_image(pause_image_tarball())
+            record("the sandbox image imported")
+
+        def shared_volume(cancelled: threading.Event) -> None:
+            # the provisioner makes each claim's directory through a client of its own, the
+            # kubelet mounts each pod's through the driver
+            gluster = glusterfs.GlusterServer.ensure()
+            if glusterfs.NODE_VOLUME in gluster.volume_names():  # a crashed node's
+                gluster.delete_volume(glusterfs.NODE_VOLUME)
+            shared = gluster.create_volume(node / SHARED_VOLUME_DIR, name=glusterfs.NODE_VOLUME)
+            shared.mount(self.provisioner_mount())
+            record("the shared volume served and mounted")
+
+        return [
+            InBackground("containerd", runtime).start(),
+            InBackground("shared volume", shared_volume).start(),
+        ]
+
     def start(
         self,
         *,
@@ -812,14 +888,17 @@ class LocalNode:
         pki: ClusterPKI,
         node_pki: NodePKI,
         ports: dict[str, int],
+        runtime: list[InBackground],
         spawn: Callable[[str, list[str]], ManagedProcess],
         wait: Callable[[str, Callable[[], bool], float], None],
         api: Callable[[str, str, dict | None], tuple[int, dict]],
     ) -> None:
+        """The node's components, once the API server answers and ``runtime`` (what
+        :meth:`start_runtime` began) is done; returns when the node is Ready, its Services and
+        policies are in force and CoreDNS answers."""
         node = self.node_dir
         self.ports = {name: ports[name] for name in PORT_NAMES}
         configs = node / "config"
-        configs.mkdir(parents=True, exist_ok=True)
 
         def kubeconfig(component: str, cert: Path, key: Path, user: str) -> Path:
             path = configs / f"{component}.kubeconfig"
@@ -830,31 +909,8 @@ class LocalNode:
         for manifest in NODE_RBAC:
             self._apply(api, manifest)
         self._apply(api, storage_class_manifest())
-
-        # containerd, with the sandbox image imported before the kubelet asks for a sandbox
-        cni_dir = configs / "cni"
-        cni_dir.mkdir(exist_ok=True)
-        (cni_dir / "10-payloadrun.conflist").write_text(
-            json.dumps(cni_config(node / "cni-ipam"), indent=2)
-        )
-        # the shared volume: the provisioner makes each claim's directory through a client of
-        # its own, the kubelet mounts each pod's through the driver
-        gluster = glusterfs.GlusterServer.ensure()
-        if glusterfs.NODE_VOLUME in gluster.volume_names():  # a crashed node's
-            gluster.delete_volume(glusterfs.NODE_VOLUME)
-        shared = gluster.create_volume(node / SHARED_VOLUME_DIR, name=glusterfs.NODE_VOLUME)
-        shared.mount(self.provisioner_mount())
-        plugin_dir = node / "volume-plugins"
-        install_volume_driver(plugin_dir)
-
-        containerd_toml = configs / "containerd.toml"
-        self.registry_hosts_dir.mkdir(parents=True, exist_ok=True)
-        containerd_toml.write_text(
-            containerd_config(node, RUN_DIR, cni_dir, self.registry_hosts_dir)
-        )
-        spawn("containerd", ["containerd", "--config", str(containerd_toml)])
-        wait("containerd", lambda: self.ctr("version", timeout=5).returncode == 0, 60)
-        self.load_image(pause_image_tarball())
+        for part in runtime:
+            part.join()
 
         kubelet_kubeconfig = kubeconfig(
             "kubelet", node_pki.kubelet_cert, node_pki.kubelet_key, f"system:node:{NODE_NAME}"
@@ -883,7 +939,7 @@ class LocalNode:
                 f"--cert-dir={node / 'kubelet-certs'}",
                 f"--hostname-override={NODE_NAME}",
                 f"--node-ip={NODE_IP}",
-                f"--volume-plugin-dir={plugin_dir}",
+                f"--volume-plugin-dir={self.volume_plugin_dir}",
                 "--v=1",
             ],
         )
@@ -981,6 +1037,11 @@ class LocalNode:
             return False
         conditions = body.get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    @property
+    def volume_plugin_dir(self) -> Path:
+        """Where the kubelet finds the shared volume's driver (:mod:`flexvolume`)."""
+        return self.node_dir / "volume-plugins"
 
     def shared_volume(self) -> glusterfs.Volume:
         """The node's GlusterFS volume (the storage class every claim on this node gets), with

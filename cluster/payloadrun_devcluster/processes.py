@@ -15,8 +15,9 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +31,12 @@ def _die_with_parent(parent_pid: int):
     and kube-apiserver's graceful shutdown then waits forever for the etcd that died with it.
     """
 
+    # loaded here, in the parent: the child only calls prctl, no dlopen between fork and exec
+    # (where a lock another thread of the parent held at the fork is never released)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -112,7 +116,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                # prctl must run in the child; nothing here starts threads while spawning.
+                # prctl must run in the child (its work is one call: see _die_with_parent)
                 preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
                 close_fds=True,
             )
@@ -175,11 +179,20 @@ class ManagedProcess:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the group, then SIGKILL whatever is left after ``grace`` seconds."""
+        if self.terminate():
+            self.wait_or_kill(grace)
+
+    def terminate(self) -> bool:
+        """SIGTERM the group; False when nothing of ours was left to stop."""
         if self.popen is None and not self.is_ours():
-            return  # already gone (or the pid was recycled): nothing of ours to stop
+            return False  # already gone (or the pid was recycled): nothing of ours to stop
         if not self._group_alive():
-            return
+            return False
         self.signal_group(signal.SIGTERM)
+        return True
+
+    def wait_or_kill(self, grace: float) -> None:
+        """After :meth:`terminate`: wait ``grace`` seconds for the group to end, then SIGKILL it."""
         if self.wait_gone(grace):
             return
         self.signal_group(signal.SIGKILL)
@@ -195,3 +208,37 @@ class ManagedProcess:
         except FileNotFoundError:
             return f"(no log at {self.log_path})"
         return "\n".join(text.splitlines()[-lines:])
+
+
+class InBackground:
+    """``work(cancelled)`` in a thread of its own: :meth:`join` waits for it and raises what it
+    raised; :meth:`cancel` asks it to stop early (it checks ``cancelled`` where it waits) and waits.
+
+    What runs there starts no process that must die with this one (``PR_SET_PDEATHSIG`` is tied
+    to the thread that forks): those are spawned by the caller's thread.
+    """
+
+    def __init__(self, name: str, work: Callable[[threading.Event], None]) -> None:
+        self.name = name
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+
+    def _run(self, work: Callable[[threading.Event], None]) -> None:
+        try:
+            work(self.cancelled)
+        except BaseException as error:  # raised again by join(), in the caller's thread
+            self.error = error
+
+    def start(self) -> InBackground:
+        self.thread.start()
+        return self
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self, timeout: float = 120.0) -> None:
+        self.cancelled.set()
+        self.thread.join(timeout)

@@ -48,6 +48,9 @@ def test_the_kubelet_authenticates_its_clients_and_asks_the_api_server():
     assert config["readOnlyPort"] == 0
     assert config["clusterDNS"] == [node.NODE_IP]
     assert config["imageGCHighThresholdPercent"] == 100  # imported images are never pulled again
+    # the release's image, pulled from a registry, is also imported as payloadrun:e2e: its pods
+    # (imagePullPolicy Never) must not need it pulled again under that name
+    assert config["imagePullCredentialsVerificationPolicy"] == "NeverVerify"
 
 
 # iptables-save -t filter on the node, trimmed: kube-proxy's jumps, kube-router's, and the rules

@@ -160,8 +160,7 @@ def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
 
     if not kube_cluster.with_node:
         skip_or_fail("these tests need pods: the session's cluster runs no node")
-    for path in build_images(REPO).values():
-        kube_cluster.load_image(path)
+    kube_cluster.load_images(list(build_images(REPO).values()))
     tagged = kube_cluster.node.ctr(
         "images", "tag", "--force", f"docker.io/library/{IMAGE}", f"docker.io/library/{NEXT_IMAGE}"
     )

@@ -19,11 +19,16 @@ import pytest
 
 from payloadrun_devkit import required
 
-# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: the
-# blocks that reach a cluster run before the session's cluster starts its node (one node per
-# machine). A block with none of these words needs no cluster, rewrites none of the files the
-# cluster's tests apply (crds/, charts/), and runs with the unit tests (hack/test.py).
-MACHINE = [pytest.mark.integration, pytest.mark.node_lifecycle]
+# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own, and
+# docs/operator.md's generators rewrite the files the cluster's tests apply (crds/, charts/):
+# they run before the session's cluster starts its node (one node per machine) and applies them.
+# The other blocks that reach a cluster start a control plane of their own on loopback, in a
+# state directory of their own (PAYLOADRUN_DEVCLUSTER_DIR, see environment()): they run beside
+# the node's tests, in make test's control-plane part (hack/test.py). A block with none of the
+# machine's words needs no cluster and runs with the unit tests.
+NODE = [pytest.mark.integration, pytest.mark.node_lifecycle]
+NODE_WORDS = ("make demo", "--node", "> crds/", "> charts/")
+MACHINE = [pytest.mark.integration]
 MACHINE_WORDS = (
     "make ",
     "devcluster",
@@ -54,11 +59,14 @@ def runnable(block: str) -> str:
     return "\n".join(lines)
 
 
-def environment(kube_binaries: Path) -> dict[str, str]:
+def environment(kube_binaries: Path, state_dir: Path) -> dict[str, str]:
+    """The project's environment, the built binaries on PATH, and the local cluster's state
+    directory the test's own (``python -m payloadrun_devcluster`` reads it): a block's cluster
+    never meets another part's, nor the developer's in ``~/.cache/payloadrun/devcluster``."""
     venv_bin = Path(sys.executable).parent
     path = os.pathsep.join([str(venv_bin), str(kube_binaries), os.environ.get("PATH", "")])
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    return {**env, "PATH": path}
+    return {**env, "PATH": path, "PAYLOADRUN_DEVCLUSTER_DIR": str(state_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +86,15 @@ def test_the_docs_have_commands():
 
 
 def marks(block: str) -> list[pytest.MarkDecorator]:
+    if any(word in block for word in NODE_WORDS):
+        return NODE
     return MACHINE if any(word in block for word in MACHINE_WORDS) else []
 
 
 @pytest.mark.parametrize(
     ("where", "block"), [pytest.param(n, b, id=n, marks=marks(b)) for n, b in blocks()]
 )
-def test_doc_block_runs(where, block, kube_binaries):
+def test_doc_block_runs(where, block, kube_binaries, tmp_path):
     script = runnable(block)
     if not script.strip():
         pytest.skip(f"{where} holds only `make test`, the command that runs this test")
@@ -92,7 +102,7 @@ def test_doc_block_runs(where, block, kube_binaries):
     proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=REPO,
-        env=environment(kube_binaries),
+        env=environment(kube_binaries, tmp_path / "devcluster"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

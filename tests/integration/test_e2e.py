@@ -143,7 +143,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any
         last = probe()
         if last:
             return last
-        time.sleep(1)
+        time.sleep(0.5)
     pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
