@@ -114,6 +114,13 @@ def said(result: RunStatus):
 # --- the table ------------------------------------------------------------------------------------
 
 RELEASED = Check(True, PayloadsReleasedReason.FILES_DELETED, "gone")
+COMPLETE = {
+    "type": "Complete",
+    "status": "True",
+    "reason": "TrainersSucceeded",
+    "message": "every trainer exited 0 (4)",
+    "lastTransitionTime": T0,
+}
 
 CASES = {
     "every pod ready, the claim bound": (
@@ -197,7 +204,7 @@ CASES = {
         {},
     ),
     "a finished run: not ready, its payloads as released": (
-        run(phase="Succeeded"),
+        run(phase="Succeeded", conditions=[COMPLETE]),
         Observed(running_children(), released=RELEASED),
         {"Ready": (False, "Finished"), "PayloadsReleased": (True, "FilesDeleted")},
         {},
