@@ -85,7 +85,7 @@ def test_a_pass_composes_each_template_once_and_one_that_changes_nothing_writes_
     async def passes() -> None:
         client = CountingClient()
         op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, OperatorMetrics())
-        client.login(kopf.login_with_kubeconfig())
+        client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
         try:
 
             async def run() -> dict[str, Any]:
