@@ -17,14 +17,17 @@ import kopf
 import pytest
 from example_runs import example_run
 
-from payloadrun_operator import builders, handlers, readiness
-from payloadrun_operator.following import Cache
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
-from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
-from payloadrun_operator.names import API_VERSION, CHILD_KINDS, MANAGED_SELECTOR
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator import handlers
+from payloadrun_operator.api.kinds import CHILD_KINDS
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.api.names import API_VERSION, MANAGED_SELECTOR
+from payloadrun_operator.desired import builders
+from payloadrun_operator.observed import readiness
+from payloadrun_operator.observed.following import Cache
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
 
 pytestmark = pytest.mark.integration
 

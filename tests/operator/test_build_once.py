@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
-from payloadrun_operator import builders
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import build_children
+from payloadrun_operator.desired import builders
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.platform.settings import OperatorSettings
 from payloadrun_operator.render import render_run
-from payloadrun_operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 ONCE_EACH = {"inference": 1, "orchestrator": 1, "trainer": 1}

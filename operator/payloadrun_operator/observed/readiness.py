@@ -2,7 +2,7 @@
 function writes it (:func:`write_status`), and only when it changed.
 
 :func:`run_status` computes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end
-(``Complete``, ``Failed``: :mod:`lifecycle`), a trainers' restart (:mod:`restarts`) and the
+(``Complete``, ``Failed``: :mod:`outcome`), a trainers' restart (:mod:`restarts`) and the
 fields that go with them, from the run and what was observed of its children (:class:`Observed`)
 and nothing else. What it needs beyond the follower's cache (a failed Job's pods, the retention
 sidecar's last step) it asks for (:attr:`RunStatus.wants`), and :func:`refresh_run` reads just
@@ -27,11 +27,14 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator import finishing, lifecycle, restarts
-from payloadrun_operator.admission import admit
-from payloadrun_operator.metrics import UNKNOWN_MODE
-from payloadrun_operator.models import KIND, FailurePolicy
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_FAILED,
+    ConditionType,
+    Phase,
+    ReadyReason,
+)
+from payloadrun_operator.api.models import KIND, FailurePolicy
+from payloadrun_operator.api.names import (
     API_VERSION,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
@@ -40,19 +43,20 @@ from payloadrun_operator.names import (
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import (
-    JOB_FAILED,
-    PHASE_REJECTED,
+from payloadrun_operator.desired import context, pinning
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.pinning import PodLayout
+from payloadrun_operator.observed import finishing, outcome, restarts
+from payloadrun_operator.observed.status import (
     Check,
-    ConditionType,
-    ReadyReason,
     StatusField,
     StatusUpdate,
     claim_check,
     status_update,
     workloads_check,
 )
+from payloadrun_operator.platform.metrics import UNKNOWN_MODE
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
@@ -112,14 +116,14 @@ def follows(run: dict[str, Any]) -> bool:
     status = run.get("status") or {}
     observed = status.get(StatusField.OBSERVED_GENERATION)
     current = observed == run["metadata"].get("generation")
-    return current and status.get(StatusField.PHASE) not in (None, PHASE_REJECTED)
+    return current and status.get(StatusField.PHASE) not in (None, Phase.REJECTED)
 
 
 def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatus:
     """The status of ``run`` from what was ``observed`` of its children: pure, so the same
     inputs give the same status (table tests: tests/operator/test_run_status.py)."""
     meta, status = run["metadata"], run["status"]
-    if lifecycle.is_final(status.get(StatusField.PHASE)):
+    if context.is_final(status.get(StatusField.PHASE)):
         checks = {ConditionType.READY: FINISHED}
         if observed.released is not None:
             checks[ConditionType.PAYLOADS_RELEASED] = observed.released
@@ -137,11 +141,11 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     suspend = bool((run.get("spec") or {}).get("suspend", False))
     claim_name = status.get(StatusField.CLAIM_NAME)
     workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
-    active = lifecycle.runs_pods(suspend, status.get(StatusField.PHASE))
+    active = context.runs_pods(suspend, status.get(StatusField.PHASE))
     checks = {
         ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
-        ConditionType.READY: lifecycle.ready_check(active, workloads_check(workloads)),
-        **lifecycle.suspend_check(suspend, status),
+        ConditionType.READY: outcome.ready_check(active, workloads_check(workloads)),
+        **outcome.suspend_check(suspend, status),
     }
     fields: dict[str, Any] = {}
     listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
@@ -151,20 +155,20 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     limit, layout = backoff_limit(run), run_layout(run)
     restart = None
     plan = restarts.plan(status, jobs[TRAINER], limit, layout)
-    if plan in (restarts.RESTART, restarts.DELETE):
+    if restarts.ACTIONS[plan].delete_job:
         trainers = jobs[TRAINER]
         assert trainers is not None
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             fields |= restarts.restart_record(status, trainers, pods_of(trainers), limit, now)
         restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
     together = None
-    if layout >= 2:  # the trainers' Job fails at its first failed rank
+    if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
         together = (
             f"a trainer rank failed after {status.get(StatusField.TRAINER_RESTARTS) or 0} "
             f"restart(s) of every rank (spec.failurePolicy.backoffLimit is {limit})"
         )
     failure = failure_of(jobs, pods_of, trainers_lead=together)
-    end = lifecycle.end_checks(status, jobs[TRAINER], failure)
+    end = outcome.end_checks(status, jobs[TRAINER], failure)
     if end:
         checks |= end
         checks[ConditionType.READY] = FINISHED
@@ -178,9 +182,9 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     return RunStatus(checks, fields, restart, frozenset(wants))
 
 
-def run_layout(run: Mapping[str, Any]) -> int:
+def run_layout(run: Mapping[str, Any]) -> PodLayout:
     """The pod layout the run records it was started with."""
-    return lifecycle.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})
+    return pinning.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})
 
 
 async def write_status(
@@ -216,11 +220,10 @@ async def observe(op: Operator, run: Mapping[str, Any], children: finishing.Chil
     finished run's payloads released, the trainers' Job created again after a restart)."""
     meta, status = run["metadata"], run["status"]
     ns = meta["namespace"]
-    if lifecycle.is_final(status.get(StatusField.PHASE)):
+    if context.is_final(status.get(StatusField.PHASE)):
         return Observed(children, released=await finishing.release(op, run, children))
-    if children.get((ns, "Job", child_name(meta["name"], TRAINER))) is None and (
-        run_layout(run) >= 2
-    ):
+    trainers = children.get((ns, "Job", child_name(meta["name"], TRAINER)))
+    if trainers is None and run_layout(run).restarts_trainers_together:
         await recreate_trainers(op, run)
     claim_name = status.get(StatusField.CLAIM_NAME)
     claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
@@ -262,7 +265,7 @@ async def refresh_run(
         return Refreshed(False)  # the run changed since it was read: its event follows
     if computed.restart is not None:  # recorded: now the failed Job goes, and its pods with it
         plan, job = computed.restart
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             message = computed.fields[StatusField.LAST_TRAINER_RESTART]["message"]
             await client.post_event(run, "Warning", "TrainersRestarted", message, now)
         job_meta = job["metadata"]
@@ -271,7 +274,7 @@ async def refresh_run(
         )
     # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
     # checked at every pass, it costs no write when everything is stopped already.
-    if lifecycle.is_final(update.phase):
+    if context.is_final(update.phase):
         await finishing.stop(op, run, children)
     volume = computed.checks.get(ConditionType.VOLUME_READY)
     claim_name = status.get(StatusField.CLAIM_NAME)
@@ -307,9 +310,9 @@ def failure_of(
     """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None
     (``pods_of``: a Job's pods, as observed)."""
     for component, job in jobs.items():
-        if job is not None and lifecycle.job_outcome(job) == JOB_FAILED:
+        if job is not None and outcome.job_outcome(job) == JOB_FAILED:
             lead = trainers_lead if component == TRAINER else None
-            return lifecycle.failure_of(
+            return outcome.failure_of(
                 component,
                 job,
                 pods_of(job),
