@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+import aiohttp
+
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
     ConditionType,
@@ -55,6 +57,7 @@ from payloadrun_operator.observed.status import (
     status_update,
     workloads_check,
 )
+from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.metrics import UNKNOWN_MODE
 from payloadrun_operator.platform.runtime import Operator
 
@@ -193,7 +196,8 @@ async def write_status(
     """Write ``update`` into ``run``'s status: the one place the operator writes a status.
     Nothing when nothing changed; else a merge patch guarded by the run's resourceVersion (a
     run changed since it was read is not overwritten: :attr:`Write.CONFLICT`, read it again),
-    then an event per condition that changed. The run's phase and mode go to the metrics."""
+    then an event per condition that changed (one the API server refuses is logged: the status
+    holds the transition). The run's phase and mode go to the metrics."""
     meta, status = run["metadata"], run.get("status") or {}
     written = update.fields or {}
     mode = (
@@ -206,13 +210,25 @@ async def write_status(
         return Write.UNCHANGED
     if await op.client.patch_status(dict(run), update.fields) is None:
         return Write.CONFLICT
-    await asyncio.gather(
+    posted = await asyncio.gather(
         *(
             op.client.post_event(dict(run), event_type, reason, message, now)
             for event_type, reason, message in update.events
-        )
+        ),
+        return_exceptions=True,
     )
+    for (_, reason, _), result in zip(update.events, posted, strict=True):
+        if isinstance(result, KubeApiError | aiohttp.ClientError | OSError | TimeoutError):
+            # an event is a notice: the status holds the transition (a namespace being deleted
+            # takes no new event, as kopf's own poster found)
+            log.warning("%s/%s: event %s not posted: %s", *run_key(run), reason, result)
+        elif isinstance(result, BaseException):
+            raise result
     return Write.WRITTEN
+
+
+def run_key(run: Mapping[str, Any]) -> tuple[str, str]:
+    return run["metadata"]["namespace"], run["metadata"]["name"]
 
 
 async def observe(op: Operator, run: Mapping[str, Any], children: finishing.Children) -> Observed:
