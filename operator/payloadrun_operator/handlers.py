@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
+    API_VERSION,
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
@@ -33,15 +35,13 @@ from payloadrun_operator.api.names import (
 )
 from payloadrun_operator.desired import context
 from payloadrun_operator.desired.admission import admit
-from payloadrun_operator.desired.builders import build_children
-from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.observed import outcome
+from payloadrun_operator.desired.builders import BuiltRun
+from payloadrun_operator.observed import outcome, readiness
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
-from payloadrun_operator.observed.status import Check, rfc3339, status_update
+from payloadrun_operator.observed.status import Check, StatusField, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
-from payloadrun_operator.platform.metrics import UNKNOWN_MODE
 from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
 
@@ -60,6 +60,7 @@ SPEC_REJECTED = Check(
 RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, AppliedReason.CHILDREN_APPLIED, "every child was applied")
+CONFLICT_RETRIES = 3  # status writes over a run that changed meanwhile, before kopf retries
 
 
 class QuietWatchHandlers(logging.Filter):
@@ -97,57 +98,65 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     kopf_settings.scanning.disabled = True
 
 
-def report(
+async def report(
     op: Operator,
-    body: kopf.Body,
-    patch: kopf.Patch,
+    body: Mapping[str, Any],
     checks: dict[ConditionType, Check],
     fields: dict[str, Any],
 ) -> str:
-    """Write the conditions and fields into status, post an event per transition; the phase."""
-    status = body.get("status") or {}
+    """Set the conditions and fields in the run's status, writing only what changed, with an
+    event per transition (:func:`readiness.write_status`, the operator's one status writer); the
+    phase. A run changed since kopf read it (the follower wrote its part of the status) is read
+    again, and the same checks and fields are set over what it holds then."""
+    run = body
     meta = body["metadata"]
-    update = status_update(status, meta.get("generation"), checks, fields, utc_now())
-    for key, value in (update.fields or {}).items():
-        patch.status[key] = value
-    for event_type, reason, message in update.events:
-        kopf.event(body, type=event_type, reason=reason, message=message)
-    mode = fields.get("payloadMode") or status.get("payloadMode") or UNKNOWN_MODE
-    op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
-    return update.phase
+    generation = meta.get("generation")
+    for _ in range(CONFLICT_RETRIES):
+        now = utc_now()
+        update = status_update(run.get("status") or {}, generation, checks, fields, now)
+        if await readiness.write_status(op, run, update, now) is not readiness.Write.CONFLICT:
+            return update.phase
+        again = await op.client.get(API_VERSION, KIND, meta["namespace"], meta["name"])
+        if again is None:
+            return update.phase  # deleted meanwhile: no status to write
+        run = again
+    raise kopf.TemporaryError(
+        f"the run changed {CONFLICT_RETRIES} times while its status was written; retrying",
+        delay=1,
+    )
 
 
 async def reconcile(
-    op: Operator, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter
+    op: Operator, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter
 ) -> None:
     started = time.perf_counter()
     meta = body["metadata"]
     generation = meta.get("generation")
     admission = admit(body, op.settings)
-    if admission.ctx is None:
+    if admission.built is None:
         message = "; ".join(admission.errors)
         logger.warning("rejected: %s", message)
-        report(
+        await report(
             op,
             body,
-            patch,
             {
                 ConditionType.VALIDATED: Check(
                     False, ValidatedReason.INVALID_SPEC, message, warning=True
                 ),
                 ConditionType.READY: SPEC_REJECTED,
             },
-            {"observedGeneration": generation},
+            {StatusField.OBSERVED_GENERATION: generation},
         )
         op.metrics.reconciles.labels("rejected").inc()
         return
-    ctx, pin = admission.ctx, admission.pin
+    built, pin = admission.built, admission.pin
+    ctx = built.ctx
     spec = ctx.spec
     status = body.get("status") or {}
-    final = context.is_final(status.get("phase"))
+    final = context.is_final(status.get(StatusField.PHASE))
     decision = ctx.decision
     try:
-        applied, waiting = await apply_children(op, ctx, final=final)
+        applied, waiting = await apply_children(op, built, final=final)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
         # observedGeneration stays behind: the status follows the children only once every
@@ -158,10 +167,9 @@ async def reconcile(
             refusal_message(exc, op.settings.apply_retry_seconds),
             warning=True,
         )
-        report(
+        await report(
             op,
             body,
-            patch,
             {
                 ConditionType.VALIDATED: SPEC_VALID,
                 ConditionType.APPLIED: refused,
@@ -180,18 +188,18 @@ async def reconcile(
         ConditionType.APPLIED: CHILDREN_APPLIED,
         **outcome.suspend_check(spec.suspend, status),
     }
-    fields: dict[str, Any] = {"observedGeneration": generation}
+    fields: dict[str, Any] = {StatusField.OBSERVED_GENERATION: generation}
     if not final:  # a finished run keeps what it ran with
         fields |= {
-            "payloadMode": str(decision.mode),
-            "payloadModeReason": decision.reason,
-            "payloadModeMessage": decision.message,
-            "payloadRoot": ctx.root,
-            "claimName": ctx.claim,
-            "sidecars": pin,
-            "startTime": status.get("startTime") or utc_now(),
+            StatusField.PAYLOAD_MODE: str(decision.mode),
+            StatusField.PAYLOAD_MODE_REASON: decision.reason,
+            StatusField.PAYLOAD_MODE_MESSAGE: decision.message,
+            StatusField.PAYLOAD_ROOT: ctx.root,
+            StatusField.CLAIM_NAME: ctx.claim,
+            StatusField.SIDECARS: pin,
+            StatusField.START_TIME: status.get(StatusField.START_TIME) or utc_now(),
         }
-    report(op, body, patch, checks, fields)
+    await report(op, body, checks, fields)
     op.metrics.reconciles.labels("applied").inc()
     op.metrics.reconcile_seconds.observe(time.perf_counter() - started)
     logger.info(
@@ -213,18 +221,20 @@ def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
 
 
 async def apply_children(
-    op: Operator, ctx: RunContext, *, final: bool
+    op: Operator, built: BuiltRun, *, final: bool
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
-    """Bring the children to what ``ctx`` builds, touching no workload whose inputs are unchanged
-    beyond whether it has pods. A finished run's children are only stopped, never created.
+    """Bring the children to ``built``'s (as admission built them), touching no workload whose
+    inputs are unchanged beyond whether it has pods. A finished run's children are only stopped,
+    never created.
 
     Returns the children as the API server has them, and the Jobs still being deleted before
     they can be created again.
     """
+    ctx = built.ctx
     workload_kinds = {(kind, ctx.child_name(c)) for _, kind, c in WORKLOADS}
     applied: dict[tuple[str, str], dict[str, Any]] = {}
     waiting: list[str] = []
-    for child in build_children(ctx):
+    for child in built.children:
         meta = child["metadata"]
         key = (child["kind"], meta["name"])
         if key not in workload_kinds:
@@ -286,9 +296,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
-    async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    async def reconcile_run(body: kopf.Body, logger: Any, **_: Any) -> None:
         async with reconciling:
-            await reconcile(op, body, patch, logger)
+            await reconcile(op, body, logger)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -296,9 +306,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     resuming = asyncio.Semaphore(RESUME_CONCURRENCY)
 
     @kopf.on.resume(**RESOURCE, registry=registry)
-    async def resume_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    async def resume_run(body: kopf.Body, logger: Any, **_: Any) -> None:
         async with resuming, reconciling:
-            await reconcile(op, body, patch, logger)
+            await reconcile(op, body, logger)
 
     follower = Follower(op, utc_now)
     beating: list[asyncio.Task[None]] = []

@@ -35,7 +35,6 @@ from typing import Any, TextIO
 from payloadrun.helptext import HelpFormatter, plain
 from payloadrun_operator.api.models import GROUP, KIND
 from payloadrun_operator.desired.admission import admit
-from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -145,9 +144,9 @@ def render_run(
         meta = {"namespace": namespace, "uid": PLACEHOLDER_UID, **meta}
     body = {**doc, "metadata": meta, "status": {}}
     admission = admit(body, settings)
-    if admission.ctx is None:
+    if admission.built is None:
         return [], admission.errors
-    return build_children(admission.ctx), []
+    return list(admission.built.children), []
 
 
 def run(args: argparse.Namespace, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:

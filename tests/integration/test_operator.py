@@ -315,7 +315,7 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     body = load_example("multinode-by-handle.yaml")
     name = body["metadata"]["name"]
     create_run(api, namespace, body)
-    reconciled(api, namespace, name)
+    held = reconciled(api, namespace, name)
     before = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
     marker = f"[{namespace}/{name}] applied"
     assert operator.log_tail(10_000).count(marker) == 1
@@ -328,6 +328,10 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     # server-side apply of an unchanged manifest is a no-op, and workloads whose inputs did not
     # change are not applied at all
     assert after == before
+    # nor the run: a pass that changes nothing writes no status (readiness.write_status)
+    again = get_run(api, namespace, name)
+    assert again["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
+    assert again["status"] == held["status"]
     assert "Traceback" not in operator.log_tail(200)
 
 

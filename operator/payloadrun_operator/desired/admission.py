@@ -13,7 +13,11 @@ Four layers of checks, each with a message that says what was wrong and what to 
 3. the rules the CRD states in CEL (:func:`decisions.validation_errors`, for clusters without
    CEL);
 4. what needs the payload mode and the operator's settings: the pod templates against the
-   operator's parts (:func:`builders.run_errors`).
+   operator's parts (:func:`builders.build_run`).
+
+The last check composes each pod template, so an accepted run's verdict carries its children
+as they were built (:class:`builders.BuiltRun`): the reconcile applies them, ``render`` prints
+them, and neither composes a template again.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pydantic import ValidationError
 from payloadrun_operator.api import schema_check
 from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
 from payloadrun_operator.desired import context, pinning
-from payloadrun_operator.desired.builders import run_errors
+from payloadrun_operator.desired.builders import BuiltRun, build_run
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import validation_errors
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -59,17 +63,22 @@ def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[st
 
 @dataclass(frozen=True)
 class Admission:
-    """A run's verdict: its context and pinned sidecars when accepted, else the errors."""
+    """A run's verdict: its children as built (with its context) and its pinned sidecars when
+    accepted, else the errors."""
 
-    ctx: RunContext | None
+    built: BuiltRun | None
     pin: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
+    @property
+    def ctx(self) -> RunContext | None:
+        return None if self.built is None else self.built.ctx
+
 
 def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
-    """Check ``body`` (a PayloadRun as the API server has it) and build its context: the sidecars
-    it was started with (unless its rollout annotation asks for the operator's current ones) and
-    whether its workloads run pods."""
+    """Check ``body`` (a PayloadRun as the API server has it) and build its children, from its
+    context: the sidecars it was started with (unless its rollout annotation asks for the
+    operator's current ones) and whether its workloads run pods."""
     spec, errors = spec_errors(body)
     if errors or spec is None:
         return Admission(None, errors=errors)
@@ -83,7 +92,7 @@ def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
         active=context.runs_pods(spec.suspend, status.get("phase")),
         layout=pinning.layout_of(pin),
     )
-    errors = run_errors(ctx)
-    if errors:
-        return Admission(None, errors=errors)
-    return Admission(ctx, pin)
+    built = build_run(ctx)
+    if built.errors:
+        return Admission(None, errors=list(built.errors))
+    return Admission(built, pin)

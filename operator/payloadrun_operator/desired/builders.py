@@ -32,6 +32,8 @@ same name returns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from payloadrun.settings import Env
@@ -272,9 +274,25 @@ def pod_template(ctx: RunContext, component: str) -> Manifest:
     return pod
 
 
-def run_errors(ctx: RunContext) -> list[str]:
-    """Every reason the run's pods cannot be built: template collisions, fsGroups that disagree,
-    a run directory on the payload volume's path (the checks that need the payload mode)."""
+COMPONENTS = (INFERENCE, ORCHESTRATOR, TRAINER)
+
+
+def compose_pods(ctx: RunContext) -> tuple[dict[str, Manifest], list[str]]:
+    """Each role's pod template, composed once, and every collision of every role (a role that
+    collides has no template here)."""
+    pods: dict[str, Manifest] = {}
+    errors: list[str] = []
+    for component in COMPONENTS:
+        try:
+            pods[component] = pod_template(ctx, component)
+        except TemplateConflict as conflict:
+            errors += conflict.errors
+    return pods, errors
+
+
+def rule_errors(ctx: RunContext) -> list[str]:
+    """The reasons a run's pods cannot be built that no single template shows: fsGroups that
+    disagree, a run directory on the payload volume's path (checks that need the payload mode)."""
     errors = []
     run_dir = ctx.spec.run_directory
     if (
@@ -290,12 +308,49 @@ def run_errors(ctx: RunContext) -> list[str]:
         )
     if ctx.by_handle or ctx.spec.run_directory is not None:  # pods that share a volume
         errors += run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[1]
-    for component in (INFERENCE, ORCHESTRATOR, TRAINER):
-        try:
-            pod_template(ctx, component)
-        except TemplateConflict as conflict:
-            errors += conflict.errors
     return errors
+
+
+@dataclass(frozen=True)
+class BuiltRun:
+    """A run's children as one pass builds them: each pod template composed once, then checked
+    (admission), applied (the reconcile), printed (``render``) or taken apart (the trainers'
+    Job a restart creates again) from here, never composed again in the same pass.
+
+    ``errors`` are every reason the run cannot be built; with any, there are no children."""
+
+    ctx: RunContext
+    pods: Mapping[str, Manifest]  # component -> its pod template (absent: it collided)
+    network_policies: tuple[Manifest, ...] = ()
+    children: tuple[Manifest, ...] = ()  # every child, in the order to apply them
+    errors: tuple[str, ...] = ()
+
+    def workload(self, component: str) -> Manifest:
+        """``component``'s StatefulSet or Job."""
+        name = self.ctx.child_name(component)
+        (found,) = [
+            c
+            for c in self.children
+            if c["kind"] in ("StatefulSet", "Job") and c["metadata"]["name"] == name
+        ]
+        return found
+
+
+def build_run(ctx: RunContext) -> BuiltRun:
+    """The run's children, or every reason they cannot be built (template collisions, fsGroups
+    that disagree, a run directory on the payload volume's path)."""
+    pods, conflicts = compose_pods(ctx)
+    errors = rule_errors(ctx) + conflicts
+    if errors:
+        return BuiltRun(ctx, pods, errors=tuple(errors))
+    policies = tuple(build_network_policies(ctx))
+    return BuiltRun(ctx, pods, policies, tuple(assemble(ctx, pods, policies)))
+
+
+def run_errors(ctx: RunContext) -> list[str]:
+    """Every reason the run's pods cannot be built: template collisions, fsGroups that disagree,
+    a run directory on the payload volume's path (the checks that need the payload mode)."""
+    return list(build_run(ctx).errors)
 
 
 def service_ports(pod: Manifest, extra: list[Manifest] = ()) -> list[Manifest]:  # type: ignore[assignment]
@@ -442,9 +497,9 @@ def inference_service_port(ctx: RunContext) -> int:
     return inference.writer.port if ctx.by_handle else inference.port
 
 
-def build_inference(ctx: RunContext) -> list[Manifest]:
+def build_inference(ctx: RunContext, pod: Manifest) -> list[Manifest]:
+    """The inference Services and StatefulSet around ``pod`` (its composed template)."""
     inference = ctx.spec.inference
-    pod = pod_template(ctx, INFERENCE)
     front_port = inference_service_port(ctx)
     ports = [{"name": names.HTTP_PORT_NAME, "port": front_port, "targetPort": front_port}]
     if ctx.by_handle:
@@ -471,8 +526,8 @@ def build_inference(ctx: RunContext) -> list[Manifest]:
     ]
 
 
-def build_orchestrator(ctx: RunContext) -> list[Manifest]:
-    pod = pod_template(ctx, ORCHESTRATOR)
+def build_orchestrator(ctx: RunContext, pod: Manifest) -> list[Manifest]:
+    """The orchestrator's headless Service and Job around ``pod`` (its composed template)."""
     # One pod, <run>-orchestrator-0 on its headless Service (the ports its template declares);
     # a replacement only once the failed one has stopped (podReplacementPolicy), since two
     # orchestrators would both drive the retention of one root.
@@ -483,9 +538,9 @@ def build_orchestrator(ctx: RunContext) -> list[Manifest]:
     ]
 
 
-def build_trainer(ctx: RunContext) -> list[Manifest]:
+def build_trainer(ctx: RunContext, pod: Manifest) -> list[Manifest]:
+    """The trainers' headless Service and Job around ``pod`` (its composed template)."""
     trainer = ctx.spec.trainer
-    pod = pod_template(ctx, TRAINER)
     port = names.TRAINER_DIST_PORT
     dist = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
     # Any rank's failure fails the Job (backoffLimit 0): the operator then restarts every rank
@@ -531,20 +586,31 @@ def build_network_policies(ctx: RunContext) -> list[Manifest]:
     ]
 
 
-def build_children(ctx: RunContext) -> list[Manifest]:
-    """Every child, in the order to apply them (the claim before the pods that mount it; the
-    network policies before the pods they admit traffic to).
-
-    Raises :class:`TemplateConflict` when a template collides (see :func:`run_errors`)."""
+def assemble(
+    ctx: RunContext, pods: Mapping[str, Manifest], policies: tuple[Manifest, ...]
+) -> list[Manifest]:
+    """Every child around the composed ``pods``, in the order to apply them (the claim before
+    the pods that mount it; the network policies before the pods they admit traffic to)."""
     claim = build_claim(ctx)
     return [
         *([claim] if claim else []),
         build_config_map(ctx),
-        *build_network_policies(ctx),
-        *build_inference(ctx),
-        *build_orchestrator(ctx),
-        *build_trainer(ctx),
+        *policies,
+        *build_inference(ctx, pods[INFERENCE]),
+        *build_orchestrator(ctx, pods[ORCHESTRATOR]),
+        *build_trainer(ctx, pods[TRAINER]),
     ]
+
+
+def build_children(ctx: RunContext) -> list[Manifest]:
+    """Every child, in the order to apply them (:func:`assemble`), for a context built outside
+    admission (tests, tools); the operator and ``render`` take :attr:`BuiltRun.children`.
+
+    Raises :class:`TemplateConflict` when a template collides (see :func:`run_errors`)."""
+    pods, conflicts = compose_pods(ctx)
+    if conflicts:
+        raise TemplateConflict(conflicts)
+    return assemble(ctx, pods, tuple(build_network_policies(ctx)))
 
 
 def build_cleanup(ctx: RunContext) -> Manifest:

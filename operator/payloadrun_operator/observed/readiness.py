@@ -1,18 +1,33 @@
-"""A run's status from its children: the one function that computes it (:func:`refresh_run`).
+"""A run's status from its children: one pure function computes it (:func:`run_status`), one
+function writes it (:func:`write_status`), and only when it changed.
 
-:func:`refresh_run` recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end
-(``Complete``, ``Failed``: :mod:`outcome`) from the run and its children with pure functions,
-and writes what changed (guarded by the run's resourceVersion) with an event per transition. A
-run that has ended is stopped and its payloads released (:mod:`finishing`), and a failed rank
-restarts every trainer (:mod:`restarts`). :mod:`following` calls it whenever a watch event
-touches the run or one of its children, from a cache of what the watches delivered.
+:func:`run_status` computes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end
+(``Complete``, ``Failed``: :mod:`outcome`), a trainers' restart (:mod:`restarts`) and the
+fields that go with them, from the run and what was observed of its children (:class:`Observed`)
+and nothing else. What it needs beyond the follower's cache (a failed Job's pods, the retention
+sidecar's last step) it asks for (:attr:`RunStatus.wants`), and :func:`refresh_run` reads just
+that and computes again, so a run whose children did not change costs no call.
+
+:func:`refresh_run` is the pass: it observes, computes, writes what changed (guarded by the
+run's resourceVersion) with an event per transition, then acts: a run that has ended is stopped
+and its payloads released (:mod:`finishing`), a failed rank's Job deleted so every trainer
+restarts. :mod:`following` calls it whenever a watch event touches the run or one of its
+children, from a cache of what the watches delivered. The reconcile (:func:`handlers.report`)
+writes its part of the status (the spec's verdict, the children applied) through
+:func:`write_status` too: every status write of the operator goes through that one function,
+after :func:`status.status_update` compared it with what the run holds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
+
+import aiohttp
 
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
@@ -32,15 +47,25 @@ from payloadrun_operator.api.names import (
 )
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.admission import admit
-from payloadrun_operator.desired.builders import build_trainer
+from payloadrun_operator.desired.pinning import PodLayout
 from payloadrun_operator.observed import finishing, outcome, restarts
-from payloadrun_operator.observed.status import Check, claim_check, status_update, workloads_check
+from payloadrun_operator.observed.status import (
+    Check,
+    StatusField,
+    StatusUpdate,
+    claim_check,
+    status_update,
+    workloads_check,
+)
+from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.metrics import UNKNOWN_MODE
 from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
 FINISHED = Check(False, ReadyReason.FINISHED, "the run has finished: its workloads have no pods")
+LAST_STEP = "last step"  # what RunStatus.wants besides a Job's name (its pods)
+Pods = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -52,40 +77,212 @@ class Refreshed:
     recheck: bool = False
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What a pass observed of a run besides the run: its children (the follower's cache) and
+    what it read for them: the payload claim (one the run brings is not cached: it carries no
+    label of ours), a failed Job's pods (by the Job's name), the retention sidecar's last step
+    (``last_step_read``: asked for, even if it said nothing), and how far a finished run's
+    payloads were released (:func:`finishing.release`)."""
+
+    children: finishing.Children
+    claim: dict[str, Any] | None = None
+    pods: Mapping[str, Pods] = field(default_factory=dict)
+    last_step: int | None = None
+    last_step_read: bool = False
+    released: Check | None = None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's status as one pass computes it: its conditions' checks and its other fields (for
+    :func:`status.status_update`), the restart of the trainers to carry out once they are
+    written (the plan and the failed Job), and what it still ``wants`` observed to be complete
+    (Job names whose pods it needs, :data:`LAST_STEP`)."""
+
+    checks: dict[ConditionType, Check]
+    fields: dict[str, Any] = field(default_factory=dict)
+    restart: tuple[str, dict[str, Any]] | None = None
+    wants: frozenset[str] = frozenset()
+
+
+class Write(StrEnum):
+    """What :func:`write_status` did."""
+
+    UNCHANGED = "unchanged"  # nothing to write
+    WRITTEN = "written"
+    CONFLICT = "conflict"  # the run changed since it was read: nothing written
+
+
 def follows(run: dict[str, Any]) -> bool:
     """Only runs whose current generation was reconciled and accepted have children to follow."""
     status = run.get("status") or {}
-    return status.get("observedGeneration") == run["metadata"].get("generation") and status.get(
-        "phase"
-    ) not in (None, Phase.REJECTED)
+    observed = status.get(StatusField.OBSERVED_GENERATION)
+    current = observed == run["metadata"].get("generation")
+    return current and status.get(StatusField.PHASE) not in (None, Phase.REJECTED)
+
+
+def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatus:
+    """The status of ``run`` from what was ``observed`` of its children: pure, so the same
+    inputs give the same status (table tests: tests/operator/test_run_status.py)."""
+    meta, status = run["metadata"], run["status"]
+    if context.is_final(status.get(StatusField.PHASE)):
+        checks = {ConditionType.READY: FINISHED}
+        if observed.released is not None:
+            checks[ConditionType.PAYLOADS_RELEASED] = observed.released
+        return RunStatus(checks)
+    ns, name = meta["namespace"], meta["name"]
+    children = observed.children
+    wants: set[str] = set()
+
+    def pods_of(job: Mapping[str, Any]) -> Pods:
+        job_name = job["metadata"]["name"]
+        if job_name not in observed.pods:
+            wants.add(job_name)
+        return observed.pods.get(job_name, [])
+
+    suspend = bool((run.get("spec") or {}).get("suspend", False))
+    claim_name = status.get(StatusField.CLAIM_NAME)
+    workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
+    active = context.runs_pods(suspend, status.get(StatusField.PHASE))
+    checks = {
+        ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
+        ConditionType.READY: outcome.ready_check(active, workloads_check(workloads)),
+        **outcome.suspend_check(suspend, status),
+    }
+    fields: dict[str, Any] = {}
+    listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
+    # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
+    deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
+    jobs = {c: None if c in deleting else j for c, j in listed.items()}
+    limit, layout = backoff_limit(run), run_layout(run)
+    restart = None
+    plan = restarts.plan(status, jobs[TRAINER], limit, layout)
+    if restarts.ACTIONS[plan].delete_job:
+        trainers = jobs[TRAINER]
+        assert trainers is not None
+        if restarts.ACTIONS[plan].record:
+            fields |= restarts.restart_record(status, trainers, pods_of(trainers), limit, now)
+        restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
+    together = None
+    if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
+        together = (
+            f"a trainer rank failed after {status.get(StatusField.TRAINER_RESTARTS) or 0} "
+            f"restart(s) of every rank (spec.failurePolicy.backoffLimit is {limit})"
+        )
+    failure = failure_of(jobs, pods_of, trainers_lead=together)
+    end = outcome.end_checks(status, jobs[TRAINER], failure)
+    if end:
+        checks |= end
+        checks[ConditionType.READY] = FINISHED
+        fields[StatusField.COMPLETION_TIME] = now
+        if failure is not None:
+            fields[StatusField.FAILURE] = failure
+        if not observed.last_step_read:
+            wants.add(LAST_STEP)
+        elif observed.last_step is not None:
+            fields[StatusField.LAST_STEP] = observed.last_step
+    return RunStatus(checks, fields, restart, frozenset(wants))
+
+
+def run_layout(run: Mapping[str, Any]) -> PodLayout:
+    """The pod layout the run records it was started with."""
+    return pinning.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})
+
+
+async def write_status(
+    op: Operator, run: Mapping[str, Any], update: StatusUpdate, now: str
+) -> Write:
+    """Write ``update`` into ``run``'s status: the one place the operator writes a status.
+    Nothing when nothing changed; else a merge patch guarded by the run's resourceVersion (a
+    run changed since it was read is not overwritten: :attr:`Write.CONFLICT`, read it again),
+    then an event per condition that changed (one the API server refuses is logged: the status
+    holds the transition). The run's phase and mode go to the metrics."""
+    meta, status = run["metadata"], run.get("status") or {}
+    written = update.fields or {}
+    mode = (
+        written.get(StatusField.PAYLOAD_MODE)
+        or status.get(StatusField.PAYLOAD_MODE)
+        or UNKNOWN_MODE
+    )
+    op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
+    if update.fields is None:
+        return Write.UNCHANGED
+    if await op.client.patch_status(dict(run), update.fields) is None:
+        return Write.CONFLICT
+    posted = await asyncio.gather(
+        *(
+            op.client.post_event(dict(run), event_type, reason, message, now)
+            for event_type, reason, message in update.events
+        ),
+        return_exceptions=True,
+    )
+    for (_, reason, _), result in zip(update.events, posted, strict=True):
+        if isinstance(result, KubeApiError | aiohttp.ClientError | OSError | TimeoutError):
+            # an event is a notice: the status holds the transition (a namespace being deleted
+            # takes no new event, as kopf's own poster found)
+            log.warning("%s/%s: event %s not posted: %s", *run_key(run), reason, result)
+        elif isinstance(result, BaseException):
+            raise result
+    return Write.WRITTEN
+
+
+def run_key(run: Mapping[str, Any]) -> tuple[str, str]:
+    return run["metadata"]["namespace"], run["metadata"]["name"]
+
+
+async def observe(op: Operator, run: Mapping[str, Any], children: finishing.Children) -> Observed:
+    """What a pass needs of the children before it computes (acting on them as it goes: a
+    finished run's payloads released, the trainers' Job created again after a restart)."""
+    meta, status = run["metadata"], run["status"]
+    ns = meta["namespace"]
+    if context.is_final(status.get(StatusField.PHASE)):
+        return Observed(children, released=await finishing.release(op, run, children))
+    trainers = children.get((ns, "Job", child_name(meta["name"], TRAINER)))
+    if trainers is None and run_layout(run).restarts_trainers_together:
+        await recreate_trainers(op, run)
+    claim_name = status.get(StatusField.CLAIM_NAME)
+    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
+    if claim_name and claim is None:  # a claim the run brings carries no label of ours
+        claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
+    return Observed(children, claim=claim)
+
+
+async def observe_wanted(
+    op: Operator, run: Mapping[str, Any], observed: Observed, wants: frozenset[str]
+) -> Observed:
+    """``observed`` with what :func:`run_status` asked for read: Jobs' pods, the last step."""
+    ns = run["metadata"]["namespace"]
+    pods = dict(observed.pods)
+    for job_name in sorted(wants - {LAST_STEP}):
+        pods[job_name] = await finishing.job_pods(op, ns, job_name)
+    observed = replace(observed, pods=pods)
+    if LAST_STEP in wants:  # before its pod stops
+        observed = replace(
+            observed, last_step=await finishing.last_step(op, run), last_step_read=True
+        )
+    return observed
 
 
 async def refresh_run(
     op: Operator, run: dict[str, Any], children: finishing.Children, now: str
 ) -> Refreshed:
-    """Recompute one run's conditions from its children; act on its end."""
+    """One pass over one run: observe, compute its status, write what changed, act on it."""
     client = op.client
     meta, status = run["metadata"], run["status"]
-    ns, name = meta["namespace"], meta["name"]
-    checks: dict[ConditionType, Check] = {}
-    fields: dict[str, Any] = {}
-    restart: tuple[str, dict[str, Any]] | None = None  # (plan, the failed trainers' Job)
-    if context.is_final(status.get("phase")):
-        checks[ConditionType.READY] = FINISHED
-        checks[ConditionType.PAYLOADS_RELEASED] = await finishing.release(op, run, children)
-    else:
-        restart = await follow_active(op, run, children, now, checks, fields)
-    update = status_update(status, meta.get("generation"), checks, fields, now)
-    op.metrics.observe_run(ns, name, update.phase, status.get("payloadMode") or UNKNOWN_MODE)
-    if update.fields is not None:
-        if await client.patch_status(run, update.fields) is None:
-            return Refreshed(False)  # the run changed since it was read: its event follows
-        for event_type, reason, message in update.events:
-            await client.post_event(run, event_type, reason, message, now)
-    if restart is not None:  # recorded: now the failed Job goes, and its pods with it
-        plan, job = restart
+    ns = meta["namespace"]
+    observed = await observe(op, run, children)
+    computed = run_status(run, observed, now)
+    while computed.wants:
+        observed = await observe_wanted(op, run, observed, computed.wants)
+        computed = run_status(run, observed, now)
+    update = status_update(status, meta.get("generation"), computed.checks, computed.fields, now)
+    if await write_status(op, run, update, now) is Write.CONFLICT:
+        return Refreshed(False)  # the run changed since it was read: its event follows
+    if computed.restart is not None:  # recorded: now the failed Job goes, and its pods with it
+        plan, job = computed.restart
         if restarts.ACTIONS[plan].record:
-            message = fields["lastTrainerRestart"]["message"]
+            message = computed.fields[StatusField.LAST_TRAINER_RESTART]["message"]
             await client.post_event(run, "Warning", "TrainersRestarted", message, now)
         job_meta = job["metadata"]
         await client.delete(
@@ -95,75 +292,10 @@ async def refresh_run(
     # checked at every pass, it costs no write when everything is stopped already.
     if context.is_final(update.phase):
         await finishing.stop(op, run, children)
-    volume = checks.get(ConditionType.VOLUME_READY)
-    brought = (
-        bool(status.get("claimName"))
-        and (
-            ns,
-            "PersistentVolumeClaim",
-            status["claimName"],
-        )
-        not in children
-    )
+    volume = computed.checks.get(ConditionType.VOLUME_READY)
+    claim_name = status.get(StatusField.CLAIM_NAME)
+    brought = bool(claim_name) and (ns, "PersistentVolumeClaim", claim_name) not in children
     return Refreshed(update.fields is not None, recheck=brought and not (volume and volume.ok))
-
-
-async def follow_active(
-    op: Operator,
-    run: dict[str, Any],
-    children: finishing.Children,
-    now: str,
-    checks: dict[ConditionType, Check],
-    fields: dict[str, Any],
-) -> tuple[str, dict[str, Any]] | None:
-    """The checks and fields of a run that has not ended (into ``checks`` and ``fields``), and
-    the trainers' restart to carry out once they are written."""
-    meta, status = run["metadata"], run["status"]
-    ns, name = meta["namespace"], meta["name"]
-    suspend = bool((run.get("spec") or {}).get("suspend", False))
-    claim_name = status.get("claimName")
-    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
-    if claim_name and claim is None:  # a claim the run brings carries no label of ours
-        claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
-    workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
-    active = context.runs_pods(suspend, status.get("phase"))
-    checks[ConditionType.VOLUME_READY] = claim_check(claim, claim_name)
-    checks[ConditionType.READY] = outcome.ready_check(active, workloads_check(workloads))
-    checks |= outcome.suspend_check(suspend, status)
-    listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
-    # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
-    deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
-    jobs = {c: None if c in deleting else j for c, j in listed.items()}
-    limit, layout = backoff_limit(run), pinning.layout_of(status.get("sidecars") or {})
-    if listed[TRAINER] is None and layout.restarts_trainers_together:
-        await recreate_trainers(op, run)
-    restart = None
-    plan = restarts.plan(status, jobs[TRAINER], limit, layout)
-    if restarts.ACTIONS[plan].delete_job:
-        trainers = jobs[TRAINER]
-        assert trainers is not None
-        if restarts.ACTIONS[plan].record:
-            pods = await finishing.job_pods(op, ns, trainers["metadata"]["name"])
-            fields |= restarts.restart_record(status, trainers, pods, limit, now)
-        restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
-    together = None
-    if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
-        together = (
-            f"a trainer rank failed after {status.get('trainerRestarts') or 0} restart(s) of "
-            f"every rank (spec.failurePolicy.backoffLimit is {limit})"
-        )
-    failure = await failure_of(op, ns, jobs, trainers_lead=together)
-    end = outcome.end_checks(status, jobs[TRAINER], failure)
-    if end:
-        checks |= end
-        checks[ConditionType.READY] = FINISHED
-        fields["completionTime"] = now
-        if failure is not None:
-            fields["failure"] = failure
-        step = await finishing.last_step(op, run)  # before its pod stops
-        if step is not None:
-            fields["lastStep"] = step
-    return restart
 
 
 def backoff_limit(run: dict[str, Any]) -> int:
@@ -180,25 +312,28 @@ async def recreate_trainers(op: Operator, run: dict[str, Any]) -> None:
     if live is None:
         return  # deleted meanwhile: its children go with it
     admission = admit(live, op.settings)
-    if admission.ctx is None:
+    if admission.built is None:
         return  # refused: the reconcile reports why
-    (job,) = [c for c in build_trainer(admission.ctx) if c["kind"] == "Job"]
-    await op.client.apply(job)
+    await op.client.apply(admission.built.workload(TRAINER))
 
 
-async def failure_of(
-    op: Operator,
-    namespace: str,
-    jobs: dict[str, dict[str, Any] | None],
+def failure_of(
+    jobs: Mapping[str, Mapping[str, Any] | None],
+    pods_of: Callable[[Mapping[str, Any]], Pods],
     *,
     trainers_lead: str | None = None,
 ) -> dict[str, Any] | None:
-    """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None."""
+    """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None
+    (``pods_of``: a Job's pods, as observed)."""
     for component, job in jobs.items():
         if job is not None and outcome.job_outcome(job) == JOB_FAILED:
-            pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
             lead = trainers_lead if component == TRAINER else None
             return outcome.failure_of(
-                component, job, pods, CONTAINERS[component], lead=lead, first=lead is not None
+                component,
+                job,
+                pods_of(job),
+                CONTAINERS[component],
+                lead=lead,
+                first=lead is not None,
             )
     return None

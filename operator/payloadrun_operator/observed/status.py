@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from payloadrun_operator.api.conditions import (
@@ -25,6 +26,32 @@ from payloadrun_operator.api.conditions import (
     VolumeReadyReason,
 )
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
+
+
+class StatusField(StrEnum):
+    """The fields of a run's status, as :class:`models.PayloadRunStatus` (the CRD's schema)
+    names them: every field the operator writes is one of these (:func:`status_update` refuses
+    any other), and a test holds them equal to the model's, so a field the next issues add to
+    the status is added to the model, and written through :func:`status_update`."""
+
+    OBSERVED_GENERATION = "observedGeneration"
+    PHASE = "phase"
+    PAYLOAD_MODE = "payloadMode"
+    PAYLOAD_MODE_REASON = "payloadModeReason"
+    PAYLOAD_MODE_MESSAGE = "payloadModeMessage"
+    PAYLOAD_ROOT = "payloadRoot"
+    CLAIM_NAME = "claimName"
+    SIDECARS = "sidecars"
+    START_TIME = "startTime"
+    COMPLETION_TIME = "completionTime"
+    LAST_STEP = "lastStep"
+    FAILURE = "failure"
+    TRAINER_RESTARTS = "trainerRestarts"
+    LAST_TRAINER_RESTART = "lastTrainerRestart"
+    CONDITIONS = "conditions"
+
+
+STATUS_FIELDS = frozenset(StatusField)
 
 
 @dataclass(frozen=True)
@@ -222,17 +249,26 @@ def status_update(
     fields: Mapping[str, Any],
     now: str,
 ) -> StatusUpdate:
-    """Set ``checks`` as conditions over ``status``; an event for each condition that changed."""
-    before = list(status.get("conditions") or [])
+    """The status a pass computed (``checks`` as conditions over ``status``, and ``fields``)
+    against what the run holds: what to write, None when nothing changed (as KubeRay compares
+    before it writes), and an event for each condition that changed. Every status write goes
+    through here (:func:`readiness.write_status` sends it)."""
+    unknown = [k for k in fields if k not in STATUS_FIELDS]
+    if unknown:
+        raise ValueError(
+            f"status fields {unknown} are not PayloadRunStatus's ({', '.join(StatusField)}): "
+            "add them to models.PayloadRunStatus and StatusField first"
+        )
+    before = list(status.get(StatusField.CONDITIONS) or [])
     after = before
     for ctype, check in checks.items():
         after = set_condition(after, ctype, check, generation=generation, now=now)
     run_phase = phase(after)
     changed = {c["type"] for c in transitions(before, after)}
-    new_fields = {**fields, "phase": run_phase}
+    new_fields = {**fields, StatusField.PHASE: run_phase}
     write = None
     if changed or any(status.get(k) != v for k, v in new_fields.items()):
-        write = {**new_fields, "conditions": after}
+        write = {str(k): v for k, v in {**new_fields, StatusField.CONDITIONS: after}.items()}
     events = [
         (
             "Warning" if check.warning else "Normal",

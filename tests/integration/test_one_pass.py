@@ -1,0 +1,128 @@
+"""One pass of the operator against the real API server, in this process: the reconcile
+composes each pod template once (admission builds the children it then applies), and a pass
+that changes nothing (a reconcile and a status refresh over a run that already holds their
+status) sends no status write and no event: the run's resourceVersion stays.
+
+Requests are counted as the client sends them (every one reaches the API server); the
+compositions at the composing function itself (the real one runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+import kopf
+import pytest
+from example_runs import example_run
+
+from payloadrun_operator import handlers
+from payloadrun_operator.api.kinds import CHILD_KINDS
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.api.names import API_VERSION, MANAGED_SELECTOR
+from payloadrun_operator.desired import builders
+from payloadrun_operator.observed import readiness
+from payloadrun_operator.observed.following import Cache
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
+
+pytestmark = pytest.mark.integration
+
+ONCE_EACH = {"inference": 1, "orchestrator": 1, "trainer": 1}
+NOW = "2026-12-04T11:00:00Z"
+
+
+class CountingClient(KubeClient):
+    """The operator's client, recording each request it sends (method, path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, str]] = []
+
+    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        self.sent.append((method, path))
+        return await super()._request(method, path, what, **kwargs)
+
+    def status_writes(self) -> list[str]:
+        return [p for m, p in self.sent if m == "PATCH" and p.endswith("/status")]
+
+    def events(self) -> list[str]:
+        return [p for m, p in self.sent if m == "POST" and p.endswith("/events")]
+
+
+@pytest.fixture
+def compositions(monkeypatch):
+    counts: Counter[str] = Counter()
+    real = builders.compose
+
+    def counting(template, parts):
+        counts[parts.role] += 1
+        return real(template, parts)
+
+    monkeypatch.setattr(builders, "compose", counting)
+    return counts
+
+
+async def cached_children(op: Operator, namespace: str) -> Cache:
+    """The follower's cache of the namespace, filled as its sync fills it: one list a kind."""
+    cache = Cache()
+    for api_version, kind in CHILD_KINDS:
+        listed = await op.client.list_objects(api_version, kind, namespace, MANAGED_SELECTOR)
+        cache.replace(kind, namespace, listed)
+    return cache
+
+
+@pytest.mark.parametrize("example", ["multinode-by-handle.yaml", "singlenode-inline.yaml"])
+def test_a_pass_composes_each_template_once_and_one_that_changes_nothing_writes_nothing(
+    kube_cluster, crd, api, namespace, compositions, monkeypatch, example
+):
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    body = example_run(example)
+    name = body["metadata"]["name"]
+    api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    logger = logging.getLogger("test_one_pass")
+
+    async def passes() -> None:
+        client = CountingClient()
+        op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, OperatorMetrics())
+        client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
+        try:
+
+            async def run() -> dict[str, Any]:
+                found = await client.get(API_VERSION, KIND, namespace, name)
+                assert found is not None
+                return found
+
+            # the first reconcile: every child built once, applied, the status written once
+            await handlers.reconcile(op, kopf.Body(await run()), logger)
+            assert compositions == ONCE_EACH
+            assert len(client.status_writes()) == 1
+            reconciled = await run()
+            assert reconciled["status"]["observedGeneration"] == 1
+            assert readiness.follows(reconciled)
+
+            # the first refresh writes what the children say (Ready, VolumeReady)
+            cache = await cached_children(op, namespace)
+            first = await readiness.refresh_run(op, reconciled, cache.children, NOW)
+            assert first.written and len(client.status_writes()) == 2
+
+            # the same pass again, over the run as it now is: nothing changed, nothing written
+            held = await run()
+            client.sent.clear()
+            compositions.clear()
+            await handlers.reconcile(op, kopf.Body(held), logger)
+            assert compositions == ONCE_EACH  # once per pass
+            cache = await cached_children(op, namespace)
+            again = await readiness.refresh_run(op, held, cache.children, NOW)
+            assert not again.written
+            assert client.status_writes() == [] and client.events() == []
+            after = await run()
+            assert after["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
+            assert after["status"] == held["status"]
+        finally:
+            await client.close()
+
+    asyncio.run(passes())
