@@ -44,9 +44,9 @@ from pod_helpers import (
     wait_for,
 )
 
+from payloadrun.reasons import Fallback
 from payloadrun.segments import PAYLOAD_FIELD, ROUTED_EXPERTS
 from payloadrun.settings import WRITER_METRICS_PORT
-from payloadrun.writer.blocking import FALLBACK_REASONS
 from payloadrun.writer.metrics import PREFIX
 from payloadrun.writer.root_monitor import RootHealth, change_line
 from payloadrun.writer.server import FALLBACK_HEADER, MODE_HEADER
@@ -336,7 +336,7 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
         outage = generate(cluster, namespace, orchestrator, OUTAGE_REQUESTS)
         assert [answer_mode(a) for a in outage] == ["inline"] * OUTAGE_REQUESTS, outage
         reasons = Counter(a["fallback"] for a in outage)
-        assert set(reasons) == {VOLUME_GONE} and VOLUME_GONE in FALLBACK_REASONS, outage
+        assert set(reasons) == {VOLUME_GONE} and VOLUME_GONE in set(Fallback), outage
         after = metrics()
         counted = {
             reason: sum(
