@@ -3,13 +3,13 @@
 import subprocess
 import sys
 
-from payloadrun_operator.heap import malloc_trim
+from payloadrun_operator.platform.heap import malloc_trim
 
 # 64 MiB through malloc (a bytearray's buffer over 512 bytes), then every block freed but one in
 # 64: the free pages lie between live chunks, where glibc's own trimming never reaches.
 FRAGMENTED = """
 from pathlib import Path
-from payloadrun_operator.heap import malloc_trim
+from payloadrun_operator.platform.heap import malloc_trim
 
 def rss_mib():
     for line in Path("/proc/self/status").read_text().splitlines():

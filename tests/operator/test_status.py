@@ -5,15 +5,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from payloadrun_operator.handlers import utc_now
-from payloadrun_operator.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
-from payloadrun_operator.status import (
+from payloadrun_operator.api.conditions import (
     REASONS,
     TRUE_REASONS,
-    Check,
     ConditionType,
     ReadyReason,
     ValidatedReason,
+)
+from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
+from payloadrun_operator.handlers import utc_now
+from payloadrun_operator.observed.status import (
+    Check,
     bounded_message,
     claim_check,
     phase,
