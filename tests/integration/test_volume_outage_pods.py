@@ -38,8 +38,8 @@ from pod_helpers import (
     kubectl,
     kubelet_probe_metrics,
     live_pods,
+    node_run,
     pod_metrics,
-    restricted,
     running,
     wait_for,
 )
@@ -51,7 +51,7 @@ from payloadrun.writer.metrics import PREFIX
 from payloadrun.writer.root_monitor import RootHealth, change_line
 from payloadrun.writer.server import FALLBACK_HEADER, MODE_HEADER
 from payloadrun_devcluster.node import NODE_NAME
-from payloadrun_operator.api.models import DEFAULT_MOUNT_PATH, GROUP
+from payloadrun_operator.api.models import DEFAULT_MOUNT_PATH
 from payloadrun_operator.api.names import LABEL_COMPONENT, WRITER_CONTAINER
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
@@ -111,19 +111,12 @@ print(json.dumps(answers))
 def run_manifest() -> dict[str, Any]:
     """A by-handle run (router replay, a claim of the node's GlusterFS class) of two inference
     pods (the fake vLLM behind the writer) and an orchestrator the test execs requests in."""
-    run = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "routerReplay": True,
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            "inference": {"image": IMAGE, "command": FAKE_VLLM, "replicas": REPLICAS},
-            "orchestrator": {"image": IMAGE, "command": SLEEP},
-            "trainer": {"image": IMAGE, "command": SLEEP},
-        },
-    }
-    return restricted(run)
+    return node_run(
+        RUN,
+        inference={"image": IMAGE, "command": FAKE_VLLM, "replicas": REPLICAS},
+        orchestrator={"image": IMAGE, "command": SLEEP},
+        trainer={"image": IMAGE, "command": SLEEP},
+    )
 
 
 def component_pods(cluster, namespace: str, component: str) -> list[dict[str, Any]]:
