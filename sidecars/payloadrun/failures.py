@@ -1,11 +1,14 @@
-"""Bounded labels for why a file system call failed, shared by the writer and the retention side.
+"""Which bounded label a file system call's error gets, shared by the writer and the retention side.
 
-Only the standard library: the retention sidecar's deletion worker imports it, and stays small.
+The labels are :class:`payloadrun.reasons.WriteFailure`. Only the standard library: the retention
+sidecar's deletion worker imports it, and stays small.
 """
 
 from __future__ import annotations
 
 import errno
+
+from payloadrun.reasons import WriteFailure
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
@@ -27,12 +30,12 @@ _GONE = frozenset(
 )
 
 
-def failure_reason(exc: OSError) -> str:
+def failure_reason(exc: OSError) -> WriteFailure:
     """A bounded label for why a write failed: no_space, permission, volume_gone or io_error."""
     if exc.errno in _NO_SPACE:
-        return "no_space"
+        return WriteFailure.NO_SPACE
     if exc.errno in _DENIED:
-        return "permission"
+        return WriteFailure.PERMISSION
     if exc.errno in _GONE:
-        return "volume_gone"
-    return "io_error"
+        return WriteFailure.VOLUME_GONE
+    return WriteFailure.IO_ERROR

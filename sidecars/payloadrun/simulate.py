@@ -39,6 +39,7 @@ from pathlib import Path
 
 from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.paths import PayloadRoot, payload_dir, version_dir_name
+from payloadrun.reasons import Deletion
 from payloadrun.retention.policy import backstop_bound, min_fresh_version
 from payloadrun.store import FILE_SUFFIX
 
@@ -218,7 +219,7 @@ class _VersionSweep(_Retention):
                 shutil.rmtree(path, ignore_errors=True)
 
     def deleted(self) -> dict[str, dict[str, int]]:
-        return {"backstop": {"files": self.files, "bytes": self.bytes}}
+        return {Deletion.BACKSTOP.value: {"files": self.files, "bytes": self.bytes}}
 
 
 def directory_size(dirs) -> tuple[int, int]:

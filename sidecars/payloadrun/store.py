@@ -19,6 +19,7 @@ import numpy as np
 from payloadrun.codec import PositionedRows
 from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadRoot
+from payloadrun.reasons import WriteFailure
 from payloadrun.segments import Segment
 
 FILE_SUFFIX = ".bin"
@@ -27,9 +28,9 @@ FILE_SUFFIX = ".bin"
 class PayloadWriteError(OSError):
     """The payload could not be written; ``reason`` is a bounded label for metrics."""
 
-    def __init__(self, reason: str, path: Path, cause: OSError) -> None:
+    def __init__(self, reason: WriteFailure, path: Path, cause: OSError) -> None:
         super().__init__(
-            cause.errno, f"writing payload file {str(path)!r} failed ({reason}): {cause}"
+            cause.errno, f"writing payload file {str(path)!r} failed ({reason.value}): {cause}"
         )
         self.reason = reason
         self.path = path

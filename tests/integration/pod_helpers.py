@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from builders import NODE_PAYLOADS, run_body
 from payloadrun.testing.processes import FAKE_VLLM_MODULE
 from payloadrun_devkit.local_operator import LocalOperator
 
@@ -69,6 +70,17 @@ def restricted(run: dict[str, Any]) -> dict[str, Any]:
                 "capabilities": {"drop": ["ALL"], **theirs.get("capabilities", {})},
             }
     return run
+
+
+def node_run(name: str, *, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A by-handle run (router replay) for the local node's pods: its payloads on a claim of the
+    node's ReadWriteMany class, its own containers restricted-compliant; ``spec`` sets the rest
+    (and may replace those two)."""
+    return restricted(
+        run_body(
+            name, {"routerReplay": True, "payloads": NODE_PAYLOADS, **spec}, namespace=namespace
+        )
+    )
 
 
 class Operator:

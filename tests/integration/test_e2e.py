@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import yaml
 from local_registry import LocalRegistry
-from pod_helpers import CONNECT, FAKE_VLLM, pod_security_labels, restricted
+from pod_helpers import CONNECT, FAKE_VLLM, node_run, pod_security_labels
 
 from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
@@ -65,27 +65,17 @@ RENDEZVOUS_LISTENER = [
 
 
 def run_manifest(image: str, name: str = RUN) -> dict[str, Any]:
-    """The run, its own containers restricted-compliant (its namespace enforces restricted)."""
-    run = {
-        "apiVersion": "payloadrun.dev/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "routerReplay": True,
-            "samplingMaskCapture": True,
-            # "standard": the local node's ReadWriteMany class; on kind, the class the static
-            # volume of hack/kind/volume.yaml names (it is pre-bound to this run's claim)
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            "inference": {
-                "image": image,
-                "command": FAKE_VLLM,
-            },
-            "orchestrator": {"image": image, "command": SLEEP},
-            # two ranks, each listening on the rendezvous port (the network policy test)
-            "trainer": {"image": image, "command": RENDEZVOUS_LISTENER, "replicas": 2},
-        },
-    }
-    return restricted(run)
+    """The run, its own containers restricted-compliant (its namespace enforces restricted); on
+    kind, the static volume of hack/kind/volume.yaml is pre-bound to its claim."""
+    return node_run(
+        name,
+        namespace=NAMESPACE,
+        samplingMaskCapture=True,
+        inference={"image": image, "command": FAKE_VLLM},
+        orchestrator={"image": image, "command": SLEEP},
+        # two ranks, each listening on the rendezvous port (the network policy test)
+        trainer={"image": image, "command": RENDEZVOUS_LISTENER, "replicas": 2},
+    )
 
 
 @dataclass

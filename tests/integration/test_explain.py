@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from builders import run_body
 from payloadrun_operator.api.conditions import (
     ConditionType,
     ReadyReason,
@@ -24,7 +25,7 @@ from payloadrun_operator.api.conditions import (
     VolumeReadyReason,
 )
 from payloadrun_operator.api.crd import CRD_FILE, build_crd
-from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
 
 READY = ConditionType.READY
@@ -72,18 +73,13 @@ def explain(kube_cluster, field: str, expect: str, timeout: float = 30.0) -> str
         time.sleep(0.5)
 
 
-def run_body(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "routerReplay": True,
-            "inference": {"image": "vllm/vllm-openai:v0.33.0"},
-            "orchestrator": {"image": "example/orchestrator:1"},
-            "trainer": {"image": "example/trainer:1"},
-        },
-    }
+# the smallest run the API server takes: the one every test here creates
+SPEC = {
+    "routerReplay": True,
+    "inference": {"image": "vllm/vllm-openai:v0.33.0"},
+    "orchestrator": {"image": "example/orchestrator:1"},
+    "trainer": {"image": "example/trainer:1"},
+}
 
 
 def write_status(custom, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +163,7 @@ def refusal(error: ApiException) -> dict[str, str]:
     ],
 )
 def test_api_server_refuses_a_malformed_condition(crd, custom, namespace, bad, field, says):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run"))
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run", SPEC))
     with pytest.raises(ApiException) as refused:
         write_status(custom, namespace, "run", {"phase": "Running", "conditions": [bad]})
     causes = refusal(refused.value)
@@ -177,7 +173,7 @@ def test_api_server_refuses_a_malformed_condition(crd, custom, namespace, bad, f
 
 
 def test_api_server_keeps_one_condition_per_type(crd, custom, namespace):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run"))
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run", SPEC))
     with pytest.raises(ApiException) as refused:
         write_status(custom, namespace, "run", {"conditions": [condition(), condition()]})
     assert "Duplicate value" in refusal(refused.value).get("status.conditions[1]", ""), (
@@ -187,7 +183,7 @@ def test_api_server_keeps_one_condition_per_type(crd, custom, namespace):
 
 def test_what_the_operator_writes_is_accepted(crd, custom, namespace):
     """status.py's output, a message past the limit included, passes the API server's rules."""
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run"))
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body("run", SPEC))
     now = rfc3339(datetime.now(UTC))
     checks = {
         VALIDATED: Check(True, ValidatedReason.SPEC_VALID, "the spec is valid"),
@@ -207,7 +203,9 @@ def test_what_the_operator_writes_is_accepted(crd, custom, namespace):
 
 def test_kubectl_get_shows_ready(kube_cluster, crd, custom, namespace):
     for name in ("ready-run", "waiting-run", "new-run"):
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run_body(name))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, run_body(name, SPEC)
+        )
     write_status(
         custom,
         namespace,

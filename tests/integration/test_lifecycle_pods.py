@@ -22,15 +22,14 @@ from pod_helpers import (
     get,
     kubectl,
     live_pods,
+    node_run,
     patch_run,
     pods,
-    restricted,
     running,
     wait_for,
     wait_for_phase,
 )
 
-from payloadrun_operator.api.models import GROUP
 from payloadrun_operator.api.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
@@ -71,23 +70,12 @@ def run_manifest(
     **spec: Any,
 ) -> dict[str, Any]:
     """The run, its own containers restricted-compliant (the namespaces enforce restricted)."""
-    run = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": name},
-        "spec": {
-            "routerReplay": True,
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            "inference": {
-                "image": IMAGE,
-                "command": FAKE_VLLM,
-            },
-            "orchestrator": {"image": IMAGE, "command": orchestrator},
-            "trainer": {"image": IMAGE, "command": trainer, "replicas": trainers},
-            **spec,
-        },
+    roles = {
+        "inference": {"image": IMAGE, "command": FAKE_VLLM},
+        "orchestrator": {"image": IMAGE, "command": orchestrator},
+        "trainer": {"image": IMAGE, "command": trainer, "replicas": trainers},
     }
-    return restricted(run)
+    return node_run(name, **(roles | spec))
 
 
 def templates(cluster, namespace: str, name: str) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ from pod_helpers import (
     get,
     kubectl,
     live_pods,
+    node_run,
     restricted,
     run_helm,
     running,
@@ -393,23 +394,12 @@ def test_the_chart_and_a_run_run_their_pods_in_a_restricted_namespace(node_clust
         (operator_pod,) = get(cluster, namespace, "pods", "-l", selector)["items"]
         assert operator_pod["status"]["containerStatuses"][0]["ready"]
 
-        run = restricted(
-            {
-                "apiVersion": "payloadrun.dev/v1alpha1",
-                "kind": "PayloadRun",
-                "metadata": {"name": "psa"},
-                "spec": {
-                    "routerReplay": True,
-                    "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-                    "inference": {
-                        "image": IMAGE,
-                        "command": FAKE_VLLM,
-                    },
-                    "orchestrator": {"image": IMAGE, "command": SLEEP},
-                    # until the run has been seen Running (every pod ready)
-                    "trainer": {"image": IMAGE, "command": TRAIN_UNTIL_DONE, "replicas": 2},
-                },
-            }
+        run = node_run(
+            "psa",
+            inference={"image": IMAGE, "command": FAKE_VLLM},
+            orchestrator={"image": IMAGE, "command": SLEEP},
+            # until the run has been seen Running (every pod ready)
+            trainer={"image": IMAGE, "command": TRAIN_UNTIL_DONE, "replicas": 2},
         )
         apply(cluster, namespace, run)
         running(cluster, namespace, "psa")

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from pod_helpers import CONNECT, FAKE_VLLM, IMAGE, SLEEP, apply, get, kubectl, running, wait_for
 
+from builders import NODE_PAYLOADS, run_body
 from payloadrun import settings as sidecar
 from payloadrun.testing.bootstrap import STORE_PORT
 from payloadrun_operator.api.models import PEER_IP_BLOCK_ALONE_MESSAGE, PEER_NEEDS_ONE_MESSAGE
@@ -156,35 +157,31 @@ def nccl_run(namespace: str) -> dict[str, Any]:
     rank = [*BOOTSTRAP, "rank", "--world", "3", "--store-host", store_host]
     rank += ["--store-port", str(STORE_PORT), "--timeout", str(BOOTSTRAP_SECONDS)]
     rank += ["--after", GO_FILE]
-    return {
-        "apiVersion": "payloadrun.dev/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "routerReplay": True,
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            "inference": {
-                "replicas": 2,
-                "image": IMAGE,
-                "command": FAKE_VLLM,
-                "clients": [{"podSelector": {"matchLabels": ROUTER}}],
-                "template": {
-                    "spec": {
-                        "containers": [
-                            {"name": "vllm"},
-                            {
-                                "name": "nccl",
-                                "image": IMAGE,
-                                "command": [*rank, "--rank-from-hostname", "1"],
-                            },
-                        ]
-                    }
-                },
+    spec = {
+        "routerReplay": True,
+        "payloads": NODE_PAYLOADS,
+        "inference": {
+            "replicas": 2,
+            "image": IMAGE,
+            "command": FAKE_VLLM,
+            "clients": [{"podSelector": {"matchLabels": ROUTER}}],
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "vllm"},
+                        {
+                            "name": "nccl",
+                            "image": IMAGE,
+                            "command": [*rank, "--rank-from-hostname", "1"],
+                        },
+                    ]
+                }
             },
-            "orchestrator": {"image": IMAGE, "command": SLEEP},
-            "trainer": {"image": IMAGE, "command": [*rank, "--rank", "0"], "replicas": 1},
         },
+        "orchestrator": {"image": IMAGE, "command": SLEEP},
+        "trainer": {"image": IMAGE, "command": [*rank, "--rank", "0"], "replicas": 1},
     }
+    return run_body(RUN, spec)
 
 
 @pytest.mark.parametrize(

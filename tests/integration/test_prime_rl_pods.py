@@ -24,7 +24,7 @@ from pod_helpers import (
     get,
     kubectl,
     live_pods,
-    restricted,
+    node_run,
     running,
     wait_for,
     wait_for_phase,
@@ -34,21 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 
 ROLES = ["python", "-m", "payloadrun.testing.roles"]
 ZMQ_PORT = 5555
-
-
-def run_body(name: str, **spec: Any) -> dict[str, Any]:
-    """The run, its own containers restricted-compliant (the namespaces enforce restricted)."""
-    run = {
-        "apiVersion": "payloadrun.dev/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": name},
-        "spec": {
-            "routerReplay": True,
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            **spec,
-        },
-    }
-    return restricted(run)
 
 
 def pods_of(cluster, namespace: str, run: str, component: str) -> list[dict[str, Any]]:
@@ -152,7 +137,7 @@ def test_a_templated_run_reaches_its_pods_with_the_operators_parts(
     apply(
         cluster,
         namespace,
-        run_body(
+        node_run(
             "fields",
             inference={"template": template("vllm", FAKE_VLLM, http_probe)},
             orchestrator={"template": template("orchestrator", SLEEP, exec_probe)},
@@ -219,7 +204,7 @@ def prime_rl_like(name: str) -> dict[str, Any]:
         "--fail-file",
         "/tmp/fail",
     ]
-    return run_body(
+    return node_run(
         name,
         runDirectory={"mountPath": "/data"},
         payloads={

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from example_runs import EXAMPLES
 
+from builders import run_body
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator.api.crd import CRD_FILE
 from payloadrun_operator.api.models import GROUP, PLURAL, TWO_MOUNT_PATHS_MESSAGE
@@ -45,12 +46,7 @@ def run(name: str, **spec: Any) -> dict[str, Any]:
     }
     for role in ("inference", "orchestrator", "trainer"):
         base[role] = {**base[role], **spec.pop(role, {})}
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": name},
-        "spec": {"routerReplay": True, **base, **spec},
-    }
+    return run_body(name, {"routerReplay": True, **base, **spec})
 
 
 def kubectl_apply(cluster, namespace: str, body: dict[str, Any]) -> subprocess.CompletedProcess:

@@ -38,20 +38,20 @@ from pod_helpers import (
     kubectl,
     kubelet_probe_metrics,
     live_pods,
+    node_run,
     pod_metrics,
-    restricted,
     running,
     wait_for,
 )
 
+from payloadrun.reasons import Fallback
 from payloadrun.segments import PAYLOAD_FIELD, ROUTED_EXPERTS
 from payloadrun.settings import WRITER_METRICS_PORT
-from payloadrun.writer.blocking import FALLBACK_REASONS
 from payloadrun.writer.metrics import PREFIX
 from payloadrun.writer.root_monitor import RootHealth, change_line
 from payloadrun.writer.server import FALLBACK_HEADER, MODE_HEADER
 from payloadrun_devcluster.node import NODE_NAME
-from payloadrun_operator.api.models import DEFAULT_MOUNT_PATH, GROUP
+from payloadrun_operator.api.models import DEFAULT_MOUNT_PATH
 from payloadrun_operator.api.names import LABEL_COMPONENT, WRITER_CONTAINER
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
@@ -111,19 +111,12 @@ print(json.dumps(answers))
 def run_manifest() -> dict[str, Any]:
     """A by-handle run (router replay, a claim of the node's GlusterFS class) of two inference
     pods (the fake vLLM behind the writer) and an orchestrator the test execs requests in."""
-    run = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "routerReplay": True,
-            "payloads": {"volume": {"size": "1Gi", "storageClassName": "standard"}},
-            "inference": {"image": IMAGE, "command": FAKE_VLLM, "replicas": REPLICAS},
-            "orchestrator": {"image": IMAGE, "command": SLEEP},
-            "trainer": {"image": IMAGE, "command": SLEEP},
-        },
-    }
-    return restricted(run)
+    return node_run(
+        RUN,
+        inference={"image": IMAGE, "command": FAKE_VLLM, "replicas": REPLICAS},
+        orchestrator={"image": IMAGE, "command": SLEEP},
+        trainer={"image": IMAGE, "command": SLEEP},
+    )
 
 
 def component_pods(cluster, namespace: str, component: str) -> list[dict[str, Any]]:
@@ -336,7 +329,7 @@ def test_a_dead_brick_keeps_every_inference_pod_in_its_service_and_answers_go_in
         outage = generate(cluster, namespace, orchestrator, OUTAGE_REQUESTS)
         assert [answer_mode(a) for a in outage] == ["inline"] * OUTAGE_REQUESTS, outage
         reasons = Counter(a["fallback"] for a in outage)
-        assert set(reasons) == {VOLUME_GONE} and VOLUME_GONE in FALLBACK_REASONS, outage
+        assert set(reasons) == {VOLUME_GONE} and VOLUME_GONE in set(Fallback), outage
         after = metrics()
         counted = {
             reason: sum(

@@ -1,29 +1,11 @@
 import pytest
 
-from payloadrun_operator.api.models import PayloadRunSpec
+from builders import SETTINGS, by_kind, children_of, context, env_of
 from payloadrun_operator.desired.builders import build_children, build_cleanup
-from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.decisions import decide_payload_mode
-from payloadrun_operator.platform.settings import OperatorSettings
-
-SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
-
-
-def context(spec_dict, name="run1", namespace="ml"):
-    spec = PayloadRunSpec.model_validate(spec_dict)
-    return RunContext(name, namespace, "uid-123", spec, decide_payload_mode(spec), SETTINGS)
-
-
-def by_kind(children):
-    return {(c["kind"], c["metadata"]["name"]): c for c in children}
-
-
-def env_of(container):
-    return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
 def test_by_handle_children(spec_dict):
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     assert sorted(children) == [
         ("ConfigMap", "run1-settings"),
         ("Job", "run1-orchestrator"),
@@ -54,7 +36,7 @@ def test_by_handle_children(spec_dict):
 
 def test_claim_is_read_write_many(spec_dict):
     spec_dict["payloads"] = {"volume": {"size": "2Ti", "storageClassName": "nfs"}}
-    claim = by_kind(build_children(context(spec_dict)))[("PersistentVolumeClaim", "run1-payloads")]
+    claim = children_of(spec_dict)[("PersistentVolumeClaim", "run1-payloads")]
     assert claim["spec"] == {
         "accessModes": ["ReadWriteMany"],
         "resources": {"requests": {"storage": "2Ti"}},
@@ -64,14 +46,14 @@ def test_claim_is_read_write_many(spec_dict):
 
 def test_retained_claim_has_no_owner(spec_dict):
     spec_dict["payloads"] = {"volume": {"deletionPolicy": "Retain"}}
-    claim = by_kind(build_children(context(spec_dict)))[("PersistentVolumeClaim", "run1-payloads")]
+    claim = children_of(spec_dict)[("PersistentVolumeClaim", "run1-payloads")]
     assert "ownerReferences" not in claim["metadata"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
 
 
 def test_existing_claim_is_used_not_created(spec_dict):
     spec_dict["payloads"] = {"volume": {"claimName": "team-nfs"}}
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     assert not any(kind == "PersistentVolumeClaim" for kind, _ in children)
     pod = children[("Job", "run1-trainer")]["spec"]["template"]["spec"]
     assert pod["volumes"][0] == {
@@ -81,7 +63,7 @@ def test_existing_claim_is_used_not_created(spec_dict):
 
 
 def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     sts = children[("StatefulSet", "run1-inference")]
     assert sts["spec"]["replicas"] == 2
     pod = sts["spec"]["template"]["spec"]
@@ -124,7 +106,7 @@ def test_inference_pod_has_writer_sidecar_and_service_targets_it(spec_dict):
 def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
     spec_dict["maxSteps"] = 100
     spec_dict["orchestrator"]["env"] = [{"name": "USER_VAR", "value": "1"}]
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     job = children[("Job", "run1-orchestrator")]
     # one pod; a failed one is kept (its logs) and replaced only once it has stopped
     assert {k: v for k, v in job["spec"].items() if k != "template"} == {
@@ -159,7 +141,7 @@ def test_orchestrator_has_retention_sidecar_and_env(spec_dict):
 
 
 def test_trainer_mounts_read_only(spec_dict):
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     pod = children[("Job", "run1-trainer")]["spec"]["template"]["spec"]
     (trainer,) = pod["containers"]
     assert trainer["volumeMounts"] == [
@@ -214,7 +196,7 @@ def test_overrides(spec_dict):
     }
     spec_dict["inference"]["command"] = ["vllm", "serve"]
     spec_dict["inference"]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     pod = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
     writer = pod["initContainers"][0]
     assert writer["image"] == "mine/writer:2" and writer["args"] == ["writer", "--workers", "4"]
@@ -252,7 +234,7 @@ def test_port_names_are_iana_service_names(spec_dict):
 def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
     """The kubelet starts the main container after a native sidecar's startup probe passes: vLLM
     takes no traffic before its writer serves, the orchestrator calls no absent retention API."""
-    children = by_kind(build_children(context(spec_dict)))
+    children = children_of(spec_dict)
     inference = children[("StatefulSet", "run1-inference")]["spec"]["template"]["spec"]
     orchestrator = children[("Job", "run1-orchestrator")]["spec"]["template"]["spec"]
     for (sidecar,), port in (
@@ -268,7 +250,7 @@ def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
 def test_trainers_are_an_indexed_job_named_like_a_statefulsets_pods(spec_dict):
     spec_dict["trainer"]["replicas"] = 4
     spec_dict["failurePolicy"] = {"backoffLimit": 7}
-    job = by_kind(build_children(context(spec_dict)))[("Job", "run1-trainer")]
+    job = children_of(spec_dict)[("Job", "run1-trainer")]
     spec = job["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
     # any rank's failure fails the Job; the operator restarts every rank (restarts.py), counting
@@ -281,8 +263,7 @@ def test_trainers_are_an_indexed_job_named_like_a_statefulsets_pods(spec_dict):
 
 def test_a_suspended_run_has_workloads_without_pods(spec_dict):
     spec_dict["suspend"] = True
-    spec = PayloadRunSpec.model_validate(spec_dict)
-    ctx = RunContext("run1", "ml", "u", spec, decide_payload_mode(spec), SETTINGS, active=False)
+    ctx = context(spec_dict, uid="u", active=False)
     children = by_kind(build_children(ctx))
     assert children[("StatefulSet", "run1-inference")]["spec"]["replicas"] == 0
     assert children[("Job", "run1-orchestrator")]["spec"]["suspend"] is True

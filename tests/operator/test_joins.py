@@ -12,6 +12,7 @@ import argparse
 import pytest
 from prometheus_client import CollectorRegistry
 
+from builders import context
 from payloadrun import serving, settings, wipe
 from payloadrun.retention import client as retention_client
 from payloadrun.retention.cli import RetentionListen
@@ -37,13 +38,11 @@ from payloadrun_operator.api.models import (
 )
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def _children(spec_dict: dict) -> tuple[RunContext, list[dict]]:
-    spec = PayloadRunSpec.model_validate(spec_dict)
-    ctx = RunContext("r", "ns", "uid-1", spec, decide_payload_mode(spec), OperatorSettings())
+    ctx = context(spec_dict, OperatorSettings(), name="r", namespace="ns", uid="uid-1")
     return ctx, build_children(ctx)
 
 
@@ -219,10 +218,9 @@ def test_one_log_format_setting_from_the_operator_to_both_sidecars(spec_dict):
     for cls in (WriterListen, RetentionListen, OperatorSettings):
         (s, _) = settings.settings_of(cls)["log_format"]
         assert (s.flag, s.env, s.choices) == ("--log-format", Env.LOG_FORMAT, ("plain", "json"))
-    spec = PayloadRunSpec.model_validate(spec_dict)
     for chosen in ("json", "plain"):
         ops = OperatorSettings(sidecar_log_format=chosen)
-        children = build_children(RunContext("r", "ns", "u", spec, decide_payload_mode(spec), ops))
+        children = build_children(context(spec_dict, ops, name="r", namespace="ns", uid="u"))
         for name, cls in (
             (names.WRITER_CONTAINER, WriterListen),
             (names.RETENTION_CONTAINER, RetentionListen),

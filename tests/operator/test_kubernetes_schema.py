@@ -26,18 +26,14 @@ import referencing
 import referencing.jsonschema
 from kubernetes_validate import utils as kubernetes_validate
 
+from builders import context
 from payloadrun_devcluster.binaries import cache_dir, read_versions
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.crd import build_crd
-from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.desired.builders import build_children, build_cleanup
-from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.decisions import decide_payload_mode
-from payloadrun_operator.platform.settings import OperatorSettings
 
 KUBERNETES_VERSION = read_versions()["KUBERNETES_VERSION"].removeprefix("v")  # e.g. 1.37.2
 MINOR = kubernetes_validate.major_minor(KUBERNETES_VERSION)
-SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 
 
 # --- the validator -------------------------------------------------------------------------------
@@ -213,9 +209,7 @@ RUNS = {
 
 
 def children_of(spec_dict: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = PayloadRunSpec.model_validate({**spec_dict, **overrides})
-    ctx = RunContext("run1", "ml", "uid-123", spec, decide_payload_mode(spec), SETTINGS)
-    return build_children(ctx)
+    return build_children(context({**spec_dict, **overrides}))
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -229,9 +223,7 @@ def test_every_child_matches_the_kubernetes_schema(spec_dict, run):
 
 @pytest.mark.parametrize("run", [r for r in RUNS if r.startswith("by-handle")])
 def test_a_finished_runs_cleanup_job_matches_the_kubernetes_schema(spec_dict, run):
-    spec = PayloadRunSpec.model_validate({**spec_dict, **RUNS[run]})
-    ctx = RunContext("run1", "ml", "uid-123", spec, decide_payload_mode(spec), SETTINGS)
-    assert_valid(build_cleanup(ctx))
+    assert_valid(build_cleanup(context({**spec_dict, **RUNS[run]})))
 
 
 def test_every_kind_the_operator_builds_is_checked(spec_dict):

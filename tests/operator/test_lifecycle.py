@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from builders import context
 from payloadrun_operator.api.conditions import REASONS, TRUE_REASONS, ConditionType, ReadyReason
 from payloadrun_operator.api.models import (
     PayloadRunSpec,
@@ -28,8 +29,7 @@ from payloadrun_operator.api.names import (
     WORKLOADS,
 )
 from payloadrun_operator.desired.builders import build_children, build_cleanup
-from payloadrun_operator.desired.context import RunContext, is_final, runs_pods
-from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.desired.context import is_final, runs_pods
 from payloadrun_operator.desired.pinning import current_pin, inputs_hash, pin_of, pinned_settings
 from payloadrun_operator.observed.outcome import (
     end_checks,
@@ -89,11 +89,6 @@ def stored(value):
 
 def parse(spec_dict):
     return PayloadRunSpec.model_validate(spec_dict)
-
-
-def context(spec_dict, settings=OLD, *, active=True, uid="uid-123"):
-    spec = parse(spec_dict)
-    return RunContext("run1", "ml", uid, spec, decide_payload_mode(spec), settings, active=active)
 
 
 def hashes(spec_dict, pin):
@@ -325,9 +320,9 @@ TEMPLATE_CHANGES = [
 
 @pytest.mark.parametrize(("path", "value"), TEMPLATE_CHANGES)
 def test_a_workload_whose_template_changes_has_new_inputs(spec_dict, path, value):
-    before = workloads(build_children(context(spec_dict)))
+    before = workloads(build_children(context(spec_dict, OLD)))
     _set(path, value)(spec_dict)
-    after = workloads(build_children(context(spec_dict)))
+    after = workloads(build_children(context(spec_dict, OLD)))
     rebuilt = [
         c for c in COMPONENTS if before[c]["spec"]["template"] != after[c]["spec"]["template"]
     ]
@@ -438,7 +433,7 @@ def live_copy(manifest, **changes):
 
 
 def desired(spec_dict, component, *, active=True):
-    return workloads(build_children(context(spec_dict, active=active)))[component]
+    return workloads(build_children(context(spec_dict, OLD, active=active)))[component]
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 from pydantic import ValidationError
-from test_builders import SETTINGS, by_kind, context
 
+from builders import SETTINGS, by_kind, context
 from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.desired.admission import spec_errors
 from payloadrun_operator.desired.builders import build_children
@@ -32,7 +32,7 @@ WRITER, VLLM, WRITER_METRICS, RETENTION_METRICS = 8100, 8000, 9100, 9200
 
 
 def policies(spec_dict, settings=SETTINGS):
-    ctx = dataclasses.replace(context(spec_dict), settings=settings)
+    ctx = context(spec_dict, settings)
     return {
         name.removeprefix("run1-"): child
         for (kind, name), child in by_kind(build_children(ctx)).items()
@@ -151,7 +151,7 @@ def test_clients_change_the_policy_and_roll_no_pod(spec_dict):
 
 def test_turned_off_there_are_none(spec_dict):
     off = OperatorSettings(sidecar_image="x", network_policies=False)
-    children = build_children(dataclasses.replace(context(spec_dict), settings=off))
+    children = build_children(context(spec_dict, off))
     assert [c for c in children if c["kind"] == "NetworkPolicy"] == []
     assert len(children) == len(build_children(context(spec_dict))) - 3
 

@@ -16,12 +16,10 @@ from typing import Any
 
 import pytest
 
+from builders import context
 from payloadrun_operator.api import names
-from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.decisions import decide_payload_mode
-from payloadrun_operator.platform.settings import OperatorSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 SECTION = "## What every pod learns"
@@ -94,12 +92,6 @@ def built(ctx: RunContext) -> dict[str, set[str]]:
             assert container["name"] not in env, f"{container['name']} in two pods"
             env[container["name"]] = {e["name"] for e in container.get("env", [])}
     return env
-
-
-def context(spec: dict[str, Any]) -> RunContext:
-    model = PayloadRunSpec.model_validate(spec)
-    settings = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
-    return RunContext("run1", "ml", "uid-123", model, decide_payload_mode(model), settings)
 
 
 def test_the_table_reads_as_rows_of_variables_and_containers():

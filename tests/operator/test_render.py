@@ -11,6 +11,7 @@ import pytest
 import yaml
 from test_kubernetes_schema import assert_valid
 
+from builders import run_body
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.platform.settings import OperatorSettings
 from payloadrun_operator.render import PLACEHOLDER_UID
@@ -67,8 +68,7 @@ def test_a_template_collision_gets_the_operators_message(spec_dict):
     spec_dict["trainer"]["template"] = {
         "spec": {"containers": [{"name": "trainer", "env": [{"name": "RANK", "value": "0"}]}]}
     }
-    run = {"apiVersion": "payloadrun.dev/v1alpha1", "kind": "PayloadRun"}
-    run |= {"metadata": {"name": "r", "namespace": "ml"}, "spec": spec_dict}
+    run = run_body("r", spec_dict, namespace="ml")
     result = render("-f", "-", input=json.dumps(run))
     assert result.returncode == 1
     operator_says = admit({**run, "metadata": {**run["metadata"], "uid": "u"}}, OperatorSettings())
@@ -77,8 +77,7 @@ def test_a_template_collision_gets_the_operators_message(spec_dict):
 
 
 def test_the_operators_settings_and_namespace_flag_apply(spec_dict):
-    run = {"apiVersion": "payloadrun.dev/v1alpha1", "kind": "PayloadRun"}
-    run |= {"metadata": {"name": "r"}, "spec": spec_dict}
+    run = run_body("r", spec_dict)
     other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}}
     text = yaml.safe_dump_all([other, run])
     result = render(

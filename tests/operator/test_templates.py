@@ -5,36 +5,8 @@ import copy
 
 import pytest
 
-from payloadrun_operator.api.models import PayloadRunSpec
+from builders import by_kind, children_of, container, context, env_of, pod_of
 from payloadrun_operator.desired.builders import build_children, run_errors
-from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.decisions import decide_payload_mode
-from payloadrun_operator.platform.settings import OperatorSettings
-
-SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
-
-
-def context(spec_dict, name="run1", namespace="ml"):
-    spec = PayloadRunSpec.model_validate(spec_dict)
-    return RunContext(name, namespace, "uid-123", spec, decide_payload_mode(spec), SETTINGS)
-
-
-def children_of(spec_dict):
-    return {(c["kind"], c["metadata"]["name"]): c for c in build_children(context(spec_dict))}
-
-
-def pod_of(spec_dict, component):
-    kind = "StatefulSet" if component == "inference" else "Job"
-    return children_of(spec_dict)[(kind, f"run1-{component}")]["spec"]["template"]
-
-
-def container(pod, name):
-    (found,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
-    return found
-
-
-def env_of(c):
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
 def mounts_of(c):
@@ -602,10 +574,9 @@ def test_a_run_started_before_pod_templates_keeps_its_env_and_rank_replacement(s
     """Layout 1: no names it may set itself are injected, and its trainers' Job still replaces
     ranks one by one (the operator restarts no group for it)."""
     spec_dict["trainer"]["env"] = [{"name": "MASTER_ADDR", "value": "mine"}]
-    spec = PayloadRunSpec.model_validate(spec_dict)
-    ctx = RunContext("run1", "ml", "uid-123", spec, decide_payload_mode(spec), SETTINGS, layout=1)
+    ctx = context(spec_dict, layout=1)
     assert run_errors(ctx) == []
-    children = {(c["kind"], c["metadata"]["name"]): c for c in build_children(ctx)}
+    children = by_kind(build_children(ctx))
     job = children[("Job", "run1-trainer")]
     assert job["spec"]["backoffLimit"] == 3
     (trainer,) = job["spec"]["template"]["spec"]["containers"]

@@ -31,8 +31,8 @@ from sharedfs_helpers import (
     wait_for,
 )
 
+from payloadrun.reasons import Fallback
 from payloadrun.testing.processes import fake_vllm, writer
-from payloadrun.writer.blocking import FALLBACK_REASONS
 
 pytestmark = pytest.mark.sharedfs
 HEADERS = {"x-fake-layers": "48", "x-fake-top-k": "8"}
@@ -84,8 +84,10 @@ def _named_files(answer: bytes, run_root: Path) -> set[str]:
 
 def _fallbacks(proc) -> dict[str, float]:
     return {
-        reason: metric(proc.metrics_url, "payloadrun_writer_fallbacks_total", reason=reason)
-        for reason in FALLBACK_REASONS
+        reason.value: metric(
+            proc.metrics_url, "payloadrun_writer_fallbacks_total", reason=reason.value
+        )
+        for reason in Fallback
     }
 
 
@@ -162,7 +164,7 @@ def test_a_hung_volume_costs_each_request_at_most_the_deadline_then_by_handle_ag
             lambda: metric(proc.metrics_url, "payloadrun_writer_payload_root_writable") == 1,
             30,
         )
-        assert _fallbacks(proc) == {r: float(reasons[r]) for r in FALLBACK_REASONS}
+        assert _fallbacks(proc) == {r.value: float(reasons[r.value]) for r in Fallback}
         assert metric(
             proc.metrics_url, "payloadrun_writer_requests_total", mode="inline", code="200"
         ) == sum(reasons.values())

@@ -9,9 +9,8 @@ import threading
 
 import pytest
 
+from payloadrun.reasons import Fallback
 from payloadrun.writer.breaker import (
-    SKIP_BREAKER_OPEN,
-    SKIP_THREADS_FULL,
     Admission,
     Breaker,
     BreakerState,
@@ -89,10 +88,10 @@ def test_an_abandoned_probe_frees_the_slot_for_the_next_request():
 
 def test_admission_at_the_thread_cap_skips_without_spending_the_probe():
     b = Breaker(COOLDOWN, state=BreakerState.OPEN, opened_at=0.0)
-    assert admit_write(b, held=4, cap=4, now=COOLDOWN) == SKIP_THREADS_FULL
+    assert admit_write(b, held=4, cap=4, now=COOLDOWN) is Fallback.WRITE_THREADS_FULL
     assert b.state is BreakerState.OPEN  # not half-opened by a request that could not probe
     assert admit_write(b, held=3, cap=4, now=COOLDOWN) is Admission.PROBE
-    assert admit_write(b, held=3, cap=4, now=COOLDOWN) == SKIP_BREAKER_OPEN
+    assert admit_write(b, held=3, cap=4, now=COOLDOWN) is Fallback.BREAKER_OPEN
     assert admit_write(Breaker(COOLDOWN), held=0, cap=4, now=0) is Admission.WRITE
 
 

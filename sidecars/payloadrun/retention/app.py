@@ -39,6 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from payloadrun import serving
+from payloadrun.reasons import Refusal
 from payloadrun.retention.journal import JournalError
 from payloadrun.retention.service import (
     BadRequestError,
@@ -105,7 +106,7 @@ def build_api_app(service: RetentionService) -> web.Application:
             conflicts = [{"file": f, "step": s} for f, s in exc.conflicts.items()]
             return _error(409, str(exc), conflicts=conflicts)
         except BadRequestError as exc:
-            service.metrics.refused.labels("bad_request").inc()
+            service.metrics.refused.labels(Refusal.BAD_REQUEST.value).inc()
             return _error(400, str(exc))
         except VolumeHungError as exc:
             return _error(503, str(exc), **exc.body())

@@ -23,13 +23,14 @@ from typing import Protocol
 
 from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadRoot
+from payloadrun.reasons import DeleteError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR})
 
-# (reason label, path, exception, attempt number from 1, final attempt?)
-ErrorHook = Callable[[str, str, OSError, int, bool], None]
+# (error label, path, exception, attempt number from 1, final attempt?)
+ErrorHook = Callable[[DeleteError, str, OSError, int, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,13 @@ class Removed:
         self.bytes += other.bytes
 
 
-def error_reason(exc: OSError) -> str:
+def error_reason(exc: OSError) -> DeleteError:
     """A bounded label: the store's write-failure labels, plus symlinks and directories."""
     if exc.errno in _NOT_A_DIR:
-        return "not_a_directory"
+        return DeleteError.NOT_A_DIRECTORY
     if exc.errno in (errno.EISDIR, errno.ENOTEMPTY):
-        return "is_a_directory"
-    return failure_reason(exc)
+        return DeleteError.IS_A_DIRECTORY
+    return DeleteError.of(failure_reason(exc))
 
 
 def open_dir(root_fd: int, name: str) -> int | None:
@@ -172,7 +173,7 @@ def _unlink_one(
         except FileNotFoundError:
             return None
         except IsADirectoryError as exc:
-            on_error("is_a_directory", where, exc, attempt, True)
+            on_error(DeleteError.IS_A_DIRECTORY, where, exc, attempt, True)
             return None
         except OSError as exc:
             final = attempt == retry.attempts or (stop is not None and stop.is_set())
@@ -262,7 +263,7 @@ def remove_tree(
 class Failure:
     """One failed attempt, as an :data:`ErrorHook` receives it, in a form that crosses a pipe."""
 
-    label: str
+    label: DeleteError
     where: str
     errno: int | None
     message: str
@@ -283,7 +284,7 @@ class Outcome:
     removed: Removed = field(default_factory=Removed)
     failures: list[Failure] = field(default_factory=list)
 
-    def hook(self, label: str, where: str, exc: OSError, attempt: int, final: bool) -> None:
+    def hook(self, label: DeleteError, where: str, exc: OSError, attempt: int, final: bool) -> None:
         """An :data:`ErrorHook` that keeps the failure."""
         message = exc.strerror or str(exc)
         self.failures.append(Failure(label, where, exc.errno, message, attempt, final))

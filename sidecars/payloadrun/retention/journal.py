@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from payloadrun.retention.policy import Disposition, Reason
+from payloadrun.reasons import Deletion
+from payloadrun.retention.policy import Disposition
 from payloadrun.retention.state import RetentionState
 from payloadrun.store import fsync_dir, write_all
 
@@ -32,7 +33,7 @@ JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
 
 Record = dict[str, Any]
-Released = list[tuple[Reason, list[str]]]  # deletions, by reason, in the order they were released
+Released = list[tuple[Deletion, list[str]]]  # deletions, by reason, in the order they were released
 
 
 class JournalError(RuntimeError):
@@ -65,13 +66,13 @@ def discard_op(files: list[str]) -> Record:
     return {"op": "discard", "files": files}
 
 
-def delete_op(reason: Reason, files: list[str]) -> Record:
+def delete_op(reason: Deletion, files: list[str]) -> Record:
     """Deletions released before a compaction and not finished: replayed as they are."""
     return {"op": "delete", "reason": reason.value, "files": files}
 
 
-def reason_of(disposition: Disposition) -> Reason:
-    return Reason.CONSUMED if disposition is Disposition.CONSUMED else Reason.DISCARDED
+def reason_of(disposition: Disposition) -> Deletion:
+    return Deletion.CONSUMED if disposition is Disposition.CONSUMED else Deletion.DISCARDED
 
 
 def replay(records: Iterable[Record], state: RetentionState) -> Released:
@@ -93,11 +94,11 @@ def replay(records: Iterable[Record], state: RetentionState) -> Released:
             released.append((reason_of(disposition), files))
         elif op == "policy":
             settled = state.policy_updated(rec["step"])
-            released.append((Reason.CONSUMED, list(settled.files)))
+            released.append((Deletion.CONSUMED, list(settled.files)))
         elif op == "discard":
-            released.append((Reason.DISCARDED, rec["files"]))
+            released.append((Deletion.DISCARDED, rec["files"]))
         elif op == "delete":
-            released.append((Reason(rec["reason"]), rec["files"]))
+            released.append((Deletion(rec["reason"]), rec["files"]))
         else:
             raise JournalError(
                 f"retention journal line {number} has an unknown op {op!r}: written by a "

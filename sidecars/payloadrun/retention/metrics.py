@@ -1,9 +1,10 @@
 """The retention sidecar's Prometheus metrics, in a registry of their own per service.
 
 Names follow the project's convention: prefix ``payloadrun_retention_``, base units, ``_total``
-on counters; the only labels are ``reason`` (consumed, discarded, backstop, wipe), ``error``
-(a handful of failure classes) and ``call`` (the three journaled calls), so every series is
-bounded. Values that live in the service
+on counters; the only labels are ``reason`` (:class:`~payloadrun.reasons.Deletion` or
+:class:`~payloadrun.reasons.Refusal`), ``error`` (:class:`~payloadrun.reasons.DeleteError`,
+:class:`~payloadrun.reasons.WriteFailure`) and ``call`` (the three journaled calls), so every
+series is bounded. Values that live in the service
 (policy step, pending batches, directory size) are read at scrape time through callbacks, never by
 walking the tree: the directory figures come from accounting corrected by a periodic scan. The
 step gauges (newest recorded, oldest pending, and the configured ``max_off_policy_steps``) let an
@@ -18,14 +19,9 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from payloadrun import process_metrics
-from payloadrun.retention.policy import Reason
+from payloadrun.reasons import DeleteError, Deletion, Refusal, WriteFailure
 
 PREFIX = "payloadrun_retention_"
-# payloadrun.failures.failure_reason: why a write (a journal append or rewrite) failed
-WRITE_ERROR_LABELS = ("no_space", "permission", "volume_gone", "io_error")
-# payloadrun.retention.deleter.error_reason: why an unlink failed
-# and "worker_gone": the deletion worker process exited before answering
-ERROR_LABELS = (*WRITE_ERROR_LABELS, "not_a_directory", "is_a_directory", "worker_gone")
 # the API calls that journal an event (the "call" label of volume_hung_answers)
 CALLS = ("record_batch", "policy_updated", "discard")
 
@@ -145,15 +141,15 @@ class RetentionMetrics:
         )
         for call in CALLS:
             self.volume_hung.labels(call)
-        for reason in Reason:
+        for reason in Deletion:
             self.deleted_files.labels(reason.value)
             self.deleted_bytes.labels(reason.value)
-        for label in ERROR_LABELS:
-            self.delete_errors.labels(label)
-        for label in WRITE_ERROR_LABELS:
-            self.journal_errors.labels(label)
-        for label in ("bad_request", "discard_conflict"):
-            self.refused.labels(label)
+        for error in DeleteError:  # payloadrun.retention.deleter.error_reason, and worker_gone
+            self.delete_errors.labels(error.value)
+        for failure in WriteFailure:  # a journal append or rewrite that failed
+            self.journal_errors.labels(failure.value)
+        for refusal in Refusal:
+            self.refused.labels(refusal.value)
 
     def bind(self, **sources: Callable[[], float]) -> None:
         """Read the named gauges from the service at scrape time (cheap callbacks only)."""

@@ -24,15 +24,6 @@ class Disposition(StrEnum):
     DISCARDED = "discarded"  # empty batch or past max_steps: no trainer reads it, delete now
 
 
-class Reason(StrEnum):
-    """Why a file was deleted: the bounded label of the deletion metrics."""
-
-    CONSUMED = "consumed"
-    DISCARDED = "discarded"
-    BACKSTOP = "backstop"
-    WIPE = "wipe"
-
-
 def min_fresh_version(step: int, max_off_policy_steps: int) -> int:
     """The oldest policy version batch ``step`` may train on: ``(step - 1) - m``.
 

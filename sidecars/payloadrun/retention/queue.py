@@ -31,11 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from payloadrun.paths import PayloadRoot, parse_version_dir_name
+from payloadrun.reasons import DeleteError, Deletion
 from payloadrun.retention import deleter
 from payloadrun.retention.config import TRASH_DIR
 from payloadrun.retention.journal import Released
 from payloadrun.retention.metrics import RetentionMetrics
-from payloadrun.retention.policy import Reason, backstop_bound, backstop_versions
+from payloadrun.retention.policy import backstop_bound, backstop_versions
 from payloadrun.retention.worker import WorkerGoneError
 from payloadrun.store import fsync_dir
 
@@ -116,9 +117,9 @@ class DeletionQueue:
         self.dir_files = 0
         self.version_dirs = 0
         self.scans = 0
-        self.deleted = {r: [0, 0] for r in Reason}
+        self.deleted = {r: [0, 0] for r in Deletion}
         # files whose deletion failed after every attempt, tried again in later rounds
-        self._deferred: dict[Reason, set[str]] = {r: set() for r in Reason}
+        self._deferred: dict[Deletion, set[str]] = {r: set() for r in Deletion}
         self._retry = retry or deleter.Retry()
         self._failed_rounds = 0
         self._trash_left = False  # emptying the trash failed: a later round empties it again
@@ -175,11 +176,11 @@ class DeletionQueue:
         """
         out: Released = []
         for job in self.jobs.values():
-            out += [(r, keys) for r, keys in job.entries if keys and r is not Reason.WIPE]
+            out += [(r, keys) for r, keys in job.entries if keys and r is not Deletion.WIPE]
         for reason, keys in self._deferred.items():
             if policy_step is not None:
                 keys.difference_update(_swept(keys, backstop_bound(policy_step, self._m)))
-            if keys and reason is not Reason.WIPE:
+            if keys and reason is not Deletion.WIPE:
                 out.append((reason, sorted(keys)))
         return out
 
@@ -264,8 +265,8 @@ class DeletionQueue:
                 self._failed_rounds,
             )
 
-    def _defer(self, reason: Reason, keys: Iterable[str]) -> None:
-        if reason is not Reason.WIPE:  # a wipe's trash is emptied again at every start
+    def _defer(self, reason: Deletion, keys: Iterable[str]) -> None:
+        if reason is not Deletion.WIPE:  # a wipe's trash is emptied again at every start
             with self._lock:
                 self._deferred[reason].update(keys)
 
@@ -279,7 +280,7 @@ class DeletionQueue:
     # -------------------------------------------------------------------------------- the tasks
 
     def _delete_chunk(
-        self, reason: Reason, dir_name: str, names: list[str], rmdir_after: bool = False
+        self, reason: Deletion, dir_name: str, names: list[str], rmdir_after: bool = False
     ) -> None:
         keys = [f"{dir_name}/{name}" for name in names]
         with self._lock:  # set operations in C: the API's calls wait for this lock
@@ -302,7 +303,7 @@ class DeletionQueue:
                 self.version_dirs = max(0, self.version_dirs - 1)
 
     def _unlink(
-        self, reason: Reason, dir_name: str, names: list[str], sizes: list[int]
+        self, reason: Deletion, dir_name: str, names: list[str], sizes: list[int]
     ) -> deleter.Removed:
         """The deleter's unlink of one chunk; a worker gone keeps the chunk for the next start."""
         assert self._deleter is not None
@@ -320,13 +321,13 @@ class DeletionQueue:
 
     def _chunk_deferred(
         self,
-        reason: Reason,
+        reason: Deletion,
         dir_name: str,
         names: list[str],
         exc: Exception,
-        label: str = "worker_gone",
+        label: DeleteError = DeleteError.WORKER_GONE,
     ) -> None:
-        self.metrics.delete_errors.labels(label).inc()
+        self.metrics.delete_errors.labels(label.value).inc()
         self.metrics.delete_given_up.inc(len(names))
         self._defer(reason, (f"{dir_name}/{n}" for n in names))
         log.warning(
@@ -384,7 +385,7 @@ class DeletionQueue:
     def _delete_swept(self, job: Job, name: str, names: list[str]) -> None:
         """One chunk of a sweep."""
         try:
-            self._delete_chunk(Reason.BACKSTOP, name, names, rmdir_after=True)
+            self._delete_chunk(Deletion.BACKSTOP, name, names, rmdir_after=True)
         finally:
             self._release_sweep(job, name)
 
@@ -430,7 +431,7 @@ class DeletionQueue:
         for failure in out.failures:
             failure.report(self._on_error)
         with self._lock:
-            self._count(Reason.WIPE, out.removed)
+            self._count(Deletion.WIPE, out.removed)
             if any(f.final for f in out.failures):
                 self._trash_left = True
 
@@ -462,7 +463,7 @@ class DeletionQueue:
             for key in self._protected(known):
                 self._sizes[key] = known[key]
 
-    def _count(self, reason: Reason, removed: deleter.Removed) -> None:
+    def _count(self, reason: Deletion, removed: deleter.Removed) -> None:
         if removed.files:
             self.metrics.deleted_files.labels(reason.value).inc(removed.files)
             self.metrics.deleted_bytes.labels(reason.value).inc(removed.bytes)
@@ -471,15 +472,15 @@ class DeletionQueue:
 
     def _on_error(
         self,
-        label: str,
+        label: DeleteError,
         where: str,
         exc: OSError,
         attempt: int,
         final: bool,
-        reason: Reason = Reason.WIPE,
+        reason: Deletion = Deletion.WIPE,
     ) -> None:
         """Count and log; a file still there after its attempts is deferred (tried again)."""
-        self.metrics.delete_errors.labels(label).inc()
+        self.metrics.delete_errors.labels(label.value).inc()
         if final:
             self.metrics.delete_given_up.inc()
             if "/" in where:

@@ -39,12 +39,13 @@ from prometheus_client import CollectorRegistry
 
 from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError, PayloadRoot
+from payloadrun.reasons import Deletion, Refusal
 from payloadrun.retention import client, journal
 from payloadrun.retention.config import STATE_DIR, RetentionConfig
 from payloadrun.retention.deleter import Deleter, LocalDeleter
 from payloadrun.retention.journal import JOURNAL_NAME, Journal, JournalError
 from payloadrun.retention.metrics import RetentionMetrics
-from payloadrun.retention.policy import Disposition, Reason, backstop_bound
+from payloadrun.retention.policy import Disposition, backstop_bound
 from payloadrun.retention.queue import DeletionQueue
 from payloadrun.retention.state import RetentionState
 from payloadrun.retention.worker import ProcessDeleter
@@ -362,7 +363,8 @@ class RetentionService:
 
             def apply() -> dict:
                 settled = self._state.policy_updated(step)
-                self.queue.submit([(Reason.CONSUMED, list(settled.files))], timed=True, sweep=step)
+                released = [(Deletion.CONSUMED, list(settled.files))]
+                self.queue.submit(released, timed=True, sweep=step)
                 return {
                     "step": step,
                     "policy_step": step,
@@ -383,12 +385,12 @@ class RetentionService:
         def prepare() -> tuple[journal.Record, Callable[[], dict]]:
             conflicts = self._state.conflicts(keys)
             if conflicts:
-                self.metrics.refused.labels("discard_conflict").inc()
+                self.metrics.refused.labels(Refusal.DISCARD_CONFLICT.value).inc()
                 as_given = dict(zip(keys, given, strict=True))
                 raise DiscardRefusedError({str(as_given[k]): s for k, s in conflicts.items()})
 
             def apply() -> dict:
-                self.queue.submit([(Reason.DISCARDED, keys)], timed=False)
+                self.queue.submit([(Deletion.DISCARDED, keys)], timed=False)
                 return {"files": len(keys), "deleting": len(keys)}
 
             return journal.discard_op(keys), apply
@@ -442,7 +444,7 @@ class RetentionService:
             try:
                 pf = self.root.payload_file(f, follow_check=False)
             except PayloadPathError as exc:
-                self.metrics.refused.labels("bad_request").inc()
+                self.metrics.refused.labels(Refusal.BAD_REQUEST.value).inc()
                 raise RefusedPathError(f, str(exc)) from exc
             keys.append(f"{pf.path.parent.name}/{pf.name}")
         return keys
@@ -554,7 +556,7 @@ class RetentionService:
         try:
             self._journal.append(record)
         except OSError as exc:
-            self.metrics.journal_errors.labels(failure_reason(exc)).inc()
+            self.metrics.journal_errors.labels(failure_reason(exc).value).inc()
             raise
         if self._since_snapshot is not None:
             self._since_snapshot.append(record)
@@ -687,11 +689,12 @@ class RetentionService:
     def _compaction_failed(self, exc: OSError) -> None:
         # a whole journal stays in use (the old one, or the new one once renamed); the next
         # settled job tries again
-        self.metrics.journal_errors.labels(failure_reason(exc)).inc()
+        failure = failure_reason(exc)
+        self.metrics.journal_errors.labels(failure.value).inc()
         log.warning(
             "retention journal compaction failed (%s): %s; the journal keeps growing until "
             "a compaction succeeds",
-            failure_reason(exc),
+            failure.value,
             exc,
         )
 

@@ -45,6 +45,7 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from payloadrun.reasons import DeleteError
 from payloadrun.retention.deleter import Census, Failure, LocalDeleter, Outcome, Removed, Retry
 
 log = logging.getLogger("payloadrun.retention")
@@ -366,7 +367,7 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
 
 
 def _parse_outcome(got: dict[str, Any]) -> Outcome:
-    failures = [Failure(*f) for f in got["failures"]]
+    failures = [Failure(DeleteError(label), *rest) for label, *rest in got["failures"]]
     return Outcome(Removed(got["files"], got["bytes"]), failures)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from payloadrun.codec import CodecError
 from payloadrun.failures import failure_reason
 from payloadrun.paths import PayloadPathError
+from payloadrun.reasons import Fallback
 from payloadrun.store import PayloadStore, PayloadWriteError
 from payloadrun.vllm import dumps
 from payloadrun.writer import content_coding
@@ -32,21 +33,6 @@ from payloadrun.writer.plan import (
     plan_payload,
     plan_request,
 )
-
-# Why a by-handle response went back inline: the store's reasons plus the writer's own.
-FALLBACK_REASONS = (
-    "no_space",  # ENOSPC / EDQUOT
-    "permission",  # EACCES / EPERM / EROFS
-    "volume_gone",  # the payload root is missing, stale, unmounted or its server away
-    "io_error",  # any other write error
-    "bad_payload",  # an inline array could not be decoded or placed
-    "bad_response",  # the upstream body is not a JSON completion
-    "content_encoding",  # the upstream body is in a content coding the writer cannot read
-    "write_timeout",  # the write did not finish within --write-deadline
-    "breaker_open",  # writes hung lately: the volume is skipped until a probe call returns in time
-    "write_threads_full",  # every write thread is held by a write still blocked past its deadline
-)
-
 
 # The most bytes a by-handle answer is decoded to (its content coding undone): the in-flight
 # budget reserved it whole, so this only stops a runaway decompression.
@@ -104,7 +90,7 @@ class RewriteResult:
 
     mode: Mode
     body: bytes | bytearray
-    fallback: str | None = None
+    fallback: Fallback | None = None  # why it went back inline (payloadrun.reasons)
     detail: str = ""
     write_seconds: float | None = None
     written: dict[str, int] = field(default_factory=dict)
@@ -119,7 +105,9 @@ def _sendable(body: Body) -> bytes | bytearray:
     return body if isinstance(body, bytes | bytearray) else bytes(body)
 
 
-def _inline(body: Body, reason: str, detail: str, encoding: str | None = None) -> RewriteResult:
+def _inline(
+    body: Body, reason: Fallback, detail: str, encoding: str | None = None
+) -> RewriteResult:
     return RewriteResult(
         Mode.INLINE, _sendable(body), fallback=reason, detail=detail, encoding=encoding
     )
@@ -162,19 +150,19 @@ def prepare_response(
         body = answer.decoded(ANSWER_DECODE_LIMIT)
     except (content_coding.CodingError, content_coding.TooLarge) as exc:
         detail = f"Content-Encoding {answer.encoding}: {exc}"
-        return _inline(answer.data, "content_encoding", detail, answer.encoding)
+        return _inline(answer.data, Fallback.CONTENT_ENCODING, detail, answer.encoding)
     try:
         response = parse_response(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        return _inline(body, "bad_response", f"upstream body is not JSON: {exc}")
+        return _inline(body, Fallback.BAD_RESPONSE, f"upstream body is not JSON: {exc}")
     try:
         payload = plan_payload(plan, response)
     except CodecError as exc:
-        return _inline(body, "bad_payload", str(exc))
+        return _inline(body, Fallback.BAD_PAYLOAD, str(exc))
     if payload.empty:
         return RewriteResult(Mode.INLINE, _sendable(body))
     if store is None:
-        return _inline(body, "volume_gone", "the payload root is not available")
+        return _inline(body, Fallback.VOLUME_GONE, "the payload root is not available")
     return Prepared(body, response, payload)
 
 
@@ -187,11 +175,11 @@ def write_prepared(store: PayloadStore, plan: RequestPlan, prepared: Prepared) -
     try:
         segments = store.write(plan.payload_dir, payload.parts)
     except PayloadWriteError as exc:
-        return _inline(body, exc.reason, str(exc))
+        return _inline(body, Fallback.of(exc.reason), str(exc))
     except PayloadPathError as exc:  # v<k> was replaced by a symlink since the request came in
-        return _inline(body, "permission", str(exc))
+        return _inline(body, Fallback.PERMISSION, str(exc))
     except OSError as exc:  # checking payload_dir on a volume whose server is away, say
-        return _inline(body, failure_reason(exc), str(exc))
+        return _inline(body, Fallback.of(failure_reason(exc)), str(exc))
     elapsed = time.perf_counter() - started
     apply_segments(response, payload, segments)
     sent = dumps(response)
@@ -205,7 +193,7 @@ def write_prepared(store: PayloadStore, plan: RequestPlan, prepared: Prepared) -
     )
 
 
-def inline_instead(prepared: Prepared, reason: str, detail: str) -> RewriteResult:
+def inline_instead(prepared: Prepared, reason: Fallback, detail: str) -> RewriteResult:
     """vLLM's answer as it would go back inline, for a write that did not happen in time."""
     return _inline(prepared.body, reason, detail)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from payloadrun.reasons import Fallback
+
 
 class BreakerState(StrEnum):
     CLOSED = "closed"
@@ -36,11 +38,6 @@ class Admission(StrEnum):
     WRITE = "write"  # closed: write as usual
     PROBE = "probe"  # half open: this request's write is the one probe
     SKIP = "skip"  # open, a probe is out, or every write thread is held: answer inline
-
-
-# Why a request skipped the volume (its fallback reason).
-SKIP_BREAKER_OPEN = "breaker_open"
-SKIP_THREADS_FULL = "write_threads_full"
 
 
 @dataclass(slots=True)
@@ -87,7 +84,7 @@ class Breaker:
             self.probing = False
 
 
-def admit_write(breaker: Breaker, held: int, cap: int, now: float) -> Admission | str:
+def admit_write(breaker: Breaker, held: int, cap: int, now: float) -> Admission | Fallback:
     """The admission of one request's volume call, or the fallback reason it skips with.
 
     ``held``: write threads still blocked past their deadline; ``cap``: how many threads writes
@@ -95,9 +92,9 @@ def admit_write(breaker: Breaker, held: int, cap: int, now: float) -> Admission 
     inline, and the breaker is not consulted, so a half-open probe is not spent on it.
     """
     if held >= cap:
-        return SKIP_THREADS_FULL
+        return Fallback.WRITE_THREADS_FULL
     admission = breaker.admit(now)
-    return SKIP_BREAKER_OPEN if admission is Admission.SKIP else admission
+    return Fallback.BREAKER_OPEN if admission is Admission.SKIP else admission
 
 
 def deadline_left(started: float, deadline: float, now: float) -> float:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from payloadrun import process_metrics
+from payloadrun.reasons import Fallback
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK
-from payloadrun.writer.blocking import FALLBACK_REASONS
 from payloadrun.writer.plan import Mode
 
 PREFIX = "payloadrun_writer_"
@@ -171,8 +171,8 @@ class WriterMetrics:
             self.late_writes.labels(outcome=outcome)
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
             self.payload_bytes.labels(field=name)
-        for reason in FALLBACK_REASONS:
-            self.fallbacks.labels(reason=reason)
+        for reason in Fallback:
+            self.fallbacks.labels(reason=reason.value)
         for kind in UPSTREAM_FAILURES:
             self.upstream_failures.labels(kind=kind)
         for mode in Mode:

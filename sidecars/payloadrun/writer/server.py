@@ -43,6 +43,7 @@ from aiohttp import web
 from yarl import URL
 
 from payloadrun import serving
+from payloadrun.reasons import Fallback
 from payloadrun.serving import Listener
 from payloadrun.settings import Env
 from payloadrun.store import PayloadStore
@@ -250,7 +251,7 @@ class Writer:
 
     async def _admission(
         self, endpoint: Endpoint, body: CodedBody
-    ) -> tuple[PayloadStore | None, RequestPlan | None, str | None]:
+    ) -> tuple[PayloadStore | None, RequestPlan | None, Fallback | None]:
         """The request's plan (parsed on the request pool) and, by handle, the store with the
         request's ``payload_dir`` checked on the volume (on the write threads, under the
         deadline and the breaker). A check skipped or late leaves the path to the write, which
@@ -266,9 +267,9 @@ class Writer:
         plan = await self.run(admit_request, None, endpoint, body, limit)
         if plan is None:  # a streaming request's payload_dir is checked too (it then passes)
             return None, plan, None
-        outcome, store = await self._on_volume(checked_store, self.holder, plan)
-        if outcome != DONE:  # not touching the volume: the store if it was opened before
-            return self.holder.opened, plan, outcome
+        skipped, store = await self._on_volume(checked_store, self.holder, plan)
+        if skipped is not None:  # not touching the volume: the store if it was opened before
+            return self.holder.opened, plan, skipped
         return store, plan, None
 
     async def _on_volume(
@@ -277,12 +278,13 @@ class Writer:
         *args: Any,
         when_late: Callable[[Any], None] | None = None,
         when_abandoned: Callable[[Any], None] | None = None,
-    ) -> tuple[str, T | None]:
+    ) -> tuple[Fallback | None, T | None]:
         """Run ``fn(*args)``, which touches the payload volume, on the write threads under the
-        deadline and the breaker: ``(DONE, its result)``, ``(LATE, None)`` when it missed the
-        deadline (``when_late(result)`` then runs on its thread when it returns, before its
-        thread counts as free), or ``(reason, None)`` when the breaker or the thread cap said
-        skip. A request cancelled meanwhile leaves the call to ``when_abandoned(result)``."""
+        deadline and the breaker: ``(None, its result)``, ``(WRITE_TIMEOUT, None)`` when it
+        missed the deadline (``when_late(result)`` then runs on its thread when it returns,
+        before its thread counts as free), or ``(BREAKER_OPEN or WRITE_THREADS_FULL, None)``
+        when the breaker or the thread cap said skip. A request cancelled meanwhile leaves the
+        call to ``when_abandoned(result)``."""
         loop = asyncio.get_running_loop()
         admission = admit_write(
             self.breaker, self.held.held, self.write_threads.cap, time.monotonic()
@@ -304,12 +306,12 @@ class Writer:
         if done:
             self.breaker.returned(admission)
             self._breaker_changed()
-            return DONE, waiter.result()
+            return None, waiter.result()
         self.breaker.missed(admission, time.monotonic())
         self._breaker_changed()
         if not job.cancel():  # it runs: its thread stays blocked until the kernel lets go
             self.held.hold(job, _on_result(when_late) if when_late else _ignore)
-        return LATE, None
+        return Fallback.WRITE_TIMEOUT, None
 
     def _breaker_changed(self) -> None:
         m, breaker = self.metrics, self.breaker
@@ -450,7 +452,7 @@ class Writer:
         body: bytes,
         store: PayloadStore | None,
         plan: RequestPlan,
-        skip: str | None = None,
+        skip: Fallback | None = None,
     ) -> web.StreamResponse:
         upstream = await self._send_upstream(request, body, by_handle=True)
         if isinstance(upstream, web.Response):
@@ -460,10 +462,9 @@ class Writer:
                 # vLLM's errors carry no arrays: relayed unchanged.
                 return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
             if upstream.content_type != "application/json":
-                self._count_fallback(
-                    "bad_response", f"the answer is {upstream.content_type}, not JSON"
-                )
-                fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: "bad_response"}
+                reason = Fallback.BAD_RESPONSE
+                self._count_fallback(reason, f"the answer is {upstream.content_type}, not JSON")
+                fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: reason.value}
                 return await self._stream_back(request, upstream, Mode.INLINE, fallback)
             cost = response_cost(
                 None if is_chunked(upstream.headers) else upstream.content_length,
@@ -491,16 +492,17 @@ class Writer:
         finally:
             self.budget.release(cost)
 
-    def _count_fallback(self, reason: str, detail: str) -> None:
-        self.metrics.fallbacks.labels(reason=reason).inc()
-        log.warning("payload sent back inline (%s): %s", reason, detail)
+    def _count_fallback(self, reason: Fallback, detail: str) -> None:
+        """The metric and the log line of an answer sent back inline, named by ``reason``."""
+        self.metrics.fallbacks.labels(reason=reason.value).inc()
+        log.warning("payload sent back inline (%s): %s", reason.value, detail)
 
     async def _rewrite(
         self,
         store: PayloadStore | None,
         plan: RequestPlan,
         answer: UpstreamAnswer,
-        skip: str | None = None,
+        skip: Fallback | None = None,
     ) -> RewriteResult:
         """The answer rewritten: parsed on the request pool, written on the write threads under
         the deadline; inline at once when the write is late or skipped (``skip``: already
@@ -513,7 +515,7 @@ class Writer:
         if skip is not None:
             return await self.run(_skipped, prepared, skip, self.config.write_deadline)
         assert store is not None
-        outcome, result = await self._on_volume(
+        skipped, result = await self._on_volume(
             write_prepared,
             store,
             plan,
@@ -521,10 +523,10 @@ class Writer:
             when_late=self._late_write_returned,
             when_abandoned=self._discard_now,
         )
-        if outcome == DONE:
+        if skipped is None:
             assert result is not None
             return result
-        return await self.run(_skipped, prepared, outcome, self.config.write_deadline)
+        return await self.run(_skipped, prepared, skipped, self.config.write_deadline)
 
     def _late_write_returned(self, result: RewriteResult) -> None:
         """A write that missed its deadline returned (its answer went inline long ago): its file
@@ -580,7 +582,7 @@ class Writer:
             headers.popall("Content-Encoding", None)
         if result.fallback is not None:
             self._count_fallback(result.fallback, result.detail)
-            headers[FALLBACK_HEADER] = result.fallback
+            headers[FALLBACK_HEADER] = result.fallback.value
         if result.write_seconds is not None:
             m.write_seconds.observe(result.write_seconds)
         for name, nbytes in result.written.items():
@@ -622,9 +624,6 @@ def _unlink(path: str, why: str = "its client went away before the answer was se
     log.debug("deleted %s: %s", path, why)
 
 
-DONE, LATE = "done", "write_timeout"
-
-
 def checked_store(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | None:
     """The store, with the request's ``payload_dir`` checked on the volume
     (:func:`~payloadrun.writer.blocking.check_payload_dir`); run on the write threads."""
@@ -634,14 +633,14 @@ def checked_store(holder: StoreHolder, plan: RequestPlan) -> PayloadStore | None
     return store
 
 
-def _skipped(prepared: Prepared, reason: str, deadline: float) -> RewriteResult:
+def _skipped(prepared: Prepared, reason: Fallback, deadline: float) -> RewriteResult:
     """vLLM's answer inline, for a write that was late (``write_timeout``) or never started."""
-    if reason == LATE:
+    if reason is Fallback.WRITE_TIMEOUT:
         detail = (
             f"the payload write did not finish within --write-deadline {deadline:g} s: the "
             "volume hangs or is slow; its file is removed when the write returns"
         )
-    elif reason == "breaker_open":
+    elif reason is Fallback.BREAKER_OPEN:
         detail = "a write missed its deadline lately: the volume is skipped until a probe succeeds"
     else:
         detail = "every write thread is held by a write blocked past its deadline"

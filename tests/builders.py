@@ -1,0 +1,101 @@
+"""The tests' one set of builders: a run's spec and body, its context, its children and their parts.
+
+As JobSet keeps its test wrappers in one file (``pkg/util/testing/wrappers.go``), so that a field
+added to a run, or a new argument of the context, is one edit here rather than one per test file.
+Plain functions with keyword overrides: each returns a fresh value the test may change.
+
+Importable from every test folder as ``builders`` (``tests/`` is on the path of every test,
+through ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from payloadrun_operator.api.models import GROUP, KIND, VERSION, PayloadRunSpec
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.platform.settings import OperatorSettings
+
+# The operator's settings in the unit tests: a sidecar image that names no real registry.
+SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
+NAME, NAMESPACE, UID = "run1", "ml", "uid-123"
+
+# A multi-node router-replay run (by handle): tests change what they study.
+SPEC: dict[str, Any] = {
+    "deploymentType": "MultiNode",
+    "routerReplay": True,
+    "samplingMaskCapture": False,
+    "inference": {"image": "vllm/vllm-openai:v0.33.0", "replicas": 2},
+    "orchestrator": {"image": "example/orchestrator:1"},
+    "trainer": {"image": "example/trainer:1", "replicas": 4},
+}
+# The claim a run on the local node asks for ("standard": the node's ReadWriteMany class; on
+# kind, the class the static volume of hack/kind/volume.yaml names).
+NODE_PAYLOADS: dict[str, Any] = {"volume": {"size": "1Gi", "storageClassName": "standard"}}
+
+
+def run_spec(**fields: Any) -> dict[str, Any]:
+    """:data:`SPEC`, a copy, with the top-level ``fields`` set."""
+    return copy.deepcopy(SPEC) | copy.deepcopy(fields)
+
+
+def run_body(
+    name: str, spec: dict[str, Any] | None = None, *, namespace: str | None = None
+) -> dict[str, Any]:
+    """A ``PayloadRun`` as ``kubectl apply`` sends it: ``spec`` (default :func:`run_spec`)."""
+    metadata = {"name": name} | ({"namespace": namespace} if namespace is not None else {})
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": copy.deepcopy(spec) if spec is not None else run_spec(),
+    }
+
+
+def context(
+    spec: dict[str, Any] | None = None,
+    settings: OperatorSettings = SETTINGS,
+    *,
+    name: str = NAME,
+    namespace: str = NAMESPACE,
+    uid: str = UID,
+    **fields: Any,
+) -> RunContext:
+    """The run's context as the operator builds it (its payload mode decided from ``spec``);
+    ``fields`` are the context's own (``active``, ``layout``)."""
+    model = PayloadRunSpec.model_validate(spec if spec is not None else SPEC)
+    meta = {"name": name, "namespace": namespace, "uid": uid}
+    return RunContext.of(meta, model, settings, **fields)
+
+
+def by_kind(children: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Children by ``(kind, name)``."""
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
+
+
+def children_of(spec: dict[str, Any] | None = None, **context_args: Any) -> dict:
+    """The children built for ``spec``, by ``(kind, name)``."""
+    return by_kind(build_children(context(spec, **context_args)))
+
+
+def pod_of(spec: dict[str, Any] | None, component: str, **context_args: Any) -> dict[str, Any]:
+    """The pod template of a component's workload built for ``spec`` (inference: its
+    StatefulSet's; the orchestrator and the trainers: their Job's)."""
+    kind = "StatefulSet" if component == "inference" else "Job"
+    name = context_args.get("name", NAME)
+    return children_of(spec, **context_args)[(kind, f"{name}-{component}")]["spec"]["template"]
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    """The one main container called ``name`` of a pod (or a pod template's ``spec``)."""
+    spec = pod.get("spec", pod)
+    (found,) = [c for c in spec["containers"] if c["name"] == name]
+    return found
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    """A container's environment: name -> value (or its ``valueFrom``)."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
