@@ -48,12 +48,17 @@ class StoreHolder:
             return self._store
 
 
+# the background probe's file, created and deleted at once: the only file the writer makes in
+# the root that no answer names
+PROBE_PREFIX = ".payloadrun-writer-probe-"
+
+
 def probe_root(holder: StoreHolder) -> str | None:
     """None when a file can be created and deleted in the payload root, else what failed."""
     store = holder.get()
     if store is None:
         return holder.error
-    path = store.root.path / f".payloadrun-writer-probe-{uuid.uuid4().hex}"
+    path = store.root.path / f"{PROBE_PREFIX}{uuid.uuid4().hex}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.close(fd)
