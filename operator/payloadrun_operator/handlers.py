@@ -122,7 +122,11 @@ def report(
 
 
 async def reconcile(
-    op: Operator, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter
+    op: Operator,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    logger: logging.Logger | logging.LoggerAdapter,
+    follower: Follower | None = None,
 ) -> None:
     started = time.perf_counter()
     meta = body["metadata"]
@@ -151,7 +155,7 @@ async def reconcile(
     final = lifecycle.is_final(status.get("phase"))
     decision = ctx.decision
     try:
-        applied, waiting = await apply_children(op, ctx, final=final)
+        applied, waiting = await apply_children(op, ctx, final=final, follower=follower)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
         # observedGeneration stays behind: the status follows the children only once every
@@ -217,13 +221,17 @@ def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
 
 
 async def apply_children(
-    op: Operator, ctx: RunContext, *, final: bool
+    op: Operator, ctx: RunContext, *, final: bool, follower: Follower | None = None
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     """Bring the children to what ``ctx`` builds, touching no workload whose inputs are unchanged
     beyond whether it has pods. A finished run's children are only stopped, never created.
 
-    Returns the children as the API server has them, and the Jobs still being deleted before
-    they can be created again.
+    The workloads as they are come from ``follower``'s cache once it is synced (no request),
+    else from the API server; what is applied goes back into that cache.
+
+    Returns the children applied or kept (the workloads as the API server has them, the others
+    empty: their answers are not read), and the Jobs still being deleted before they can be
+    created again.
     """
     workload_kinds = {(kind, ctx.child_name(c)) for _, kind, c in WORKLOADS}
     applied: dict[tuple[str, str], dict[str, Any]] = {}
@@ -232,10 +240,10 @@ async def apply_children(
         meta = child["metadata"]
         key = (child["kind"], meta["name"])
         if key not in workload_kinds:
-            if not final:
-                applied[key] = await op.client.apply(child)
+            if not final:  # nothing reads their answer: not decoded
+                applied[key] = await op.client.apply(child, answer=False)
             continue
-        live = await op.client.get(child["apiVersion"], child["kind"], ctx.namespace, meta["name"])
+        live = await live_workload(op, follower, child)
         plan = lifecycle.workload_plan(child, live)
         if final and plan != lifecycle.SCALE:
             plan = lifecycle.KEEP
@@ -254,11 +262,27 @@ async def apply_children(
             waiting.append(f"{child['kind']} {meta['name']}")
         elif live is not None:
             applied[key] = {"kind": child["kind"], **live}
+        if plan in (lifecycle.APPLY, lifecycle.SCALE) and follower is not None:
+            follower.wrote(applied[key])
     return applied, waiting
+
+
+async def live_workload(
+    op: Operator, follower: Follower | None, child: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The workload ``child`` as it is (None: it does not exist): the follower's copy once its
+    cache is synced (watch events and the operator's own writes keep it current), else read."""
+    meta = child["metadata"]
+    if follower is not None:
+        synced, live = follower.live(child["kind"], meta["namespace"], meta["name"])
+        if synced:
+            return live
+    return await op.client.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     """Attach the operator's handlers to ``registry``."""
+    follower = Follower(op, utc_now)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -292,7 +316,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         async with reconciling:
-            await reconcile(op, body, patch, logger)
+            await reconcile(op, body, patch, logger, follower)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -302,9 +326,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         async with resuming, reconciling:
-            await reconcile(op, body, patch, logger)
+            await reconcile(op, body, patch, logger, follower)
 
-    follower = Follower(op, utc_now)
     beating: list[asyncio.Task[None]] = []
 
     @kopf.on.startup(registry=registry)
