@@ -341,12 +341,14 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await op.client.close()
 
     reconciling = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+    drain = heap.Drain(heap.malloc_trim())  # a burst's heap given back once it is done
 
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-        async with reconciling:
-            await reconcile(op, body, patch, logger, follower)
+        with drain.working():
+            async with reconciling:
+                await reconcile(op, body, patch, logger, follower)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -355,8 +357,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-        async with resuming, reconciling:
-            await reconcile(op, body, patch, logger, follower)
+        with drain.working():
+            async with resuming, reconciling:
+                await reconcile(op, body, patch, logger, follower)
 
     beating: list[asyncio.Task[None]] = []
 
