@@ -10,7 +10,8 @@ the floor under the operator's for a burst on this machine). The times are taken
 watch of the runs in this process, so the benchmark adds no list calls of its own. Goals: the
 operator's p95 for each burst at most 1.5 x that floor's, and its requests per created run at
 most the run's children's applies + 3 (kopf's annotation, the status as applied, the status
-from the children), counted as below.
+from the children), counted as below without the election's Lease calls (a get and an update
+every 2 s, whatever the runs).
 
 Readiness: with those runs reconciled, the time from the children's status saying every pod is
 ready to the run's ``Ready`` condition being True, p50 and p95 over ``--ready-runs`` runs, one
@@ -202,6 +203,13 @@ def audited_requests(log: Path, since: float, until: float) -> Counter[str]:
                 what = "/".join(p for p in (ref.get("resource"), ref.get("subresource")) if p)
                 seen[event["auditID"]] = f"{event['verb']} {what or event['requestURI']}"
     return Counter(seen.values())
+
+
+def for_runs(requests: Counter[str]) -> Counter[str]:
+    """The requests the runs cause: all but the election's Lease (a get and an update every 2 s
+    whatever the runs, which the idle figures count), so a burst's window does not charge its
+    runs with them."""
+    return Counter({what: n for what, n in requests.items() if not what.endswith(" leases")})
 
 
 def breakdown(requests: Counter[str], per: float = 1.0) -> str:
@@ -853,8 +861,9 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
             f"{burst.cpu / burst.runs * 1e3:.0f} ms, API server CPU "
             f"{burst.apiserver_cpu / burst.runs * 1e3:.0f} ms, this process "
             f"{burst.bench_cpu / burst.runs * 1e3:.0f} ms; "
-            f"{sum(burst.requests.values()) / burst.runs:.1f} operator requests "
-            f"({r.applies} children to apply): {breakdown(burst.requests, burst.runs)}"
+            f"{sum(burst.requests.values()) / burst.runs:.1f} operator requests, "
+            f"{sum(for_runs(burst.requests).values()) / burst.runs:.2f} without the election's "
+            f"Lease ({r.applies} children to apply): {breakdown(burst.requests, burst.runs)}"
         )
     print()
     print(f"{'children ready -> run Ready':<40} {'p50':>9} {'p95':>9}")
@@ -900,7 +909,7 @@ def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
     out += [
         Goal.at_most(
             f"operator requests per created run, {label}",
-            sum(burst.requests.values()) / burst.runs,
+            sum(for_runs(burst.requests).values()) / burst.runs,
             r.applies + 3,
         )
         for label, burst in r.bursts.items()
