@@ -78,13 +78,14 @@ from kubernetes.client.rest import ApiException
 
 from payloadrun_devcluster import LocalCluster
 from payloadrun_devkit.local_operator import CLIENT_LIBRARIES, LocalOperator
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.models import GROUP, PLURAL, VERSION, PayloadRunSpec
-from payloadrun_operator.names import LABEL_RUN, MANAGED_SELECTOR
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.models import GROUP, PLURAL, VERSION, PayloadRunSpec
+from payloadrun_operator.api.names import LABEL_RUN, MANAGED_SELECTOR
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.settings import OperatorSettings
 from report import Goal, machine_load, print_goals, print_load
 
 MIB = 1 << 20

@@ -1,13 +1,14 @@
 """Write the pod-template definitions the CRD embeds, from the pinned Kubernetes' OpenAPI.
 
-python hack/kubernetes_openapi.py           # rewrite operator/payloadrun_operator/openapi/...
+python hack/kubernetes_openapi.py           # rewrite operator/payloadrun_operator/api/openapi/...
 python hack/kubernetes_openapi.py --check   # exit 1 when the committed file differs
 
 The document is ``api/openapi-spec/v3/api__v1_openapi.json`` of ``k8s.io/kubernetes`` at
 ``KUBERNETES_VERSION`` (cluster/versions.env), from the Go module cache that
 ``cluster/build.sh`` fills (``go mod download`` fetches it otherwise). After changing the
-version: run this, then ``python -m payloadrun_operator.crd > crds/payloadrun.dev_payloadruns.yaml``
-and ``python hack/crd_reference.py``.
+version: run this, then
+``python -m payloadrun_operator.api.crd > crds/payloadrun.dev_payloadruns.yaml`` and
+``python hack/crd_reference.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 from payloadrun_devcluster.binaries import cache_dir, read_versions
-from payloadrun_operator import kubeschema
+from payloadrun_operator.api import kubeschema
 
 OUT = Path(kubeschema.__file__).resolve().parent / kubeschema.OPENAPI_FILE
 

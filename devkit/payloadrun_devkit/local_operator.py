@@ -29,8 +29,8 @@ from typing import Any
 
 from payloadrun.settings import env_of
 from payloadrun.testing.processes import free_port
-from payloadrun_operator.names import OPERATOR_CONTAINER
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.names import OPERATOR_CONTAINER
+from payloadrun_operator.platform.settings import OperatorSettings
 
 # The client libraries kopf uses when it can import them; the operator image has none of them.
 CLIENT_LIBRARIES = ("kubernetes", "kubernetes_asyncio", "pykube")

@@ -22,13 +22,14 @@ from payloadrun.helptext import HelpFormatter
 from payloadrun.serving import Listener, ListenError, metrics_app
 from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
-from payloadrun_operator import credentials, election, render
+from payloadrun_operator import render
 from payloadrun_operator.handlers import QuietWatchHandlers, register
-from payloadrun_operator.health import Endpoints, Health, health_app
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings, SettingsError
+from payloadrun_operator.platform import credentials, election
+from payloadrun_operator.platform.health import Endpoints, Health, health_app
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 
 def shown_default(value: object) -> str:

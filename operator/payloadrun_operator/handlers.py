@@ -15,35 +15,37 @@ from typing import Any, TypeVar, cast
 
 import kopf
 
-from payloadrun_operator import credentials, heap, lifecycle
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import RunContext, build_children
-from payloadrun_operator.diffbase import DigestDiffBaseStorage
-from payloadrun_operator.following import Follower
-from payloadrun_operator.kube import ChildRefused, KubeApiError
-from payloadrun_operator.metrics import UNKNOWN_MODE
-from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    AppliedReason,
+    ConditionType,
+    ReadyReason,
+    ValidatedReason,
+)
+from payloadrun_operator.api.kinds import FOLLOWED, Kind
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     ANNOTATION_PREFIX,
-    CHILD_KINDS,
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
     LABEL_MANAGED_BY,
     WORKLOADS,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings
-from payloadrun_operator.status import (
-    AppliedReason,
-    Check,
-    ConditionType,
-    ReadyReason,
-    ValidatedReason,
-    rfc3339,
-    status_update,
-)
+from payloadrun_operator.desired import context
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.observed import outcome
+from payloadrun_operator.observed.following import Follower
+from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
+from payloadrun_operator.observed.status import Check, rfc3339, status_update
+from payloadrun_operator.platform import credentials, heap
+from payloadrun_operator.platform.diffbase import DigestDiffBaseStorage
+from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
+from payloadrun_operator.platform.metrics import UNKNOWN_MODE
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
 
 T = TypeVar("T")
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
@@ -61,12 +63,6 @@ SPEC_REJECTED = Check(
 RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, AppliedReason.CHILDREN_APPLIED, "every child was applied")
-# kopf watches each kind the status reads; PLURALS of the kinds in CHILD_KINDS
-CHILD_PLURALS = {
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "StatefulSet": "statefulsets",
-    "Job": "jobs",
-}
 
 
 class QuietWatchHandlers(logging.Filter):
@@ -156,7 +152,7 @@ async def reconcile(
     ctx, pin = admission.ctx, admission.pin
     spec = ctx.spec
     status = body.get("status") or {}
-    final = lifecycle.is_final(status.get("phase"))
+    final = context.is_final(status.get("phase"))
     decision = ctx.decision
     try:
         applied, waiting = await apply_children(op, ctx, final=final, follower=follower)
@@ -190,7 +186,7 @@ async def reconcile(
     checks = {
         ConditionType.VALIDATED: SPEC_VALID,
         ConditionType.APPLIED: CHILDREN_APPLIED,
-        **lifecycle.suspend_check(spec.suspend, status),
+        **outcome.suspend_check(spec.suspend, status),
     }
     fields: dict[str, Any] = {"observedGeneration": generation}
     if not final:  # a finished run keeps what it ran with
@@ -253,7 +249,7 @@ async def apply_children(
         await all_of([bring_workload(op, follower, child, final=final) for child in workloads]),
         strict=True,
     ):
-        if plan in (lifecycle.RECREATE, lifecycle.WAIT):
+        if plan in (WorkloadPlan.RECREATE, WorkloadPlan.WAIT):
             waiting.append(f"{child['kind']} {child['metadata']['name']}")
         elif obj is not None:
             applied[child["kind"], child["metadata"]["name"]] = obj
@@ -272,19 +268,19 @@ async def all_of(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
 
 async def bring_workload(
     op: Operator, follower: Follower | None, child: dict[str, Any], *, final: bool
-) -> tuple[str, dict[str, Any] | None]:
-    """Bring one workload to ``child`` (see :func:`lifecycle.workload_plan`); the plan carried
+) -> tuple[WorkloadPlan, dict[str, Any] | None]:
+    """Bring one workload to ``child`` (see :func:`plan.workload_plan`); the plan carried
     out, and the workload as the API server has it (None: none, or being deleted)."""
     meta = child["metadata"]
     live = await live_workload(op, follower, child)
-    plan = lifecycle.workload_plan(child, live)
-    if final and plan != lifecycle.SCALE:
-        plan = lifecycle.KEEP
-    if plan == lifecycle.APPLY:
+    plan = workload_plan(child, live)
+    if final and plan != WorkloadPlan.SCALE:
+        plan = WorkloadPlan.KEEP
+    if plan == WorkloadPlan.APPLY:
         obj = await op.client.apply(child)
-    elif plan == lifecycle.SCALE:
-        obj = await op.client.apply(lifecycle.activity_manifest(child), manager=ACTIVITY_MANAGER)
-    elif plan == lifecycle.RECREATE:
+    elif plan == WorkloadPlan.SCALE:
+        obj = await op.client.apply(activity_manifest(child), manager=ACTIVITY_MANAGER)
+    elif plan == WorkloadPlan.RECREATE:
         # Foreground: the Job goes once its pods have, so old and new pods never overlap
         await op.client.delete(
             child["apiVersion"], child["kind"], meta["namespace"], meta["name"], "Foreground"
@@ -374,24 +370,22 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def follow_run_event(event: kopf.RawEvent, **_: Any) -> None:  # async: no thread
         follower.observe(KIND, event)
 
-    for api_version, kind in CHILD_KINDS:
-        follow_kind(registry, follower, api_version, kind)
+    for kind in FOLLOWED:  # kopf watches each kind the status reads
+        follow_kind(registry, follower, kind)
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
         op.metrics.forget_run(namespace, name)
 
 
-def follow_kind(
-    registry: kopf.OperatorRegistry, follower: Follower, api_version: str, kind: str
-) -> None:
+def follow_kind(registry: kopf.OperatorRegistry, follower: Follower, kind: Kind) -> None:
     """Feed the follower every event of ``kind`` among the operator's children."""
 
     @kopf.on.event(
-        *api_version.split("/"),
-        CHILD_PLURALS[kind],
+        *kind.api_version.split("/"),
+        kind.plural,
         labels={LABEL_MANAGED_BY: FIELD_MANAGER},
         registry=registry,
     )
     async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
-        follower.observe(kind, event)
+        follower.observe(kind.kind, event)

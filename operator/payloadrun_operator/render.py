@@ -33,10 +33,10 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from payloadrun.helptext import HelpFormatter, plain
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import build_children
-from payloadrun_operator.models import GROUP, KIND
-from payloadrun_operator.settings import OperatorSettings, SettingsError
+from payloadrun_operator.api.models import GROUP, KIND
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 HELP = __doc__.split("\n\n", 1)[1]

@@ -3,7 +3,8 @@
 Every environment variable the operator injects into a run's pods and the sidecars (or the
 orchestrator's client) read is named here once, in :class:`Env`; the operator's builders and the
 sidecars' command lines import the names, so a rename is one edit and a test, never a broken pod.
-The sidecars' default ports are the CRD's defaults (``payloadrun_operator.models`` imports them).
+The sidecars' default ports are the CRD's defaults (``payloadrun_operator.api.models`` imports
+them).
 
 A setting is a field of a frozen dataclass declared with :func:`setting`: its default, flag,
 environment variable, parser and bounds in one place. argparse reads the flags

@@ -131,7 +131,7 @@ def test_every_metric_the_rules_use_is_exported():
 
     from payloadrun.retention.metrics import RetentionMetrics
     from payloadrun.writer.metrics import WriterMetrics
-    from payloadrun_operator.metrics import OperatorMetrics
+    from payloadrun_operator.platform.metrics import OperatorMetrics
 
     registries = [
         WriterMetrics().registry,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from payloadrun_operator.crd import CHART_CRD_FILE, build_crd, render_chart_template
+from payloadrun_operator.api.crd import CHART_CRD_FILE, build_crd, render_chart_template
 
 from .conftest import CHART, REPO, by_kind, env_of, refused, render, run_helm
 
@@ -16,7 +16,7 @@ def test_lint(helm):
 def test_chart_crd_is_the_generated_one(helm):
     assert (REPO / CHART_CRD_FILE).read_text() == render_chart_template(), (
         f"{CHART_CRD_FILE} drifted from the models: regenerate it with "
-        f"`python -m payloadrun_operator.crd --chart > {CHART_CRD_FILE}`"
+        f"`python -m payloadrun_operator.api.crd --chart > {CHART_CRD_FILE}`"
     )
     # a template, so `helm upgrade` upgrades it (Helm never upgrades a chart's crds/)
     assert not (CHART / "crds").exists()
@@ -222,7 +222,7 @@ def test_every_variable_the_chart_sets_is_a_setting_of_the_operator(helm):
     """The chart writes the operator's variable names in YAML: a rename in the operator's
     settings must fail here, not crash-loop (or silently ignore) the chart's pod."""
     from payloadrun.settings import settings_of
-    from payloadrun_operator.settings import OperatorSettings
+    from payloadrun_operator.platform.settings import OperatorSettings
 
     known = {s.env for s, _ in settings_of(OperatorSettings).values() if s.env}
     (deploy,) = by_kind(render(helm))["Deployment"]
@@ -234,7 +234,7 @@ def test_every_variable_the_chart_sets_is_a_setting_of_the_operator(helm):
 def test_network_policy_peers_reach_the_operator_as_they_were_given(helm, tmp_path):
     """metricsFrom and inferenceFrom become the operator's JSON peers, parsed as its settings
     parse them; inferenceFrom is empty unless set (the run's own pods only)."""
-    from payloadrun_operator.settings import OperatorSettings
+    from payloadrun_operator.platform.settings import OperatorSettings
 
     evals = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "evals"}}}
     gateway = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}

@@ -155,8 +155,8 @@ def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
     from pod_helpers import IMAGE, NEXT_IMAGE, REPO
 
     from payloadrun_devkit.images import build_images
-    from payloadrun_operator.crd import CRD_FILE
-    from payloadrun_operator.models import GROUP, PLURAL
+    from payloadrun_operator.api.crd import CRD_FILE
+    from payloadrun_operator.api.models import GROUP, PLURAL
 
     if not kube_cluster.with_node:
         skip_or_fail("these tests need pods: the session's cluster runs no node")
@@ -190,8 +190,8 @@ def operator(node_cluster: LocalCluster, namespace: str, tmp_path: Path):
 @pytest.fixture(scope="module")
 def crd(kube_cluster):
     """The PayloadRun CRD applied (server-side) and established; its built form."""
-    from payloadrun_operator.crd import CRD_FILE, build_crd
-    from payloadrun_operator.models import GROUP, PLURAL
+    from payloadrun_operator.api.crd import CRD_FILE, build_crd
+    from payloadrun_operator.api.models import GROUP, PLURAL
 
     repo = Path(__file__).resolve().parents[2]
     result = kube_cluster.kubectl("apply", "--server-side", "-f", str(repo / CRD_FILE))

@@ -45,7 +45,7 @@ from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
 from payloadrun.testing.processes import free_port
 from payloadrun_devcluster.binaries import cache_dir
-from payloadrun_operator.names import TRAINER_DIST_PORT
+from payloadrun_operator.api.names import TRAINER_DIST_PORT
 
 pytestmark = [pytest.mark.integration, pytest.mark.node]  # its cluster comes by getfixturevalue
 

@@ -17,17 +17,15 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from payloadrun_operator.crd import CRD_FILE, build_crd
-from payloadrun_operator.models import GROUP, KIND, PLURAL, VERSION
-from payloadrun_operator.status import (
-    Check,
+from payloadrun_operator.api.conditions import (
     ConditionType,
     ReadyReason,
     ValidatedReason,
     VolumeReadyReason,
-    rfc3339,
-    status_update,
 )
+from payloadrun_operator.api.crd import CRD_FILE, build_crd
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+from payloadrun_operator.observed.status import Check, rfc3339, status_update
 
 READY = ConditionType.READY
 VALIDATED = ConditionType.VALIDATED

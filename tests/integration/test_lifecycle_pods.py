@@ -30,8 +30,8 @@ from pod_helpers import (
     wait_for_phase,
 )
 
-from payloadrun_operator.models import GROUP
-from payloadrun_operator.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
+from payloadrun_operator.api.models import GROUP
+from payloadrun_operator.api.names import INPUTS_ANNOTATION, ROLLOUT_ANNOTATION
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 # The orchestrator of the end-to-end runs: one request by handle through the writer (a payload

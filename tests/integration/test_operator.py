@@ -17,8 +17,8 @@ from kubernetes.client.rest import ApiException
 from pod_helpers import status_caught_up
 
 from payloadrun_devkit.local_operator import LocalOperator
-from payloadrun_operator.crd import build_crd
-from payloadrun_operator.models import GROUP, PLURAL, VERSION
+from payloadrun_operator.api.crd import build_crd
+from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.integration
 

@@ -49,10 +49,10 @@ from pod_helpers import (
     wait_for_phase,
 )
 
-from payloadrun_operator import names
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import build_children, build_cleanup
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api import names
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.platform.settings import OperatorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 

@@ -25,7 +25,7 @@ from pod_helpers import CONNECT, FAKE_VLLM, IMAGE, SLEEP, apply, get, kubectl, r
 
 from payloadrun import settings as sidecar
 from payloadrun.testing.bootstrap import STORE_PORT
-from payloadrun_operator.models import PEER_IP_BLOCK_ALONE_MESSAGE, PEER_NEEDS_ONE_MESSAGE
+from payloadrun_operator.api.models import PEER_IP_BLOCK_ALONE_MESSAGE, PEER_NEEDS_ONE_MESSAGE
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,10 @@ import pytest
 
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator import render
-from payloadrun_operator.admission import admit
-from payloadrun_operator.crd import build_crd
-from payloadrun_operator.models import GROUP, PLURAL
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.crd import build_crd
+from payloadrun_operator.api.models import GROUP, PLURAL
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.platform.settings import OperatorSettings
 
 pytestmark = pytest.mark.integration
 

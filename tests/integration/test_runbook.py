@@ -236,7 +236,7 @@ def test_the_lists_of_commands_name_commands_of_the_page():
 def test_the_names_are_the_operators():
     """The names the commands build from ``$RUN`` are those the operator gives (names.py), and
     the chart's (release ``payloadrun``: Deployment, Lease, Role)."""
-    from payloadrun_operator import names
+    from payloadrun_operator.api import names
 
     page = PAGE.read_text()
     for component in (names.INFERENCE, names.ORCHESTRATOR, names.TRAINER, names.CLEANUP):
@@ -271,7 +271,7 @@ def exported_metrics() -> set[str]:
 
     from payloadrun.retention.metrics import RetentionMetrics
     from payloadrun.writer.metrics import WriterMetrics
-    from payloadrun_operator.metrics import OperatorMetrics
+    from payloadrun_operator.platform.metrics import OperatorMetrics
 
     registries = [
         WriterMetrics().registry,

@@ -16,10 +16,10 @@ import pytest
 from example_runs import EXAMPLES
 
 from payloadrun_devkit.local_operator import LocalOperator
-from payloadrun_operator.admission import admit
-from payloadrun_operator.crd import CRD_FILE
-from payloadrun_operator.models import GROUP, PLURAL, TWO_MOUNT_PATHS_MESSAGE
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.crd import CRD_FILE
+from payloadrun_operator.api.models import GROUP, PLURAL, TWO_MOUNT_PATHS_MESSAGE
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.platform.settings import OperatorSettings
 
 pytestmark = pytest.mark.integration
 

@@ -51,8 +51,8 @@ from payloadrun.writer.metrics import PREFIX
 from payloadrun.writer.root_monitor import RootHealth, change_line
 from payloadrun.writer.server import FALLBACK_HEADER, MODE_HEADER
 from payloadrun_devcluster.node import NODE_NAME
-from payloadrun_operator.models import DEFAULT_MOUNT_PATH, GROUP
-from payloadrun_operator.names import LABEL_COMPONENT, WRITER_CONTAINER
+from payloadrun_operator.api.models import DEFAULT_MOUNT_PATH, GROUP
+from payloadrun_operator.api.names import LABEL_COMPONENT, WRITER_CONTAINER
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]
 

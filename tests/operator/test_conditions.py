@@ -1,5 +1,6 @@
-"""The conditions' vocabulary (payloadrun_operator.status): the only types and reasons the operator
-sets, and the docs list exactly these (issue 34: the reference lacked Applied/ApplyFailed)."""
+"""The conditions' vocabulary (payloadrun_operator.api.conditions): the only types and reasons the
+operator sets, and the docs list exactly these (issue 34: the reference lacked
+Applied/ApplyFailed)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from payloadrun_operator.models import REASON_PATTERN
-from payloadrun_operator.status import (
+from payloadrun_operator.api.conditions import (
     MEANINGS,
     REASONS,
     TRUE_REASONS,
-    Check,
     ConditionType,
     ReadyReason,
     ValidatedReason,
-    set_condition,
 )
+from payloadrun_operator.api.models import REASON_PATTERN
+from payloadrun_operator.observed.status import Check, set_condition
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = REPO / "operator" / "payloadrun_operator"

@@ -6,14 +6,14 @@ import yaml
 
 from payloadrun_devcluster.binaries import read_versions
 from payloadrun_devkit.required import skip_or_fail
-from payloadrun_operator.crd import CRD_FILE, build_crd, render_yaml
-from payloadrun_operator.kubeschema import (
+from payloadrun_operator.api.conditions import ConditionType
+from payloadrun_operator.api.crd import CRD_FILE, build_crd, render_yaml
+from payloadrun_operator.api.kubeschema import (
     OPENAPI_FILE,
     extract,
     kubernetes_version,
     render_openapi_file,
 )
-from payloadrun_operator.status import ConditionType
 
 READY = ConditionType.READY
 VALIDATED = ConditionType.VALIDATED
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_crd_file_matches_the_models():
     committed = (REPO / CRD_FILE).read_text()
     assert committed == render_yaml(), (
-        f"{CRD_FILE} drifted from payloadrun_operator/models.py: regenerate it with "
-        f"`python -m payloadrun_operator.crd > {CRD_FILE}`"
+        f"{CRD_FILE} drifted from payloadrun_operator/api/models.py: regenerate it with "
+        f"`python -m payloadrun_operator.api.crd > {CRD_FILE}`"
     )
 
 
@@ -221,7 +221,7 @@ def test_no_patch_strategy_and_no_default_but_the_list_map_keys_reach_the_crd():
 
 
 def test_the_vendored_openapi_is_the_pinned_kubernetes_version():
-    """operator/payloadrun_operator/openapi/ is what hack/kubernetes_openapi.py extracts from
+    """operator/payloadrun_operator/api/openapi/ is what hack/kubernetes_openapi.py extracts from
     the pinned version's OpenAPI document (in the Go module cache after cluster/build.sh)."""
     spec = importlib.util.spec_from_file_location(
         "kubernetes_openapi", REPO / "hack" / "kubernetes_openapi.py"
@@ -232,6 +232,6 @@ def test_the_vendored_openapi_is_the_pinned_kubernetes_version():
     path = module.document_path(version)
     if not path.exists():
         skip_or_fail(f"{path} is absent: bash cluster/build.sh fetches it")
-    assert (REPO / "operator" / "payloadrun_operator" / OPENAPI_FILE).read_text() == (
+    assert (REPO / "operator" / "payloadrun_operator" / "api" / OPENAPI_FILE).read_text() == (
         render_openapi_file(extract(json.loads(path.read_text()), version))
     ), "run python hack/kubernetes_openapi.py, then regenerate the CRD"

@@ -11,7 +11,7 @@ import kopf
 import pytest
 import yaml
 
-from payloadrun_operator import credentials
+from payloadrun_operator.platform import credentials
 
 PLUGIN = """#!{python}
 import json, os, sys

@@ -1,18 +1,18 @@
 import pytest
 from pydantic import ValidationError
 
-from payloadrun_operator.decisions import (
+from payloadrun_operator.api.models import (
+    DISAGGREGATED_BY_HANDLE_MESSAGE,
+    TWO_MOUNT_PATHS_MESSAGE,
+    PayloadRunSpec,
+)
+from payloadrun_operator.desired.decisions import (
     PayloadMode,
     claim_name,
     claim_owned_by_run,
     decide_payload_mode,
     payload_root,
     validation_errors,
-)
-from payloadrun_operator.models import (
-    DISAGGREGATED_BY_HANDLE_MESSAGE,
-    TWO_MOUNT_PATHS_MESSAGE,
-    PayloadRunSpec,
 )
 
 

@@ -7,8 +7,8 @@ import json
 import kopf
 from bad_runs import BASE_RUN
 
-from payloadrun_operator.diffbase import DIGEST, DigestDiffBaseStorage
-from payloadrun_operator.names import ANNOTATION_PREFIX, DIFFBASE_KEY
+from payloadrun_operator.api.names import ANNOTATION_PREFIX, DIFFBASE_KEY
+from payloadrun_operator.platform.diffbase import DIGEST, DigestDiffBaseStorage
 
 KEY = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
 

@@ -4,7 +4,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from payloadrun_operator.election import Heartbeat, Timing, claimed_spec, free_for, released_spec
+from payloadrun_operator.platform.election import (
+    Heartbeat,
+    Timing,
+    claimed_spec,
+    free_for,
+    released_spec,
+)
 
 NOW = datetime(2026, 12, 2, 9, 0, 0, 123456, tzinfo=UTC)
 

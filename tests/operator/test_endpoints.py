@@ -13,12 +13,12 @@ import pytest
 
 from payloadrun.serving import Listener, ListenError
 from payloadrun_operator.__main__ import listeners
-from payloadrun_operator.election import Heartbeat
-from payloadrun_operator.health import STALLED_SECONDS, Endpoints, Health, health_app
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.platform.election import Heartbeat
+from payloadrun_operator.platform.health import STALLED_SECONDS, Endpoints, Health, health_app
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def get(url: str) -> tuple[int, str]:

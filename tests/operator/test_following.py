@@ -1,6 +1,6 @@
 """The follower's cache: what it keeps of an event's object, and which run it concerns."""
 
-from payloadrun_operator.following import Cache, newer, owner_of, slim
+from payloadrun_operator.observed.following import Cache, newer, owner_of, slim
 
 RUN_LABEL = {"payloadrun.dev/run": "r1"}
 
@@ -100,11 +100,11 @@ def test_a_write_newer_than_its_events_is_kept_and_a_deletion_is_final():
 def test_the_reconcile_reads_the_cache_once_synced_and_writes_through():
     import asyncio
 
-    from payloadrun_operator.following import Follower
-    from payloadrun_operator.kube import KubeClient
-    from payloadrun_operator.metrics import OperatorMetrics
-    from payloadrun_operator.runtime import Operator
-    from payloadrun_operator.settings import OperatorSettings
+    from payloadrun_operator.observed.following import Follower
+    from payloadrun_operator.platform.kube import KubeClient
+    from payloadrun_operator.platform.metrics import OperatorMetrics
+    from payloadrun_operator.platform.runtime import Operator
+    from payloadrun_operator.platform.settings import OperatorSettings
 
     async def main() -> None:
         op = Operator(OperatorSettings(), KubeClient(), OperatorMetrics())
@@ -133,11 +133,11 @@ def test_pending_runs_count_what_the_workers_still_owe_until_a_pass_is_done():
 
     from prometheus_client import generate_latest
 
-    from payloadrun_operator.following import Follower
-    from payloadrun_operator.kube import KubeClient
-    from payloadrun_operator.metrics import OperatorMetrics
-    from payloadrun_operator.runtime import Operator
-    from payloadrun_operator.settings import OperatorSettings
+    from payloadrun_operator.observed.following import Follower
+    from payloadrun_operator.platform.kube import KubeClient
+    from payloadrun_operator.platform.metrics import OperatorMetrics
+    from payloadrun_operator.platform.runtime import Operator
+    from payloadrun_operator.platform.settings import OperatorSettings
 
     def sample(metrics: OperatorMetrics, line_start: str) -> float:
         text = generate_latest(metrics.registry).decode()

@@ -3,13 +3,13 @@
 import subprocess
 import sys
 
-from payloadrun_operator.heap import malloc_trim
+from payloadrun_operator.platform.heap import malloc_trim
 
 # 64 MiB through malloc (a bytearray's buffer over 512 bytes), then every block freed but one in
 # 64: the free pages lie between live chunks, where glibc's own trimming never reaches.
 FRAGMENTED = """
 from pathlib import Path
-from payloadrun_operator.heap import malloc_trim
+from payloadrun_operator.platform.heap import malloc_trim
 
 def rss_mib():
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -36,7 +36,7 @@ def test_the_trim_returns_the_pages_freed_between_live_chunks():
 
 
 def test_a_drained_burst_is_trimmed_once_and_not_every_run_after_it():
-    from payloadrun_operator.heap import DRAIN_TRIM_SECONDS, Drain
+    from payloadrun_operator.platform.heap import DRAIN_TRIM_SECONDS, Drain
 
     now = [100.0]
     trims: list[float] = []

@@ -23,11 +23,9 @@ from payloadrun.writer.cli import configs as writer_configs
 from payloadrun.writer.cli import register as register_writer
 from payloadrun.writer.config import WriterConfig, WriterListen, deprecated_in_use, listen_from
 from payloadrun.writer.server import build_app as build_writer_app
-from payloadrun_operator import names
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.kube import PLURALS
-from payloadrun_operator.models import (
+from payloadrun_operator.api import names
+from payloadrun_operator.api.kinds import CHILD_KINDS, PLURALS
+from payloadrun_operator.api.models import (
     GROUP,
     KIND,
     PLURAL,
@@ -37,7 +35,10 @@ from payloadrun_operator.models import (
     Retention,
     Writer,
 )
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def _children(spec_dict: dict) -> tuple[RunContext, list[dict]]:
@@ -249,7 +250,7 @@ def test_readiness_finds_the_children_the_builders_name(spec_dict):
             f"{names.LABEL_MANAGED_BY}={labels[names.LABEL_MANAGED_BY]}" == names.MANAGED_SELECTOR
         )
         if child["kind"] in ("StatefulSet", "Job"):
-            assert (child["apiVersion"], child["kind"]) in names.CHILD_KINDS
+            assert (child["apiVersion"], child["kind"]) in CHILD_KINDS
         owner = child["metadata"].get("ownerReferences", [{}])[0]
         assert owner.get("apiVersion", names.API_VERSION) == names.API_VERSION
 

@@ -28,11 +28,12 @@ from kubernetes_validate import utils as kubernetes_validate
 
 from payloadrun_devcluster.binaries import cache_dir, read_versions
 from payloadrun_devkit.required import skip_or_fail
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.crd import build_crd
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.models import PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.crd import build_crd
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.settings import OperatorSettings
 
 KUBERNETES_VERSION = read_versions()["KUBERNETES_VERSION"].removeprefix("v")  # e.g. 1.37.2
 MINOR = kubernetes_validate.major_minor(KUBERNETES_VERSION)

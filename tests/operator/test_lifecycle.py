@@ -12,32 +12,14 @@ import re
 
 import pytest
 
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.lifecycle import (
-    APPLY,
-    KEEP,
-    RECREATE,
-    SCALE,
-    WAIT,
-    activity_manifest,
-    current_pin,
-    end_checks,
-    failure_of,
-    inputs_hash,
-    is_final,
-    job_outcome,
-    last_failed_container,
-    needs_scaling,
-    pin_of,
-    pinned_settings,
-    ready_check,
-    runs_pods,
-    suspend_check,
-    workload_plan,
+from payloadrun_operator.api.conditions import REASONS, TRUE_REASONS, ConditionType, ReadyReason
+from payloadrun_operator.api.models import (
+    PayloadRunSpec,
+    PayloadRunStatus,
+    PinnedSidecars,
+    RunFailure,
 )
-from payloadrun_operator.models import PayloadRunSpec, PayloadRunStatus, PinnedSidecars, RunFailure
-from payloadrun_operator.names import (
+from payloadrun_operator.api.names import (
     INFERENCE,
     INPUTS_ANNOTATION,
     ORCHESTRATOR,
@@ -45,20 +27,29 @@ from payloadrun_operator.names import (
     TRAINER,
     WORKLOADS,
 )
-from payloadrun_operator.settings import (
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext, is_final, runs_pods
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.desired.pinning import current_pin, inputs_hash, pin_of, pinned_settings
+from payloadrun_operator.observed.outcome import (
+    end_checks,
+    failure_of,
+    job_outcome,
+    last_failed_container,
+    ready_check,
+    suspend_check,
+)
+from payloadrun_operator.observed.plan import (
+    WorkloadPlan,
+    activity_manifest,
+    needs_scaling,
+    workload_plan,
+)
+from payloadrun_operator.observed.status import Check, phase, set_condition, status_update
+from payloadrun_operator.platform.settings import (
     DEFAULT_RETENTION_RESOURCES,
     DEFAULT_WRITER_RESOURCES,
     OperatorSettings,
-)
-from payloadrun_operator.status import (
-    REASONS,
-    TRUE_REASONS,
-    Check,
-    ConditionType,
-    ReadyReason,
-    phase,
-    set_condition,
-    status_update,
 )
 
 COMPLETE = ConditionType.COMPLETE
@@ -377,12 +368,12 @@ def test_a_rollout_rebuilds_the_sidecars_workloads_only(spec_dict):
     rolled = current_pin(NEW_IMAGE_ONLY, {"sidecars": pin}, {ROLLOUT_ANNOTATION: "v2"})
     before = workloads(build_children(context(spec_dict, pinned_settings(NEW_IMAGE_ONLY, pin))))
     after = workloads(build_children(context(spec_dict, pinned_settings(NEW_IMAGE_ONLY, rolled))))
-    for component, plan in ((INFERENCE, APPLY), (ORCHESTRATOR, RECREATE)):
+    for component, plan in ((INFERENCE, WorkloadPlan.APPLY), (ORCHESTRATOR, WorkloadPlan.RECREATE)):
         (sidecar,) = after[component]["spec"]["template"]["spec"]["initContainers"]
         assert sidecar["image"] == "registry.example/payloadrun:0.2.0"
         assert workload_plan(after[component], live_copy(before[component])) == plan
     assert dumps(after[TRAINER]) == dumps(before[TRAINER])
-    assert workload_plan(after[TRAINER], live_copy(before[TRAINER])) == KEEP
+    assert workload_plan(after[TRAINER], live_copy(before[TRAINER])) == WorkloadPlan.KEEP
 
 
 def test_every_workload_carries_its_inputs(spec_dict):
@@ -452,7 +443,7 @@ def desired(spec_dict, component, *, active=True):
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_a_missing_workload_is_applied(spec_dict, component):
-    assert workload_plan(desired(spec_dict, component), None) == APPLY
+    assert workload_plan(desired(spec_dict, component), None) == WorkloadPlan.APPLY
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -461,14 +452,19 @@ def test_a_workload_being_deleted_is_waited_for(spec_dict, component):
     live = live_copy(want, annotations={INPUTS_ANNOTATION: "0123456789abcdef0123"})
     live["metadata"]["deletionTimestamp"] = T1
     live["metadata"]["finalizers"] = ["foregroundDeletion"]
-    assert workload_plan(want, live) == WAIT
+    assert workload_plan(want, live) == WorkloadPlan.WAIT
     same = live_copy(want)
     same["metadata"]["deletionTimestamp"] = T1
-    assert workload_plan(want, same) == WAIT
+    assert workload_plan(want, same) == WorkloadPlan.WAIT
 
 
 @pytest.mark.parametrize(
-    ("component", "plan"), [(INFERENCE, APPLY), (ORCHESTRATOR, RECREATE), (TRAINER, RECREATE)]
+    ("component", "plan"),
+    [
+        (INFERENCE, WorkloadPlan.APPLY),
+        (ORCHESTRATOR, WorkloadPlan.RECREATE),
+        (TRAINER, WorkloadPlan.RECREATE),
+    ],
 )
 def test_new_inputs_roll_a_statefulset_and_recreate_a_job(spec_dict, component, plan):
     old = desired(spec_dict, component)
@@ -483,9 +479,9 @@ def test_new_inputs_roll_a_statefulset_and_recreate_a_job(spec_dict, component, 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_same_inputs_and_same_activity_are_kept(spec_dict, component):
     want = desired(spec_dict, component)
-    assert workload_plan(want, live_copy(want)) == KEEP
+    assert workload_plan(want, live_copy(want)) == WorkloadPlan.KEEP
     stopped = desired(spec_dict, component, active=False)
-    assert workload_plan(stopped, live_copy(stopped)) == KEEP
+    assert workload_plan(stopped, live_copy(stopped)) == WorkloadPlan.KEEP
 
 
 def test_same_inputs_and_other_replicas_scale_the_statefulset(spec_dict):
@@ -494,15 +490,15 @@ def test_same_inputs_and_other_replicas_scale_the_statefulset(spec_dict):
     assert (running["spec"]["replicas"], stopped["spec"]["replicas"]) == (2, 0)
     # suspend changes no inputs: the template stays, the replicas change
     assert running["metadata"]["annotations"] == stopped["metadata"]["annotations"]
-    assert workload_plan(stopped, live_copy(running)) == SCALE
-    assert workload_plan(running, live_copy(stopped)) == SCALE
+    assert workload_plan(stopped, live_copy(running)) == WorkloadPlan.SCALE
+    assert workload_plan(running, live_copy(stopped)) == WorkloadPlan.SCALE
     # the API server's default of 1 counts as 1
     live = live_copy(running)
     del live["spec"]["replicas"]
-    assert workload_plan(running, live) == SCALE
+    assert workload_plan(running, live) == WorkloadPlan.SCALE
     one = copy.deepcopy(running)
     one["spec"]["replicas"] = 1
-    assert workload_plan(one, live) == KEEP
+    assert workload_plan(one, live) == WorkloadPlan.KEEP
 
 
 @pytest.mark.parametrize("component", [ORCHESTRATOR, TRAINER])
@@ -510,13 +506,13 @@ def test_same_inputs_and_other_suspend_scale_the_job(spec_dict, component):
     running = desired(spec_dict, component)
     stopped = desired(spec_dict, component, active=False)
     assert (running["spec"]["suspend"], stopped["spec"]["suspend"]) == (False, True)
-    assert workload_plan(stopped, live_copy(running)) == SCALE
-    assert workload_plan(running, live_copy(stopped)) == SCALE
+    assert workload_plan(stopped, live_copy(running)) == WorkloadPlan.SCALE
+    assert workload_plan(running, live_copy(stopped)) == WorkloadPlan.SCALE
     # a live Job without the field is not suspended
     live = live_copy(running)
     del live["spec"]["suspend"]
-    assert workload_plan(running, live) == KEEP
-    assert workload_plan(stopped, live) == SCALE
+    assert workload_plan(running, live) == WorkloadPlan.KEEP
+    assert workload_plan(stopped, live) == WorkloadPlan.SCALE
 
 
 COMPLETE_STATUS = {
@@ -605,11 +601,11 @@ def test_a_finished_job_is_left_as_it_ended(spec_dict, component, status):
     stopped = desired(spec_dict, component, active=False)
     live = live_copy(running)
     live["status"] = copy.deepcopy(status)
-    assert workload_plan(stopped, live) == KEEP
+    assert workload_plan(stopped, live) == WorkloadPlan.KEEP
     assert not needs_scaling(stopped, live)
     # an unfinished one is stopped
     live["status"] = copy.deepcopy(RUNNING_STATUS)
-    assert workload_plan(stopped, live) == SCALE
+    assert workload_plan(stopped, live) == WorkloadPlan.SCALE
 
 
 def test_needs_scaling_as_finishing_stops_a_run(spec_dict):
@@ -1039,7 +1035,7 @@ def test_a_new_failure_limit_reaches_a_live_job_without_recreating_it(spec_dict)
     live = desired(spec_dict, "orchestrator", active=True)
     spec_dict["failurePolicy"] = {"backoffLimit": 9}
     want = desired(spec_dict, "orchestrator", active=True)
-    assert workload_plan(want, live) == SCALE
+    assert workload_plan(want, live) == WorkloadPlan.SCALE
     assert activity_manifest(want)["spec"] == {"suspend": False, "backoffLimit": 9}
     # the trainers' Job keeps 0: the run's limit counts their restarts together (restarts.py)
     trainers = desired(spec_dict, "trainer", active=True)

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 from test_builders import SETTINGS, by_kind, context
 
-from payloadrun_operator.admission import spec_errors
-from payloadrun_operator.builders import build_children
-from payloadrun_operator.lifecycle import inputs_hash, pin_of
-from payloadrun_operator.models import PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings, SettingsError
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.desired.admission import spec_errors
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.pinning import inputs_hash, pin_of
+from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 COMPONENTS = ("inference", "orchestrator", "trainer")
 RUN = {"payloadrun.dev/run": "run1"}

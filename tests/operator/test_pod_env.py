@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from payloadrun_operator import names
-from payloadrun_operator.builders import RunContext, build_children, build_cleanup
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.models import PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api import names
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.settings import OperatorSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 SECTION = "## What every pod learns"

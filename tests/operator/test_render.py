@@ -11,9 +11,9 @@ import pytest
 import yaml
 from test_kubernetes_schema import assert_valid
 
-from payloadrun_operator.admission import admit
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.platform.settings import OperatorSettings
 from payloadrun_operator.render import PLACEHOLDER_UID
-from payloadrun_operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

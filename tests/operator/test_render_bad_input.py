@@ -22,10 +22,11 @@ import pytest
 import yaml
 from bad_runs import BAD, BASE_RUN, GOOD, Case
 
-from payloadrun_operator import render, schema_check
-from payloadrun_operator.admission import admit
-from payloadrun_operator.crd import build_crd
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator import render
+from payloadrun_operator.api import schema_check
+from payloadrun_operator.api.crd import build_crd
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.platform.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -144,7 +145,7 @@ def test_a_valid_example_renders_exactly_as_without_the_schema_check() -> None:
         assert with_check.returncode == 0, (example.name, with_check.stderr)
         code = (
             "import sys\n"
-            "from payloadrun_operator import schema_check\n"
+            "from payloadrun_operator.api import schema_check\n"
             "schema_check.run_errors = lambda body: []\n"
             "from payloadrun_operator.__main__ import main\n"
             "sys.argv = ['payloadrun-operator', 'render', '-f', '-']\n"
@@ -250,7 +251,7 @@ def test_admission_never_raises_whatever_type_a_field_is_given(example: str) -> 
     """The operator's path: a run the API server let in under an older CRD, or any file render
     reads, is refused with words or built, never a traceback (before the schema check, a
     list where a map belongs raised AttributeError or ValueError in the builders)."""
-    from payloadrun_operator.builders import build_children
+    from payloadrun_operator.desired.builders import build_children
 
     docs = yaml.safe_load_all((REPO / "examples" / example).read_text())
     (run,) = [d for d in docs if d and d["kind"] == "PayloadRun"]

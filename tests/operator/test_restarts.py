@@ -1,7 +1,7 @@
 """Restarting the trainers together (restarts.py): when, how often, what is recorded."""
 
-from payloadrun_operator import restarts
-from payloadrun_operator.models import PayloadRunStatus
+from payloadrun_operator.api.models import PayloadRunStatus
+from payloadrun_operator.observed import restarts
 
 T0 = "2026-12-01T10:00:00Z"
 
@@ -33,25 +33,31 @@ def failed_pod(name, rank, code, finished=T0):
 
 
 def test_a_failed_trainer_job_restarts_the_group_until_the_limit():
-    assert restarts.plan({}, job(), limit=2, layout=2) == restarts.RESTART
-    assert restarts.plan({"trainerRestarts": 1}, job(), limit=2, layout=2) == restarts.RESTART
-    assert restarts.plan({"trainerRestarts": 2}, job(), limit=2, layout=2) == restarts.FAIL
-    assert restarts.plan({}, job(), limit=0, layout=2) == restarts.FAIL
+    assert restarts.plan({}, job(), limit=2, layout=2) == restarts.RestartAction.RESTART
+    assert (
+        restarts.plan({"trainerRestarts": 1}, job(), limit=2, layout=2)
+        == restarts.RestartAction.RESTART
+    )
+    assert (
+        restarts.plan({"trainerRestarts": 2}, job(), limit=2, layout=2)
+        == restarts.RestartAction.FAIL
+    )
+    assert restarts.plan({}, job(), limit=0, layout=2) == restarts.RestartAction.FAIL
 
 
 def test_nothing_to_do_before_a_failure_during_a_restart_or_for_old_runs():
-    assert restarts.plan({}, None, limit=3, layout=2) == restarts.NONE
-    assert restarts.plan({}, job(failed=False), limit=3, layout=2) == restarts.NONE
-    assert restarts.plan({}, job(deleting=True), limit=3, layout=2) == restarts.NONE
+    assert restarts.plan({}, None, limit=3, layout=2) == restarts.RestartAction.NONE
+    assert restarts.plan({}, job(failed=False), limit=3, layout=2) == restarts.RestartAction.NONE
+    assert restarts.plan({}, job(deleting=True), limit=3, layout=2) == restarts.RestartAction.NONE
     # a run started before pod layout 2: its Job replaces ranks one by one, as it did
-    assert restarts.plan({}, job(), limit=3, layout=1) == restarts.NONE
+    assert restarts.plan({}, job(), limit=3, layout=1) == restarts.RestartAction.NONE
 
 
 def test_a_recorded_restart_is_counted_once_however_often_it_is_seen():
     status = {"trainerRestarts": 1, "lastTrainerRestart": {"jobUid": "job-1"}}
-    assert restarts.plan(status, job("job-1"), limit=3, layout=2) == restarts.DELETE
+    assert restarts.plan(status, job("job-1"), limit=3, layout=2) == restarts.RestartAction.DELETE
     # the next attempt's Job fails: a new restart
-    assert restarts.plan(status, job("job-2"), limit=3, layout=2) == restarts.RESTART
+    assert restarts.plan(status, job("job-2"), limit=3, layout=2) == restarts.RestartAction.RESTART
 
 
 def test_the_record_names_the_failed_rank_and_fits_the_status_schema():

@@ -1,6 +1,10 @@
 import pytest
 
-from payloadrun_operator.settings import DEFAULT_SIDECAR_IMAGE, OperatorSettings, SettingsError
+from payloadrun_operator.platform.settings import (
+    DEFAULT_SIDECAR_IMAGE,
+    OperatorSettings,
+    SettingsError,
+)
 
 
 def test_defaults():

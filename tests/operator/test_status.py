@@ -5,19 +5,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from payloadrun_operator.handlers import utc_now
-from payloadrun_operator.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
-from payloadrun_operator.status import (
+from payloadrun_operator.api.conditions import (
     REASONS,
     TRUE_REASONS,
     AppliedReason,
-    Check,
     CompleteReason,
     ConditionType,
     ReadyReason,
     SuspendedReason,
     ValidatedReason,
     VolumeReadyReason,
+)
+from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
+from payloadrun_operator.handlers import utc_now
+from payloadrun_operator.observed.status import (
+    Check,
     bounded_message,
     claim_check,
     deserves_event,

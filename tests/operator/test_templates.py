@@ -5,10 +5,11 @@ import copy
 
 import pytest
 
-from payloadrun_operator.builders import RunContext, build_children, run_errors
-from payloadrun_operator.decisions import decide_payload_mode
-from payloadrun_operator.models import PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.desired.builders import build_children, run_errors
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.platform.settings import OperatorSettings
 
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 

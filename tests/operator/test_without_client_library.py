@@ -18,10 +18,10 @@ sys.modules.update(dict.fromkeys({CLIENT_LIBRARIES!r}))
 import kopf
 from payloadrun_operator.__main__ import build_parser
 from payloadrun_operator.handlers import register
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
 register(kopf.OperatorRegistry(), Operator(OperatorSettings(), KubeClient(), OperatorMetrics()))
 print(sorted(m for m in sys.modules if m.split(".")[0] in {CLIENT_LIBRARIES!r} and sys.modules[m]))
 """

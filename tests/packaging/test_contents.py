@@ -162,7 +162,13 @@ def test_the_wheel_holds_the_product_packages_and_nothing_else(wheel: zipfile.Zi
         assert shipped in modules
     for gone in ("payloadrun/testing/required.py", "payloadrun_operator/testing.py"):
         assert gone not in modules
-    assert "payloadrun_operator/openapi/core-v1-podtemplatespec.json" in wheel.namelist()
+    assert "payloadrun_operator/api/openapi/core-v1-podtemplatespec.json" in wheel.namelist()
+    # every module of the operator's wings ships (a subpackage left out of the package list not)
+    operator = REPO / "operator"
+    source = {
+        p.relative_to(operator).as_posix() for p in (operator / "payloadrun_operator").rglob("*.py")
+    }
+    assert source <= modules, sorted(source - modules)
 
 
 def test_every_module_in_the_wheel_imports_only_what_the_product_declares(

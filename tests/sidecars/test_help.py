@@ -19,7 +19,7 @@ from payloadrun import cli
 from payloadrun.helptext import HelpFormatter, fill, plain
 from payloadrun.testing import fakevllm
 from payloadrun_operator import __main__ as operator_main
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.platform.settings import OperatorSettings
 
 # (the module `python -m` runs, its parser)
 COMMANDS = {

@@ -63,7 +63,7 @@ def test_one_version_everywhere():
     """pyproject.toml is where the version is written; everything else reads or matches it."""
     import payloadrun
     import payloadrun_operator
-    from payloadrun_operator.settings import DEFAULT_SIDECAR_IMAGE
+    from payloadrun_operator.platform.settings import DEFAULT_SIDECAR_IMAGE
 
     assert payloadrun.__version__ == payloadrun_operator.__version__ == VERSION
     assert DEFAULT_SIDECAR_IMAGE.endswith(f":{VERSION}")
@@ -356,7 +356,7 @@ def expositions(tmp_path_factory) -> dict[str, str]:
     """/metrics of a real writer and retention sidecar, and of the operator's metrics."""
     from prometheus_client import generate_latest
 
-    from payloadrun_operator.metrics import OperatorMetrics
+    from payloadrun_operator.platform.metrics import OperatorMetrics
 
     tmp = tmp_path_factory.mktemp("metrics")
     with (

@@ -14,26 +14,28 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator import lifecycle
-from payloadrun_operator.builders import RunContext, build_cleanup
-from payloadrun_operator.decisions import PayloadMode, claim_owned_by_run
-from payloadrun_operator.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_FAILED,
+    ConditionType,
+    PayloadsReleasedReason,
+    Phase,
+)
+from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
+from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
     ORCHESTRATOR,
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import (
-    JOB_FAILED,
-    PHASE_FAILED,
-    Check,
-    ConditionType,
-    PayloadsReleasedReason,
-    condition,
-)
+from payloadrun_operator.desired import pinning
+from payloadrun_operator.desired.builders import build_cleanup
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
+from payloadrun_operator.observed import plan
+from payloadrun_operator.observed.outcome import job_outcome
+from payloadrun_operator.observed.status import Check, condition
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.finishing")
 Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
@@ -55,8 +57,8 @@ async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None
             "metadata": {"name": live["metadata"]["name"], "namespace": ns},
             "spec": {"suspend": True} if kind == "Job" else {"replicas": 0},
         }
-        if lifecycle.needs_scaling(stopped, live):
-            await op.client.apply(lifecycle.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
+        if plan.needs_scaling(stopped, live):
+            await op.client.apply(plan.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
 
 
 async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -106,7 +108,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             PayloadsReleasedReason.NO_PAYLOAD_FILES,
             "payloads moved inline: no file is on a volume",
         )
-    if status.get("phase") == PHASE_FAILED:
+    if status.get("phase") == Phase.FAILED:
         return Check(
             False,
             PayloadsReleasedReason.KEPT_AFTER_FAILURE,
@@ -129,13 +131,13 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         ctx = RunContext.of(
             meta,
             spec,
-            lifecycle.pinned_settings(op.settings, pin),
+            pinning.pinned_settings(op.settings, pin),
             active=False,
-            layout=lifecycle.layout_of(pin),
+            layout=pinning.layout_of(pin),
         )
         await op.client.apply(build_cleanup(ctx))
         return deleting(job_name, status)
-    outcome = lifecycle.job_outcome(job)
+    outcome = job_outcome(job)
     if outcome is None:
         return deleting(job_name, status)
     if outcome == JOB_FAILED:

@@ -17,28 +17,65 @@ Runs started before this (pod layout 1) keep a Job that replaces ranks one by on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator import lifecycle
-from payloadrun_operator.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
-from payloadrun_operator.status import JOB_FAILED
-
-NONE = "none"  # nothing to do
-RESTART = "restart"  # record a new restart, then delete the failed Job
-DELETE = "delete"  # this failed Job's restart is recorded already: delete it (again)
-FAIL = "fail"  # no restart left: the run fails
+from payloadrun_operator.api.conditions import JOB_FAILED
+from payloadrun_operator.api.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
+from payloadrun_operator.desired.pinning import PodLayout
+from payloadrun_operator.observed import outcome
 
 
-def plan(status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, layout: int) -> str:
+class RestartAction(StrEnum):
+    """What the readiness pass does about the trainers' Job (:func:`plan`), as JobSet's
+    FailurePolicyAction names what its controller does about a failed child Job."""
+
+    NONE = "none"  # nothing to do
+    RESTART = "restart"  # record a new restart, then delete the failed Job
+    DELETE = "delete"  # this failed Job's restart is recorded already: delete it (again)
+    FAIL = "fail"  # no restart left: the run fails
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What an action does: each step the readiness pass takes for it."""
+
+    record: bool  # count a new restart in the status, and post a TrainersRestarted event
+    # delete the failed Job (foreground; created again once it is gone): then it is no end of
+    # the run, which fails only once no restart is left
+    delete_job: bool
+
+
+# The action table, as JobSet's failurePolicyActionApplier: what each action does.
+ACTIONS: dict[RestartAction, Steps] = {
+    RestartAction.NONE: Steps(record=False, delete_job=False),
+    RestartAction.RESTART: Steps(record=True, delete_job=True),
+    RestartAction.DELETE: Steps(record=False, delete_job=True),
+    RestartAction.FAIL: Steps(record=False, delete_job=False),
+}
+
+
+def plan(
+    status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, layout: PodLayout | int
+) -> RestartAction:
     """What to do about the trainers' Job of a run whose status is ``status``."""
-    if layout < 2 or job is None or job["metadata"].get("deletionTimestamp"):
-        return NONE
-    if lifecycle.job_outcome(job) != JOB_FAILED:
-        return NONE
+    if (
+        not PodLayout.of(layout).restarts_trainers_together
+        or job is None
+        or job["metadata"].get("deletionTimestamp")
+    ):
+        return RestartAction.NONE
+    if outcome.job_outcome(job) != JOB_FAILED:
+        return RestartAction.NONE
     last = status.get("lastTrainerRestart") or {}
     if last.get("jobUid") == job["metadata"].get("uid"):
-        return DELETE
-    return RESTART if (status.get("trainerRestarts") or 0) < limit else FAIL
+        return RestartAction.DELETE
+    return (
+        RestartAction.RESTART
+        if (status.get("trainerRestarts") or 0) < limit
+        else RestartAction.FAIL
+    )
 
 
 def restart_record(
@@ -52,7 +89,7 @@ def restart_record(
     pods = list(pods)
     count = (status.get("trainerRestarts") or 0) + 1
     # the first rank to fail is the cause: the Job controller stopped the others after it
-    pod, exit_code = lifecycle.first_failed_container(pods, TRAINER_CONTAINER)
+    pod, exit_code = outcome.first_failed_container(pods, TRAINER_CONTAINER)
     rank = next(
         (
             p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_ANNOTATION)

@@ -8,7 +8,8 @@ same names), the default ports the CRD's (:mod:`payloadrun.settings`).
 
 from __future__ import annotations
 
-from payloadrun_operator.models import GROUP, VERSION
+from payloadrun_operator.api.kinds import JOB, STATEFUL_SET
+from payloadrun_operator.api.models import GROUP, VERSION
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -76,15 +77,9 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # Inference serves until the run ends (a StatefulSet); the orchestrator and the trainers are
 # Jobs, so a process that exits 0 is done rather than restarted, and failures are counted.
 WORKLOADS = (
-    ("apps/v1", "StatefulSet", INFERENCE),
-    ("batch/v1", "Job", ORCHESTRATOR),
-    ("batch/v1", "Job", TRAINER),
-)
-# The kinds readiness lists by the managed-by label.
-CHILD_KINDS = (
-    ("v1", "PersistentVolumeClaim"),
-    ("apps/v1", "StatefulSet"),
-    ("batch/v1", "Job"),
+    (STATEFUL_SET.api_version, STATEFUL_SET.kind, INFERENCE),
+    (JOB.api_version, JOB.kind, ORCHESTRATOR),
+    (JOB.api_version, JOB.kind, TRAINER),
 )
 
 

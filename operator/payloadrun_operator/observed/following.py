@@ -1,6 +1,6 @@
 """Status from watch events, as controller-runtime's ``Owns()`` does it: a cache and a queue.
 
-kopf watches the runs and the kinds of child the status reads (:data:`names.CHILD_KINDS`) and
+kopf watches the runs and the kinds of child the status reads (:data:`kinds.CHILD_KINDS`) and
 hands every event to :meth:`Follower.observe`, which keeps the object in a :class:`Cache` and
 queues the run it belongs to (its own name, or a child's ``payloadrun.dev/run`` label). A few
 workers take runs off the queue and call :func:`readiness.refresh_run` with the cached run and
@@ -35,20 +35,20 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator import readiness
-from payloadrun_operator.kube import KubeApiError
-from payloadrun_operator.models import KIND
-from payloadrun_operator.names import (
+from payloadrun_operator.api.kinds import CHILD_KINDS, FOLLOWED, RUN
+from payloadrun_operator.api.models import KIND
+from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
     API_VERSION,
-    CHILD_KINDS,
     DIFFBASE_KEY,
     FIELD_MANAGER,
     LABEL_MANAGED_BY,
     LABEL_RUN,
     MANAGED_SELECTOR,
 )
-from payloadrun_operator.runtime import Operator
+from payloadrun_operator.observed import readiness
+from payloadrun_operator.platform.kube import KubeApiError
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.following")
 RunKey = tuple[str, str]  # (namespace, name)
@@ -57,7 +57,7 @@ DIFFBASE_ANNOTATION = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
 RETRY_SECONDS = 5.0  # after a refresh that failed (the API unreachable, say)
 RECHECK_SECONDS = 5.0  # a claim the run brings, not watched: looked at again until bound
 # A list's items carry no apiVersion: each cached object gets its kind's.
-API_VERSIONS = {KIND: API_VERSION, **{kind: api for api, kind in CHILD_KINDS}}
+API_VERSIONS = {k.kind: k.api_version for k in (RUN, *FOLLOWED)}
 # Deletions remembered (the latest), so that a write's answer older than its object's deletion
 # cannot bring it back into the cache. A race of milliseconds: a few thousand are plenty.
 TOMBSTONES = 4096
@@ -262,7 +262,7 @@ class Follower:
     def live(self, kind: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
         """``(True, the child as cached, or None when it does not exist)`` once the cache is
         synced; ``(False, None)`` before (the caller asks the API server instead). Only the
-        kinds the follower watches (:data:`names.CHILD_KINDS`), without pod templates."""
+        kinds the follower watches (:data:`kinds.CHILD_KINDS`), without pod templates."""
         if not self.synced.is_set():
             return False, None
         return True, self.cache.children.get((namespace, kind, name))

@@ -12,149 +12,19 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
-
-# --- the vocabulary: every condition type and reason the operator sets -------------------------
-# One home, used wherever a condition is set: set_condition refuses a type or a reason outside it,
-# the CRD's descriptions and docs/payloadrun-reference.md#conditions are generated from it
-# (hack/crd_reference.py), and alerts and runbooks can rely on it.
-
-
-class ConditionType(StrEnum):
-    """The conditions of a run, each True or False with a reason of its own enum (REASONS)."""
-
-    VALIDATED = "Validated"
-    APPLIED = "Applied"
-    VOLUME_READY = "VolumeReady"
-    READY = "Ready"
-    SUSPENDED = "Suspended"
-    COMPLETE = "Complete"
-    FAILED = "Failed"
-    PAYLOADS_RELEASED = "PayloadsReleased"
-
-
-class ValidatedReason(StrEnum):
-    SPEC_VALID = "SpecValid"  # True
-    INVALID_SPEC = "InvalidSpec"  # False: the phase is Rejected, nothing is applied
-
-
-class AppliedReason(StrEnum):
-    CHILDREN_APPLIED = "ChildrenApplied"  # True
-    APPLY_FAILED = "ApplyFailed"  # False: the API server refused a child (which, and why)
-
-
-class VolumeReadyReason(StrEnum):
-    CLAIM_BOUND = "ClaimBound"  # True
-    NOT_NEEDED = "NotNeeded"  # True: inline, no shared volume
-    CLAIM_MISSING = "ClaimMissing"  # False
-    CLAIM_PENDING = "ClaimPending"  # False
-    CLAIM_LOST = "ClaimLost"  # False (a Warning)
-
-
-class ReadyReason(StrEnum):
-    WORKLOADS_READY = "WorkloadsReady"  # True
-    WORKLOADS_NOT_READY = "WorkloadsNotReady"  # False
-    APPLY_FAILED = "ApplyFailed"  # False: a child was refused (the Applied condition says which)
-    SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
-    STOPPED = "Stopped"  # False: suspended
-    FINISHED = "Finished"  # False: the run has ended
-
-
-class SuspendedReason(StrEnum):
-    SPEC_SUSPENDED = "SpecSuspended"  # True
-    RESUMED = "Resumed"  # False
-
-
-class CompleteReason(StrEnum):
-    TRAINERS_SUCCEEDED = "TrainersSucceeded"  # True
-
-
-class FailedReason(StrEnum):
-    ORCHESTRATOR_FAILED = "OrchestratorFailed"  # True
-    TRAINER_FAILED = "TrainerFailed"  # True
-
-
-class PayloadsReleasedReason(StrEnum):
-    FILES_DELETED = "FilesDeleted"  # True
-    NO_PAYLOAD_FILES = "NoPayloadFiles"  # True: the run was inline
-    DELETING_FILES = "DeletingFiles"  # False: the cleanup Job runs
-    RETAINED = "Retained"  # False: deletionPolicy Retain
-    KEPT_AFTER_FAILURE = "KeptAfterFailure"  # False: a failed run keeps them for debugging
-    CLEANUP_FAILED = "CleanupFailed"  # False (a Warning)
-
-
-Reason = (
-    ValidatedReason
-    | AppliedReason
-    | VolumeReadyReason
-    | ReadyReason
-    | SuspendedReason
-    | CompleteReason
-    | FailedReason
-    | PayloadsReleasedReason
+from payloadrun_operator.api.conditions import (
+    JOB_COMPLETE,
+    REASONS,
+    TRUE_REASONS,
+    ConditionType,
+    Phase,
+    ReadyReason,
+    Reason,
+    VolumeReadyReason,
 )
-
-REASONS: dict[ConditionType, type[StrEnum]] = {
-    ConditionType.VALIDATED: ValidatedReason,
-    ConditionType.APPLIED: AppliedReason,
-    ConditionType.VOLUME_READY: VolumeReadyReason,
-    ConditionType.READY: ReadyReason,
-    ConditionType.SUSPENDED: SuspendedReason,
-    ConditionType.COMPLETE: CompleteReason,
-    ConditionType.FAILED: FailedReason,
-    ConditionType.PAYLOADS_RELEASED: PayloadsReleasedReason,
-}
-
-# Reasons that go with a True status; every other reason goes with False (set_condition checks).
-TRUE_REASONS: frozenset[StrEnum] = frozenset(
-    {
-        ValidatedReason.SPEC_VALID,
-        AppliedReason.CHILDREN_APPLIED,
-        VolumeReadyReason.CLAIM_BOUND,
-        VolumeReadyReason.NOT_NEEDED,
-        ReadyReason.WORKLOADS_READY,
-        SuspendedReason.SPEC_SUSPENDED,
-        CompleteReason.TRAINERS_SUCCEEDED,
-        FailedReason.ORCHESTRATOR_FAILED,
-        FailedReason.TRAINER_FAILED,
-        PayloadsReleasedReason.FILES_DELETED,
-        PayloadsReleasedReason.NO_PAYLOAD_FILES,
-    }
-)
-
-# What each condition says when True (the CRD's descriptions and the reference are made of these).
-MEANINGS: dict[ConditionType, str] = {
-    ConditionType.VALIDATED: "the spec was accepted (False: it was refused, the phase is "
-    "Rejected and nothing is applied)",
-    ConditionType.APPLIED: "every child was applied (False: the API server refused one; the "
-    "message says which, and why)",
-    ConditionType.VOLUME_READY: "the payload volume's claim is bound, or the run needs none",
-    ConditionType.READY: "the accepted spec's workloads have every pod ready (the phase is "
-    "then Running)",
-    ConditionType.SUSPENDED: "spec.suspend is true: no pod runs (set once a run was suspended; "
-    "False after it resumed)",
-    ConditionType.COMPLETE: "every trainer exited 0: the phase is Succeeded, for good",
-    ConditionType.FAILED: "a component failed beyond spec.failurePolicy: the phase is Failed, "
-    "for good",
-    ConditionType.PAYLOADS_RELEASED: "a finished run's payload files were deleted, or it had "
-    "none (False: being deleted, or kept: deletionPolicy Retain, a failed run, a failed "
-    "cleanup Job)",
-}
-
-# A batch/v1 Job's condition types once it has ended (lifecycle.job_outcome's values): the Job's
-# vocabulary, not the run's.
-JOB_COMPLETE = "Complete"
-JOB_FAILED = "Failed"
-
-PHASE_REJECTED = "Rejected"
-PHASE_PROVISIONING = "Provisioning"
-PHASE_RUNNING = "Running"
-PHASE_SUSPENDED = "Suspended"
-PHASE_SUCCEEDED = "Succeeded"
-PHASE_FAILED = "Failed"
+from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
 
 
 @dataclass(frozen=True)
@@ -298,19 +168,19 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
     conds = list(conditions)
     validated = condition(conds, ConditionType.VALIDATED)
     if validated is not None and validated["status"] == ConditionStatus.FALSE:
-        return PHASE_REJECTED
+        return Phase.REJECTED
     for ctype, final_phase in (
-        (ConditionType.FAILED, PHASE_FAILED),
-        (ConditionType.COMPLETE, PHASE_SUCCEEDED),
+        (ConditionType.FAILED, Phase.FAILED),
+        (ConditionType.COMPLETE, Phase.SUCCEEDED),
     ):
         if (condition(conds, ctype) or {}).get("status") == ConditionStatus.TRUE:
             return final_phase
     if (condition(conds, ConditionType.SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
-        return PHASE_SUSPENDED
+        return Phase.SUSPENDED
     ready = condition(conds, ConditionType.READY)
     if ready is not None and ready["status"] == ConditionStatus.TRUE:
-        return PHASE_RUNNING
-    return PHASE_PROVISIONING
+        return Phase.RUNNING
+    return Phase.PROVISIONING
 
 
 def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
@@ -370,7 +240,7 @@ class StatusUpdate:
 
     fields: dict[str, Any] | None  # status fields to write; None when nothing changed
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    phase: str = PHASE_PROVISIONING
+    phase: str = Phase.PROVISIONING
 
 
 def status_update(

@@ -24,11 +24,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from payloadrun_operator import lifecycle, schema_check
-from payloadrun_operator.builders import RunContext, run_errors
-from payloadrun_operator.decisions import validation_errors
-from payloadrun_operator.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.api import schema_check
+from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
+from payloadrun_operator.desired import context, pinning
+from payloadrun_operator.desired.builders import run_errors
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import validation_errors
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[str]]:
@@ -73,13 +75,13 @@ def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
         return Admission(None, errors=errors)
     meta = body["metadata"]
     status = body.get("status") or {}
-    pin = lifecycle.current_pin(settings, status, meta.get("annotations") or {})
+    pin = pinning.current_pin(settings, status, meta.get("annotations") or {})
     ctx = RunContext.of(
         meta,
         spec,
-        lifecycle.pinned_settings(settings, pin),
-        active=lifecycle.runs_pods(spec.suspend, status.get("phase")),
-        layout=lifecycle.layout_of(pin),
+        pinning.pinned_settings(settings, pin),
+        active=context.runs_pods(spec.suspend, status.get("phase")),
+        layout=pinning.layout_of(pin),
     )
     errors = run_errors(ctx)
     if errors:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from payloadrun_operator.names import SHM_VOLUME
+from payloadrun_operator.api.names import SHM_VOLUME
 
 Manifest = dict[str, Any]
 

@@ -467,7 +467,7 @@ def _repeated(values: list[Any]) -> Iterator[int]:
 
 @functools.cache
 def _run_schema_json() -> str:
-    from payloadrun_operator.crd import build_crd
+    from payloadrun_operator.api.crd import build_crd
 
     (version,) = build_crd()["spec"]["versions"]
     return json.dumps(version["schema"]["openAPIV3Schema"])

@@ -1,7 +1,7 @@
 """A run's status from its children: the one function that computes it (:func:`refresh_run`).
 
 :func:`refresh_run` recomputes ``VolumeReady``, ``Ready``, ``Suspended`` and the run's end
-(``Complete``, ``Failed``: :mod:`lifecycle`) from the run and its children with pure functions,
+(``Complete``, ``Failed``: :mod:`outcome`) from the run and its children with pure functions,
 and writes what changed (guarded by the run's resourceVersion) with an event per transition. A
 run that has ended is stopped and its payloads released (:mod:`finishing`), and a failed rank
 restarts every trainer (:mod:`restarts`). :mod:`following` calls it whenever a watch event
@@ -14,12 +14,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from payloadrun_operator import finishing, lifecycle, restarts
-from payloadrun_operator.admission import admit
-from payloadrun_operator.builders import build_trainer
-from payloadrun_operator.metrics import UNKNOWN_MODE
-from payloadrun_operator.models import KIND, FailurePolicy
-from payloadrun_operator.names import (
+from payloadrun_operator.api.conditions import (
+    JOB_FAILED,
+    ConditionType,
+    Phase,
+    ReadyReason,
+)
+from payloadrun_operator.api.models import KIND, FailurePolicy
+from payloadrun_operator.api.names import (
     API_VERSION,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
@@ -28,17 +30,13 @@ from payloadrun_operator.names import (
     WORKLOADS,
     child_name,
 )
-from payloadrun_operator.runtime import Operator
-from payloadrun_operator.status import (
-    JOB_FAILED,
-    PHASE_REJECTED,
-    Check,
-    ConditionType,
-    ReadyReason,
-    claim_check,
-    status_update,
-    workloads_check,
-)
+from payloadrun_operator.desired import context, pinning
+from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired.builders import build_trainer
+from payloadrun_operator.observed import finishing, outcome, restarts
+from payloadrun_operator.observed.status import Check, claim_check, status_update, workloads_check
+from payloadrun_operator.platform.metrics import UNKNOWN_MODE
+from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
@@ -59,7 +57,7 @@ def follows(run: dict[str, Any]) -> bool:
     status = run.get("status") or {}
     return status.get("observedGeneration") == run["metadata"].get("generation") and status.get(
         "phase"
-    ) not in (None, PHASE_REJECTED)
+    ) not in (None, Phase.REJECTED)
 
 
 async def refresh_run(
@@ -72,7 +70,7 @@ async def refresh_run(
     checks: dict[ConditionType, Check] = {}
     fields: dict[str, Any] = {}
     restart: tuple[str, dict[str, Any]] | None = None  # (plan, the failed trainers' Job)
-    if lifecycle.is_final(status.get("phase")):
+    if context.is_final(status.get("phase")):
         checks[ConditionType.READY] = FINISHED
         checks[ConditionType.PAYLOADS_RELEASED] = await finishing.release(op, run, children)
     else:
@@ -86,7 +84,7 @@ async def refresh_run(
             await client.post_event(run, event_type, reason, message, now)
     if restart is not None:  # recorded: now the failed Job goes, and its pods with it
         plan, job = restart
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             message = fields["lastTrainerRestart"]["message"]
             await client.post_event(run, "Warning", "TrainersRestarted", message, now)
         job_meta = job["metadata"]
@@ -95,7 +93,7 @@ async def refresh_run(
         )
     # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
     # checked at every pass, it costs no write when everything is stopped already.
-    if lifecycle.is_final(update.phase):
+    if context.is_final(update.phase):
         await finishing.stop(op, run, children)
     volume = checks.get(ConditionType.VOLUME_READY)
     brought = (
@@ -128,34 +126,34 @@ async def follow_active(
     if claim_name and claim is None:  # a claim the run brings carries no label of ours
         claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
     workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
-    active = lifecycle.runs_pods(suspend, status.get("phase"))
+    active = context.runs_pods(suspend, status.get("phase"))
     checks[ConditionType.VOLUME_READY] = claim_check(claim, claim_name)
-    checks[ConditionType.READY] = lifecycle.ready_check(active, workloads_check(workloads))
-    checks |= lifecycle.suspend_check(suspend, status)
+    checks[ConditionType.READY] = outcome.ready_check(active, workloads_check(workloads))
+    checks |= outcome.suspend_check(suspend, status)
     listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
     deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
     jobs = {c: None if c in deleting else j for c, j in listed.items()}
-    limit, layout = backoff_limit(run), lifecycle.layout_of(status.get("sidecars") or {})
-    if listed[TRAINER] is None and layout >= 2:
+    limit, layout = backoff_limit(run), pinning.layout_of(status.get("sidecars") or {})
+    if listed[TRAINER] is None and layout.restarts_trainers_together:
         await recreate_trainers(op, run)
     restart = None
     plan = restarts.plan(status, jobs[TRAINER], limit, layout)
-    if plan in (restarts.RESTART, restarts.DELETE):
+    if restarts.ACTIONS[plan].delete_job:
         trainers = jobs[TRAINER]
         assert trainers is not None
-        if plan == restarts.RESTART:
+        if restarts.ACTIONS[plan].record:
             pods = await finishing.job_pods(op, ns, trainers["metadata"]["name"])
             fields |= restarts.restart_record(status, trainers, pods, limit, now)
         restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
     together = None
-    if layout >= 2:  # the trainers' Job fails at its first failed rank
+    if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
         together = (
             f"a trainer rank failed after {status.get('trainerRestarts') or 0} restart(s) of "
             f"every rank (spec.failurePolicy.backoffLimit is {limit})"
         )
     failure = await failure_of(op, ns, jobs, trainers_lead=together)
-    end = lifecycle.end_checks(status, jobs[TRAINER], failure)
+    end = outcome.end_checks(status, jobs[TRAINER], failure)
     if end:
         checks |= end
         checks[ConditionType.READY] = FINISHED
@@ -197,10 +195,10 @@ async def failure_of(
 ) -> dict[str, Any] | None:
     """``status.failure`` when the orchestrator's or the trainers' Job has failed, else None."""
     for component, job in jobs.items():
-        if job is not None and lifecycle.job_outcome(job) == JOB_FAILED:
+        if job is not None and outcome.job_outcome(job) == JOB_FAILED:
             pods = await finishing.job_pods(op, namespace, job["metadata"]["name"])
             lead = trainers_lead if component == TRAINER else None
-            return lifecycle.failure_of(
+            return outcome.failure_of(
                 component, job, pods, CONTAINERS[component], lead=lead, first=lead is not None
             )
     return None

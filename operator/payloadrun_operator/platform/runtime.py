@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from payloadrun_operator.election import Heartbeat
-from payloadrun_operator.kube import KubeClient
-from payloadrun_operator.metrics import OperatorMetrics
-from payloadrun_operator.settings import OperatorSettings
+from payloadrun_operator.platform.election import Heartbeat
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.settings import OperatorSettings
 
 
 @dataclass

@@ -24,7 +24,7 @@ from http import HTTPStatus
 from aiohttp import web
 
 from payloadrun.serving import Listener, serve
-from payloadrun_operator.election import Heartbeat
+from payloadrun_operator.platform.election import Heartbeat
 
 PATH = "/healthz"
 STALLED_SECONDS = 30.0

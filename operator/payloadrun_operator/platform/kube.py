@@ -21,22 +21,8 @@ from typing import Any
 import aiohttp
 import kopf
 
-from payloadrun_operator.models import KIND, PLURAL
-from payloadrun_operator.names import API_VERSION, FIELD_MANAGER
-
-# (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
-PLURALS = {
-    (API_VERSION, KIND): PLURAL,
-    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "Service"): "services",
-    ("apps/v1", "StatefulSet"): "statefulsets",
-    ("apps/v1", "Deployment"): "deployments",
-    ("batch/v1", "Job"): "jobs",
-    ("v1", "Pod"): "pods",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-}
-
+from payloadrun_operator.api.kinds import PLURALS
+from payloadrun_operator.api.names import FIELD_MANAGER
 
 # Refusals worth a second try within one reconcile: the server is busy, restarting, or lost its
 # etcd leader for a moment. Anything else (a quota, an admission webhook, an invalid object, a

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from payloadrun_operator import names
+from payloadrun_operator.api import names
 
 Manifest = dict[str, Any]
 

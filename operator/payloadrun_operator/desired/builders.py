@@ -7,22 +7,23 @@ operator's parts on top (:mod:`templates` has the rules, :func:`common_parts` an
 ``*_parts`` functions what is added):
 
 - inference: a StatefulSet of vLLM pods, ``<run>-inference-<i>`` on its headless Service (every
-  replica addressable: :func:`inference_admin_urls`). By handle, the writer sidecar runs beside
+  replica addressable: :func:`env.inference_admin_urls`). By handle, the writer sidecar runs beside
   vLLM (a native sidecar, so it starts first and stops last) and the ``<run>-inference``
   Service targets it; inline, the Service targets vLLM itself. It serves until the run ends.
 - orchestrator: an Indexed Job of one pod, ``<run>-orchestrator-0`` on a headless Service with
   the ports its template declares. By handle, the retention sidecar runs beside it.
 - trainer: an Indexed Job, one pod per rank (``<run>-trainer-<rank>``), with torchrun's
-  rendezvous variables (rank 0 is the master: :func:`rendezvous_env`). Any rank's failure fails
+  rendezvous variables (rank 0 is the master: :func:`env.rendezvous_env`). Any rank's failure fails
   the Job, and the operator restarts all ranks together. Its completion is the run's success.
 
 Every main container gets ``/dev/shm`` (inference and trainers) and the run directory unless
 the template has its own; by handle the trainers see the payload root read-only. Both Jobs use
 ``restartPolicy: Never`` (a failed pod stays, with its logs) and never run a replacement beside
 the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its
-inputs (:func:`lifecycle.inputs_hash`) and has pods only while the run is active
-(``RunContext.active``). A finished run's ``<run>-cleanup`` Job deletes its payload files
-(:func:`build_cleanup`).
+inputs (:func:`pinning.inputs_hash`) and has pods only while the run is active
+(``RunContext.active``, :mod:`context`). A finished run's ``<run>-cleanup`` Job deletes its
+payload files (:func:`build_cleanup`). The pods' env is :mod:`env`'s, their volumes
+:mod:`volumes`', the operator's own containers :mod:`sidecars`'.
 
 Every child carries an owner reference to the run (garbage-collected with it), except a managed
 claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
@@ -31,46 +32,50 @@ same name returns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from payloadrun import serving, wipe
-from payloadrun.retention import config as retention_config
 from payloadrun.settings import Env
-from payloadrun.writer import config as writer_config
-from payloadrun_operator import lifecycle, names
-from payloadrun_operator import networkpolicy as netpol
-from payloadrun_operator.decisions import (
-    DEFAULT_CLAIM_SIZE,
-    ModeDecision,
-    claim_name,
-    claim_owned_by_run,
-    decide_payload_mode,
-    manages_claim,
-    needs_payload_volume,
-    payload_mount_path,
-    payload_root,
-    run_dir_on_payload_volume,
-)
-from payloadrun_operator.models import (
+from payloadrun_operator.api import names
+from payloadrun_operator.api.models import (
     KIND,
-    EnvVar,
     Inference,
     Orchestrator,
     PayloadAccess,
-    PayloadRunSpec,
-    Resources,
     Trainer,
 )
-from payloadrun_operator.names import (
+from payloadrun_operator.api.names import (
     INFERENCE,
     ORCHESTRATOR,
     TRAINER,
     VOLUME_NAME,
 )
-from payloadrun_operator.settings import OperatorSettings
-from payloadrun_operator.templates import (
+from payloadrun_operator.desired import networkpolicy as netpol
+from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.decisions import (
+    DEFAULT_CLAIM_SIZE,
+    claim_owned_by_run,
+    manages_claim,
+    run_dir_on_payload_volume,
+)
+from payloadrun_operator.desired.env import (
+    env_list,
+    identity_env,
+    inference_admin_urls,
+    inference_url,
+    main_env,
+    rendezvous_env,
+    retention_url,
+    run_env,
+    step_env,
+    user_env,
+)
+from payloadrun_operator.desired.sidecars import (
+    cleanup_container,
+    resources,
+    retention_container,
+    writer_container,
+)
+from payloadrun_operator.desired.templates import (
     Manifest,
     Parts,
     TemplateConflict,
@@ -79,76 +84,12 @@ from payloadrun_operator.templates import (
     run_fs_group,
     with_overlays,
 )
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """Everything the builders need: the run's identity, spec, mode and the operator settings."""
-
-    name: str
-    namespace: str
-    uid: str
-    spec: PayloadRunSpec
-    decision: ModeDecision
-    settings: OperatorSettings  # with the run's pinned sidecar settings (lifecycle.pinned_settings)
-    active: bool = True  # whether the workloads have pods (not suspended, not finished)
-    layout: int = lifecycle.POD_LAYOUT  # the pod layout the run was started with
-
-    @classmethod
-    def of(
-        cls,
-        meta: Mapping[str, Any],
-        spec: PayloadRunSpec,
-        settings: OperatorSettings,
-        *,
-        active: bool = True,
-        layout: int = lifecycle.POD_LAYOUT,
-    ) -> RunContext:
-        """The context of the run whose ``metadata`` is ``meta`` (its mode decided here)."""
-        decision = decide_payload_mode(spec)
-        return cls(
-            meta["name"], meta["namespace"], meta["uid"], spec, decision, settings, active, layout
-        )
-
-    @property
-    def by_handle(self) -> bool:
-        return self.decision.by_handle
-
-    @property
-    def root(self) -> str | None:
-        return payload_root(self.spec, self.namespace, self.name) if self.by_handle else None
-
-    @property
-    def claim(self) -> str | None:
-        """The payload volume's claim, when a pod mounts it (by handle, or as the run
-        directory)."""
-        if not needs_payload_volume(self.spec, self.by_handle):
-            return None
-        return claim_name(self.spec, self.name)
-
-    @property
-    def payload_mount_path(self) -> str:
-        return payload_mount_path(self.spec)
-
-    def child_name(self, component: str) -> str:
-        return names.child_name(self.name, component)
-
-    def host(self, component: str, index: int = 0) -> str:
-        """The DNS name of a pod of the run: ``<run>-<component>-<index>.<headless>.<ns>.svc``."""
-        return names.pod_host(self.name, self.namespace, component, index)
-
-    def templates(self) -> dict[str, dict[str, Any] | None]:
-        spec = self.spec
-        return {
-            INFERENCE: spec.inference.template,
-            ORCHESTRATOR: spec.orchestrator.template,
-            TRAINER: spec.trainer.template,
-        }
-
-    def inputs(self, component: str) -> str:
-        pin = {**lifecycle.pin_of(self.settings), "podLayout": self.layout}
-        return lifecycle.inputs_hash(self.spec, component, pin)
-
+from payloadrun_operator.desired.volumes import (
+    payload_volume,
+    run_directory_mount,
+    run_volumes,
+    volume_mount,
+)
 
 # --- shared pieces -------------------------------------------------------------------------------
 
@@ -183,214 +124,6 @@ def metadata(ctx: RunContext, name: str, component: str, *, owned: bool = True) 
     if owned:
         meta["ownerReferences"] = [owner_reference(ctx)]
     return meta
-
-
-def env_list(values: dict[str, str | None]) -> list[Manifest]:
-    return [{"name": k, "value": v} for k, v in values.items() if v is not None]
-
-
-def user_env(env: list[EnvVar]) -> list[Manifest]:
-    return [e.model_dump(by_alias=True, exclude_none=True) for e in env]
-
-
-def resources(res: Resources | None, default: dict[str, Any] | None = None) -> Manifest:
-    if res is None:
-        return dict(default or {})
-    return res.model_dump(by_alias=True, exclude_none=True)
-
-
-def sidecar_security_context(ctx: RunContext) -> Manifest:
-    """The sidecars' and the cleanup Job's container: Pod Security's ``restricted`` level on
-    its own, whatever the pod's template sets (every field is the container's), plus a
-    read-only root filesystem. tests/integration/test_pod_security.py has the API server admit
-    it, and refuse it with any one field less."""
-    uid = ctx.settings.sidecar_uid
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": uid,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-# --- what the pods learn -------------------------------------------------------------------------
-
-
-def identity_env(ctx: RunContext) -> dict[str, str | None]:
-    """Which run a container belongs to and how its payloads move: every container of a run's
-    pods is told, the sidecars and the cleanup Job included (docs/operator.md#what-every-pod-learns
-    is the table, tests/operator/test_pod_env.py holds the pods to it)."""
-    return {Env.RUN: ctx.name, Env.RUN_ID: ctx.uid, Env.PAYLOAD_MODE: str(ctx.decision.mode)}
-
-
-def run_env(ctx: RunContext) -> dict[str, str | None]:
-    """What the main container of every role is told about the run."""
-    run_dir = ctx.spec.run_directory
-    return {
-        **identity_env(ctx),
-        Env.PAYLOAD_ROOT: ctx.root,
-        Env.RUN_DIRECTORY: run_dir.mount_path if run_dir else None,
-        Env.ORCHESTRATOR_HOST: ctx.host(ORCHESTRATOR),
-    }
-
-
-# What pod layout 2 added to the main containers' env. A run started before (layout 1) is not
-# given them: its spec may set these names itself, as layout 1 allowed; it gets them when rolled.
-LAYOUT_2_ENV = frozenset(
-    {
-        Env.RUN_DIRECTORY,
-        Env.ORCHESTRATOR_HOST,
-        Env.TRAINER_HOST,
-        Env.INFERENCE_ADMIN_URLS,
-        Env.MASTER_ADDR,
-        Env.MASTER_PORT,
-        Env.NNODES,
-        Env.NODE_RANK,
-        Env.NPROC_PER_NODE,
-        Env.WORLD_SIZE,
-        Env.RANK,
-        Env.PET_MASTER_ADDR,
-        Env.PET_MASTER_PORT,
-        Env.PET_NNODES,
-        Env.PET_NODE_RANK,
-        Env.PET_NPROC_PER_NODE,
-    }
-)
-
-
-def main_env(ctx: RunContext, env: list[Manifest]) -> tuple[Manifest, ...]:
-    """The operator's env of a main container, as the run's pod layout has it."""
-    if ctx.layout >= 2:
-        return tuple(env)
-    return tuple(e for e in env if e["name"] not in LAYOUT_2_ENV)
-
-
-def step_env(ctx: RunContext) -> dict[str, str | None]:
-    """The step bounds, for the orchestrator and its retention sidecar alike."""
-    spec = ctx.spec
-    return {
-        Env.MAX_OFF_POLICY_STEPS: str(spec.max_off_policy_steps),
-        Env.MAX_STEPS: None if spec.max_steps is None else str(spec.max_steps),
-    }
-
-
-def inference_url(ctx: RunContext) -> str:
-    port = ctx.spec.inference.writer.port if ctx.by_handle else ctx.spec.inference.port
-    return f"http://{ctx.child_name(INFERENCE)}.{ctx.namespace}.svc:{port}"
-
-
-def inference_admin_urls(ctx: RunContext) -> str:
-    """Every inference replica's own vLLM, ``http://<pod DNS name>:<port>/v1``, space-separated.
-
-    Admin calls (pause, weight updates, resume, NCCL setup, metrics) must reach every replica,
-    not one behind the load-balanced Service, and they go to vLLM itself, not through the writer:
-    they carry no payloads, the writer's health must not block a weight update, and the same
-    addresses then serve an inline run. Space-separated, as prime-rl's SLURM template passes
-    them: ``--model.client.admin-base-url $PAYLOADRUN_INFERENCE_ADMIN_URLS`` in a shell command
-    gives one argument per replica."""
-    port = ctx.spec.inference.port
-    return " ".join(
-        f"http://{ctx.host(INFERENCE, i)}:{port}/v1" for i in range(ctx.spec.inference.replicas)
-    )
-
-
-def retention_url(ctx: RunContext) -> str | None:
-    if not ctx.by_handle:
-        return None
-    return f"http://127.0.0.1:{ctx.spec.orchestrator.retention.port}"
-
-
-def rendezvous_env(ctx: RunContext) -> list[Manifest]:
-    """torch.distributed's and torchrun's variables: rank 0 is the master; a pod's rank is its
-    Indexed Job completion index. ``RANK``/``WORLD_SIZE`` only with one process per pod (with
-    more, torchrun sets them for its workers)."""
-    trainer = ctx.spec.trainer
-    nodes, procs = str(trainer.replicas), str(trainer.processes_per_node)
-    master, port = ctx.host(TRAINER), str(names.TRAINER_DIST_PORT)
-    fixed = {
-        Env.MASTER_ADDR: master,
-        Env.MASTER_PORT: port,
-        Env.NNODES: nodes,
-        Env.NPROC_PER_NODE: procs,
-        Env.PET_MASTER_ADDR: master,
-        Env.PET_MASTER_PORT: port,
-        Env.PET_NNODES: nodes,
-        Env.PET_NPROC_PER_NODE: procs,
-    }
-    one_process = trainer.processes_per_node == 1
-    if one_process:
-        fixed[Env.WORLD_SIZE] = nodes
-    index = f"metadata.annotations['{names.COMPLETION_INDEX_ANNOTATION}']"
-    ranked = [Env.NODE_RANK, Env.PET_NODE_RANK, *([Env.RANK] if one_process else [])]
-    return env_list(fixed) + [
-        {"name": n, "valueFrom": {"fieldRef": {"fieldPath": index}}} for n in ranked
-    ]
-
-
-# --- volumes -------------------------------------------------------------------------------------
-
-
-def payload_volume(ctx: RunContext) -> Manifest:
-    return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": ctx.claim}}
-
-
-def volume_mount(ctx: RunContext, *, read_only: bool) -> Manifest:
-    return {"name": VOLUME_NAME, "mountPath": ctx.payload_mount_path, "readOnly": read_only}
-
-
-def run_directory_volume(ctx: RunContext) -> Manifest | None:
-    """The run directory's own claim (none when it is the payload volume, or there is none)."""
-    run_dir = ctx.spec.run_directory
-    if run_dir is None or run_dir.claim_name is None:
-        return None
-    return {
-        "name": names.RUN_DIRECTORY_VOLUME,
-        "persistentVolumeClaim": {"claimName": run_dir.claim_name},
-    }
-
-
-def run_directory_mount(ctx: RunContext) -> Manifest | None:
-    run_dir = ctx.spec.run_directory
-    if run_dir is None:
-        return None
-    volume = VOLUME_NAME if run_dir.claim_name is None else names.RUN_DIRECTORY_VOLUME
-    return {"name": volume, "mountPath": run_dir.mount_path}
-
-
-def run_volumes(ctx: RunContext, *, payloads: bool) -> list[Manifest]:
-    """The claims a role's pods mount: the payload volume where they use it, the run
-    directory's own claim."""
-    volumes = [payload_volume(ctx)] if payloads and ctx.claim else []
-    own = run_directory_volume(ctx)
-    return [*volumes, *([own] if own else [])]
-
-
-def http_probe(path: str, port: int, period: int = 10) -> Manifest:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5}
-
-
-def sidecar_probes(port: int) -> Manifest:
-    """A sidecar's probes, on the paths every sidecar serves (:mod:`payloadrun.serving`)."""
-    return {
-        "startupProbe": startup_probe(port),
-        "readinessProbe": http_probe(serving.READY_PATH, port, period=5),
-        "livenessProbe": http_probe(serving.HEALTH_PATH, port),
-    }
-
-
-def startup_probe(port: int) -> Manifest:
-    """A native sidecar is "started" once it answers: only then does the kubelet start the main
-    container, so vLLM never takes traffic before its writer serves (and the orchestrator never
-    calls a retention sidecar that is not listening). Up to 60 s to start."""
-    return {
-        "httpGet": {"path": serving.HEALTH_PATH, "port": port},
-        "periodSeconds": 1,
-        "timeoutSeconds": 2,
-        "failureThreshold": 60,
-    }
 
 
 # --- pod templates -------------------------------------------------------------------------------
@@ -646,71 +379,6 @@ def build_config_map(ctx: RunContext) -> Manifest:
     }
 
 
-def writer_container(ctx: RunContext) -> Manifest:
-    inference = ctx.spec.inference
-    writer = inference.writer
-    return {
-        "name": names.WRITER_CONTAINER,
-        "image": writer.image or ctx.settings.sidecar_image,
-        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
-        "restartPolicy": "Always",  # a native sidecar: up before vLLM, down after it
-        "args": [writer_config.COMMAND, *writer.args],
-        "env": env_list(
-            {
-                **identity_env(ctx),
-                Env.WRITER_UPSTREAM: f"http://127.0.0.1:{inference.port}",
-                Env.WRITER_HOST: "0.0.0.0",
-                Env.WRITER_PORT: str(writer.port),
-                Env.WRITER_METRICS_HOST: "0.0.0.0",
-                Env.WRITER_METRICS_PORT: str(writer.metrics_port),
-                Env.PAYLOAD_ROOT: ctx.root,
-                Env.LOG_FORMAT: ctx.settings.sidecar_log_format,
-            }
-        ),
-        "ports": [
-            {"name": names.WRITER_PORT_NAME, "containerPort": writer.port},
-            {"name": names.WRITER_METRICS_PORT_NAME, "containerPort": writer.metrics_port},
-        ],
-        **sidecar_probes(writer.port),
-        "resources": resources(writer.resources, ctx.settings.writer_resources),
-        "securityContext": sidecar_security_context(ctx),
-        "volumeMounts": [volume_mount(ctx, read_only=False)],
-    }
-
-
-def retention_container(ctx: RunContext) -> Manifest:
-    spec = ctx.spec
-    retention = spec.orchestrator.retention
-    return {
-        "name": names.RETENTION_CONTAINER,
-        "image": retention.image or ctx.settings.sidecar_image,
-        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
-        "restartPolicy": "Always",
-        "args": [retention_config.COMMAND, *retention.args],
-        "env": env_list(
-            {
-                **identity_env(ctx),
-                Env.PAYLOAD_ROOT: ctx.root,
-                Env.RESUME: str(spec.resume).lower(),
-                **step_env(ctx),
-                Env.RETENTION_PORT: str(retention.port),
-                Env.RETENTION_METRICS_PORT: str(retention.metrics_port),
-                Env.RETENTION_WORKERS: str(retention.workers),
-                Env.RETENTION_SCAN_INTERVAL: str(retention.scan_interval_seconds),
-                Env.LOG_FORMAT: ctx.settings.sidecar_log_format,
-            }
-        ),
-        "ports": [
-            {"name": names.RETENTION_METRICS_PORT_NAME, "containerPort": retention.metrics_port}
-        ],
-        # The API listens on the pod's loopback only, so the kubelet probes the metrics port.
-        **sidecar_probes(retention.metrics_port),
-        "resources": resources(retention.resources, ctx.settings.retention_resources),
-        "securityContext": sidecar_security_context(ctx),
-        "volumeMounts": [volume_mount(ctx, read_only=False)],
-    }
-
-
 def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> Manifest:
     spec: Manifest = {
         "clusterIP": "None",
@@ -824,7 +492,7 @@ def build_trainer(ctx: RunContext) -> list[Manifest]:
     # together (readiness.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
     # would join a group whose collective hangs.
     # (A run started before pod layout 2 keeps a Job that replaces ranks one by one.)
-    backoff = 0 if ctx.layout >= 2 else ctx.spec.failure_policy.backoff_limit
+    backoff = 0 if ctx.layout.restarts_trainers_together else ctx.spec.failure_policy.backoff_limit
     return [
         headless_service(ctx, TRAINER, service_ports(pod, dist)),
         job(ctx, TRAINER, trainer.replicas, pod, backoff_limit=backoff),
@@ -879,24 +547,11 @@ def build_children(ctx: RunContext) -> list[Manifest]:
     ]
 
 
-CLEANUP_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
-
-
 def build_cleanup(ctx: RunContext) -> Manifest:
     """The Job that deletes a finished run's payload files (``payloadrun wipe``), as the sidecars'
     user, with the sidecars' image; by handle only."""
-    container = {
-        "name": names.CLEANUP_CONTAINER,
-        "image": ctx.settings.sidecar_image,
-        "imagePullPolicy": ctx.settings.sidecar_image_pull_policy,
-        "args": wipe.command_line(ctx.root),
-        "env": env_list({**identity_env(ctx), Env.LOG_FORMAT: ctx.settings.sidecar_log_format}),
-        "resources": CLEANUP_RESOURCES,
-        "securityContext": sidecar_security_context(ctx),
-        "volumeMounts": [volume_mount(ctx, read_only=False)],
-    }
     pod: Manifest = {
-        "containers": [container],
+        "containers": [cleanup_container(ctx)],
         "volumes": [payload_volume(ctx)],
         "restartPolicy": "Never",
         **{k: v for k, v in placement(ctx).items() if k != "serviceAccountName"},

@@ -664,13 +664,13 @@ class Condition(Model):
     """One observation of the run, shaped as Kubernetes' metav1.Condition (same rules)."""
 
     type: Annotated[str, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)] = Field(
-        # crd.py puts the list of types in front (payloadrun_operator.status.ConditionType)
+        # crd.py puts the list of types in front (payloadrun_operator.api.conditions.ConditionType)
         description="One entry per type (CamelCase, or example.com/CamelCase for a condition "
         "another controller adds)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)] = Field(
-        # crd.py adds each type's reasons (payloadrun_operator.status.REASONS)
+        # crd.py adds each type's reasons (payloadrun_operator.api.conditions.REASONS)
         description="Why the condition has its status, as a CamelCase identifier for programs "
         "and alerts."
     )
@@ -800,7 +800,7 @@ class PayloadRunStatus(Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        # crd.py writes what each type means (payloadrun_operator.status.MEANINGS)
+        # crd.py writes what each type means (payloadrun_operator.api.conditions.MEANINGS)
         description="The run's conditions, each with a reason and a message.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from payloadrun import settings
 from payloadrun.settings import SettingsError, parse_bool, parse_int, setting
 from payloadrun_operator import __version__
-from payloadrun_operator.models import NetworkPolicyPeer
+from payloadrun_operator.api.models import NetworkPolicyPeer
 
 DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
 DEFAULT_WRITER_RESOURCES = {

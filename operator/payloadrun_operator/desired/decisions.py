@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from payloadrun_operator.models import (
+from payloadrun_operator.api.models import (
     DEFAULT_MOUNT_PATH,
     DISAGGREGATED_BY_HANDLE_MESSAGE,
     TWO_MOUNT_PATHS_MESSAGE,

@@ -1,0 +1,162 @@
+"""The vocabulary of a run's status: every condition type and reason the operator sets, what
+each condition means, a Job's final condition types, and the run's phases.
+
+Words only, no computing (that is :mod:`payloadrun_operator.observed.status`), so the CRD
+(:mod:`crd`) is generated from them without importing what computes status.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# --- the vocabulary: every condition type and reason the operator sets -------------------------
+# One home, used wherever a condition is set: set_condition refuses a type or a reason outside it,
+# the CRD's descriptions and docs/payloadrun-reference.md#conditions are generated from it
+# (hack/crd_reference.py), and alerts and runbooks can rely on it.
+
+
+class ConditionType(StrEnum):
+    """The conditions of a run, each True or False with a reason of its own enum (REASONS)."""
+
+    VALIDATED = "Validated"
+    APPLIED = "Applied"
+    VOLUME_READY = "VolumeReady"
+    READY = "Ready"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    PAYLOADS_RELEASED = "PayloadsReleased"
+
+
+class ValidatedReason(StrEnum):
+    SPEC_VALID = "SpecValid"  # True
+    INVALID_SPEC = "InvalidSpec"  # False: the phase is Rejected, nothing is applied
+
+
+class AppliedReason(StrEnum):
+    CHILDREN_APPLIED = "ChildrenApplied"  # True
+    APPLY_FAILED = "ApplyFailed"  # False: the API server refused a child (which, and why)
+
+
+class VolumeReadyReason(StrEnum):
+    CLAIM_BOUND = "ClaimBound"  # True
+    NOT_NEEDED = "NotNeeded"  # True: inline, no shared volume
+    CLAIM_MISSING = "ClaimMissing"  # False
+    CLAIM_PENDING = "ClaimPending"  # False
+    CLAIM_LOST = "ClaimLost"  # False (a Warning)
+
+
+class ReadyReason(StrEnum):
+    WORKLOADS_READY = "WorkloadsReady"  # True
+    WORKLOADS_NOT_READY = "WorkloadsNotReady"  # False
+    APPLY_FAILED = "ApplyFailed"  # False: a child was refused (the Applied condition says which)
+    SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
+    STOPPED = "Stopped"  # False: suspended
+    FINISHED = "Finished"  # False: the run has ended
+
+
+class SuspendedReason(StrEnum):
+    SPEC_SUSPENDED = "SpecSuspended"  # True
+    RESUMED = "Resumed"  # False
+
+
+class CompleteReason(StrEnum):
+    TRAINERS_SUCCEEDED = "TrainersSucceeded"  # True
+
+
+class FailedReason(StrEnum):
+    ORCHESTRATOR_FAILED = "OrchestratorFailed"  # True
+    TRAINER_FAILED = "TrainerFailed"  # True
+
+
+class PayloadsReleasedReason(StrEnum):
+    FILES_DELETED = "FilesDeleted"  # True
+    NO_PAYLOAD_FILES = "NoPayloadFiles"  # True: the run was inline
+    DELETING_FILES = "DeletingFiles"  # False: the cleanup Job runs
+    RETAINED = "Retained"  # False: deletionPolicy Retain
+    KEPT_AFTER_FAILURE = "KeptAfterFailure"  # False: a failed run keeps them for debugging
+    CLEANUP_FAILED = "CleanupFailed"  # False (a Warning)
+
+
+Reason = (
+    ValidatedReason
+    | AppliedReason
+    | VolumeReadyReason
+    | ReadyReason
+    | SuspendedReason
+    | CompleteReason
+    | FailedReason
+    | PayloadsReleasedReason
+)
+
+REASONS: dict[ConditionType, type[StrEnum]] = {
+    ConditionType.VALIDATED: ValidatedReason,
+    ConditionType.APPLIED: AppliedReason,
+    ConditionType.VOLUME_READY: VolumeReadyReason,
+    ConditionType.READY: ReadyReason,
+    ConditionType.SUSPENDED: SuspendedReason,
+    ConditionType.COMPLETE: CompleteReason,
+    ConditionType.FAILED: FailedReason,
+    ConditionType.PAYLOADS_RELEASED: PayloadsReleasedReason,
+}
+
+# Reasons that go with a True status; every other reason goes with False (set_condition checks).
+TRUE_REASONS: frozenset[StrEnum] = frozenset(
+    {
+        ValidatedReason.SPEC_VALID,
+        AppliedReason.CHILDREN_APPLIED,
+        VolumeReadyReason.CLAIM_BOUND,
+        VolumeReadyReason.NOT_NEEDED,
+        ReadyReason.WORKLOADS_READY,
+        SuspendedReason.SPEC_SUSPENDED,
+        CompleteReason.TRAINERS_SUCCEEDED,
+        FailedReason.ORCHESTRATOR_FAILED,
+        FailedReason.TRAINER_FAILED,
+        PayloadsReleasedReason.FILES_DELETED,
+        PayloadsReleasedReason.NO_PAYLOAD_FILES,
+    }
+)
+
+# What each condition says when True (the CRD's descriptions and the reference are made of these).
+MEANINGS: dict[ConditionType, str] = {
+    ConditionType.VALIDATED: "the spec was accepted (False: it was refused, the phase is "
+    "Rejected and nothing is applied)",
+    ConditionType.APPLIED: "every child was applied (False: the API server refused one; the "
+    "message says which, and why)",
+    ConditionType.VOLUME_READY: "the payload volume's claim is bound, or the run needs none",
+    ConditionType.READY: "the accepted spec's workloads have every pod ready (the phase is "
+    "then Running)",
+    ConditionType.SUSPENDED: "spec.suspend is true: no pod runs (set once a run was suspended; "
+    "False after it resumed)",
+    ConditionType.COMPLETE: "every trainer exited 0: the phase is Succeeded, for good",
+    ConditionType.FAILED: "a component failed beyond spec.failurePolicy: the phase is Failed, "
+    "for good",
+    ConditionType.PAYLOADS_RELEASED: "a finished run's payload files were deleted, or it had "
+    "none (False: being deleted, or kept: deletionPolicy Retain, a failed run, a failed "
+    "cleanup Job)",
+}
+
+# A batch/v1 Job's condition types once it has ended (outcome.job_outcome's values): the Job's
+# vocabulary, not the run's.
+JOB_COMPLETE = "Complete"
+JOB_FAILED = "Failed"
+
+
+class Phase(StrEnum):
+    """A run's phase (``status.phase``), made of its conditions (status.phase); the printer
+    column, the ``payloadrun_operator_runs`` metric's label and the alerts read it."""
+
+    REJECTED = "Rejected"
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def final(self) -> bool:
+        """Succeeded and Failed are for good: nothing of the run runs on (until it is deleted)."""
+        return self in FINAL_PHASES
+
+
+FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})

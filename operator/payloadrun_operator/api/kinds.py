@@ -1,0 +1,39 @@
+"""The Kubernetes kinds the operator touches, in one table: each kind's apiVersion, its plural
+(the API path the client calls) and whether the status follows it (watched, and listed by the
+managed-by label). The client (kube.py), the watches (handlers.py), the follower's cache
+(following.py) and the workloads (names.WORKLOADS) read this table, and a test holds every
+child the builders make to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    followed: bool = False  # the status reads it: watched and listed by the managed-by label
+
+
+RUN = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
+CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", followed=True)
+CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
+SERVICE = Kind("v1", "Service", "services")
+STATEFUL_SET = Kind("apps/v1", "StatefulSet", "statefulsets", followed=True)
+# development builds before 0.1.0 made Deployments; nothing makes one now
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+JOB = Kind("batch/v1", "Job", "jobs", followed=True)
+POD = Kind("v1", "Pod", "pods")
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+
+KINDS = (RUN, CLAIM, CONFIG_MAP, SERVICE, STATEFUL_SET, DEPLOYMENT, JOB, POD, NETWORK_POLICY)
+# (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
+PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}
+# The kinds of child the status reads, as (apiVersion, kind): readiness lists them by the
+# managed-by label, and kopf watches each.
+CHILD_KINDS = tuple((k.api_version, k.kind) for k in KINDS if k.followed)
+FOLLOWED = tuple(k for k in KINDS if k.followed)

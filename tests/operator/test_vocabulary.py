@@ -1,0 +1,86 @@
+"""The operator's typed vocabulary: one table of the Kubernetes kinds it touches; a run's pod
+layout is asked for what it has, never for its number; phases, workload plans and restart
+actions are enums whose values are the strings the status, the metrics and the tests have
+always read."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import payloadrun_operator
+from payloadrun_operator.api.conditions import FINAL_PHASES, Phase
+from payloadrun_operator.api.kinds import FOLLOWED, KINDS, PLURALS
+from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.api.names import WORKLOADS
+from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.context import RunContext, is_final
+from payloadrun_operator.desired.pinning import CURRENT_LAYOUT, POD_LAYOUT, PodLayout, layout_of
+from payloadrun_operator.observed.plan import WorkloadPlan
+from payloadrun_operator.observed.restarts import ACTIONS, RestartAction
+from payloadrun_operator.platform.settings import OperatorSettings
+
+ROOT = Path(payloadrun_operator.__file__).parent
+CAPABILITIES = [name for name, value in vars(PodLayout).items() if isinstance(value, property)]
+
+
+def test_layout_1_has_none_of_what_layout_2_brought() -> None:
+    assert CAPABILITIES, "PodLayout names no capability"
+    for name in CAPABILITIES:
+        assert getattr(PodLayout(1), name) is False, name
+        assert getattr(PodLayout(2), name) is True, name
+    assert CURRENT_LAYOUT == PodLayout(POD_LAYOUT) == PodLayout.of(POD_LAYOUT)
+    assert layout_of({}) == PodLayout(1)  # a run recorded before layouts
+    assert layout_of({"podLayout": 2}) == PodLayout(2)
+
+
+def layout_number_comparisons(path: Path, root: Path = ROOT) -> list[str]:
+    """Comparisons of something named ``*layout*`` with a number (``layout >= 2``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any("layout" in ast.unparse(s).lower() for s in sides)
+        number = any(isinstance(s, ast.Constant) and isinstance(s.value, int) for s in sides)
+        if named and number:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_compares_a_layout_with_a_number() -> None:
+    found = [c for path in sorted(ROOT.rglob("*.py")) for c in layout_number_comparisons(path)]
+    assert not found, f"ask the PodLayout for what it has (a property) instead: {found}"
+
+
+def test_the_reader_finds_a_layout_compared_with_a_number(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f(ctx):\n    return 0 if ctx.layout >= 2 else 1\n")
+    assert layout_number_comparisons(source, tmp_path) == ["m.py:2: ctx.layout >= 2"]
+
+
+def test_the_enums_keep_the_strings_of_the_status_and_metrics() -> None:
+    assert [str(p) for p in Phase] == [
+        "Rejected",
+        "Provisioning",
+        "Running",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+    ]
+    assert {p for p in Phase if p.final} == FINAL_PHASES == {Phase.SUCCEEDED, Phase.FAILED}
+    assert is_final("Failed") and is_final(Phase.SUCCEEDED) and not is_final(None)
+    assert [str(p) for p in WorkloadPlan] == ["apply", "scale", "keep", "recreate", "wait"]
+    assert set(ACTIONS) == set(RestartAction), "every restart action has its steps"
+
+
+def test_every_child_the_builders_make_is_a_kind_of_the_table(spec_dict: dict) -> None:
+    """The client finds each child's API path in the one table, and the status follows the
+    kinds of every workload."""
+    spec = PayloadRunSpec.model_validate(spec_dict)
+    ctx = RunContext.of({"name": "r", "namespace": "ns", "uid": "u"}, spec, OperatorSettings())
+    made = {(c["apiVersion"], c["kind"]) for c in [*build_children(ctx), build_cleanup(ctx)]}
+    assert made <= set(PLURALS), sorted(made - set(PLURALS))
+    followed = {(k.api_version, k.kind) for k in FOLLOWED}
+    assert {(api, kind) for api, kind, _ in WORKLOADS} <= followed
+    assert len({(k.api_version, k.kind) for k in KINDS}) == len(KINDS) == len(PLURALS)
