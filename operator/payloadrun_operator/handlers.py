@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import kopf
 
@@ -41,10 +41,12 @@ from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, StatusField, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
+from payloadrun_operator.platform.diffbase import DigestDiffBaseStorage
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
 
+T = TypeVar("T")
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 SPEC_VALID = Check(True, ValidatedReason.SPEC_VALID, "the spec is valid")
 # Ready describes the accepted spec: a refused one leaves the children as they were, not ready.
@@ -81,7 +83,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
     )
-    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # the last handled spec as a digest, not a second copy of it in every run (diffbase.py)
+    kopf_settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key=DIFFBASE_KEY
     )
     kopf_settings.watching.server_timeout = settings.watch_server_timeout
@@ -127,7 +130,10 @@ async def report(
 
 
 async def reconcile(
-    op: Operator, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter
+    op: Operator,
+    body: kopf.Body,
+    logger: logging.Logger | logging.LoggerAdapter,
+    follower: Follower | None = None,
 ) -> None:
     started = time.perf_counter()
     meta = body["metadata"]
@@ -156,7 +162,7 @@ async def reconcile(
     final = context.is_final(status.get(StatusField.PHASE))
     decision = ctx.decision
     try:
-        applied, waiting = await apply_children(op, built, final=final)
+        applied, waiting = await apply_children(op, built, final=final, follower=follower)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
         # observedGeneration stays behind: the status follows the children only once every
@@ -221,50 +227,96 @@ def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
 
 
 async def apply_children(
-    op: Operator, built: BuiltRun, *, final: bool
+    op: Operator, built: BuiltRun, *, final: bool, follower: Follower | None = None
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     """Bring the children to ``built``'s (as admission built them), touching no workload whose
     inputs are unchanged beyond whether it has pods. A finished run's children are only stopped,
     never created.
 
-    Returns the children as the API server has them, and the Jobs still being deleted before
-    they can be created again.
+    Two steps, each child of a step applied at once (a run waits two round trips rather than
+    twelve): the claim, settings, network policies and Services, then the workloads whose pods
+    use them. The workloads as they are come from ``follower``'s cache once it is synced (no
+    request), else from the API server; what is applied goes back into that cache.
+
+    Returns the children applied or kept (the workloads as the API server has them, the others
+    empty: their answers are not read), and the Jobs still being deleted before they can be
+    created again. A refusal raises once its step is done: the first refused child's, in order.
     """
     ctx = built.ctx
     workload_kinds = {(kind, ctx.child_name(c)) for _, kind, c in WORKLOADS}
+    children = built.children
+    others = [c for c in children if (c["kind"], c["metadata"]["name"]) not in workload_kinds]
+    workloads = [c for c in children if (c["kind"], c["metadata"]["name"]) in workload_kinds]
     applied: dict[tuple[str, str], dict[str, Any]] = {}
+    if not final:  # nothing reads their answers: not decoded
+        await all_of([op.client.apply(child, answer=False) for child in others])
+        applied = {(c["kind"], c["metadata"]["name"]): {} for c in others}
     waiting: list[str] = []
-    for child in built.children:
-        meta = child["metadata"]
-        key = (child["kind"], meta["name"])
-        if key not in workload_kinds:
-            if not final:
-                applied[key] = await op.client.apply(child)
-            continue
-        live = await op.client.get(child["apiVersion"], child["kind"], ctx.namespace, meta["name"])
-        plan = workload_plan(child, live)
-        if final and plan != WorkloadPlan.SCALE:
-            plan = WorkloadPlan.KEEP
-        if plan == WorkloadPlan.APPLY:
-            applied[key] = await op.client.apply(child)
-        elif plan == WorkloadPlan.SCALE:
-            manifest = activity_manifest(child)
-            applied[key] = await op.client.apply(manifest, manager=ACTIVITY_MANAGER)
-        elif plan == WorkloadPlan.RECREATE:
-            # Foreground: the Job goes once its pods have, so old and new pods never overlap
-            await op.client.delete(
-                child["apiVersion"], child["kind"], ctx.namespace, meta["name"], "Foreground"
-            )
-            waiting.append(f"{child['kind']} {meta['name']}")
-        elif plan == WorkloadPlan.WAIT:
-            waiting.append(f"{child['kind']} {meta['name']}")
-        elif live is not None:
-            applied[key] = {"kind": child["kind"], **live}
+    for child, (plan, obj) in zip(
+        workloads,
+        await all_of([bring_workload(op, follower, child, final=final) for child in workloads]),
+        strict=True,
+    ):
+        if plan in (WorkloadPlan.RECREATE, WorkloadPlan.WAIT):
+            waiting.append(f"{child['kind']} {child['metadata']['name']}")
+        elif obj is not None:
+            applied[child["kind"], child["metadata"]["name"]] = obj
     return applied, waiting
+
+
+async def all_of(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``calls`` at once; their results in order, or, once every one has ended, the first
+    one's exception in order (a refused child does not cut its siblings' writes short)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast(list[T], results)
+
+
+async def bring_workload(
+    op: Operator, follower: Follower | None, child: dict[str, Any], *, final: bool
+) -> tuple[WorkloadPlan, dict[str, Any] | None]:
+    """Bring one workload to ``child`` (see :func:`plan.workload_plan`); the plan carried
+    out, and the workload as the API server has it (None: none, or being deleted)."""
+    meta = child["metadata"]
+    live = await live_workload(op, follower, child)
+    plan = workload_plan(child, live)
+    if final and plan != WorkloadPlan.SCALE:
+        plan = WorkloadPlan.KEEP
+    if plan == WorkloadPlan.APPLY:
+        obj = await op.client.apply(child)
+    elif plan == WorkloadPlan.SCALE:
+        obj = await op.client.apply(activity_manifest(child), manager=ACTIVITY_MANAGER)
+    elif plan == WorkloadPlan.RECREATE:
+        # Foreground: the Job goes once its pods have, so old and new pods never overlap
+        await op.client.delete(
+            child["apiVersion"], child["kind"], meta["namespace"], meta["name"], "Foreground"
+        )
+        return plan, None
+    else:
+        return plan, None if live is None else {"kind": child["kind"], **live}
+    if follower is not None:
+        follower.wrote(obj)
+    return plan, obj
+
+
+async def live_workload(
+    op: Operator, follower: Follower | None, child: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The workload ``child`` as it is (None: it does not exist): the follower's copy once its
+    cache is synced (watch events and the operator's own writes keep it current), else read."""
+    meta = child["metadata"]
+    if follower is not None:
+        synced, live = follower.live(child["kind"], meta["namespace"], meta["name"])
+        if synced:
+            return live
+    return await op.client.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     """Attach the operator's handlers to ``registry``."""
+    follower = Follower(op, utc_now)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -293,12 +345,14 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await op.client.close()
 
     reconciling = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+    drain = heap.Drain(heap.malloc_trim())  # a burst's heap given back once it is done
 
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, logger: Any, **_: Any) -> None:
-        async with reconciling:
-            await reconcile(op, body, logger)
+        with drain.working():
+            async with reconciling:
+                await reconcile(op, body, logger, follower)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -307,10 +361,10 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, logger: Any, **_: Any) -> None:
-        async with resuming, reconciling:
-            await reconcile(op, body, logger)
+        with drain.working():
+            async with resuming, reconciling:
+                await reconcile(op, body, logger, follower)
 
-    follower = Follower(op, utc_now)
     beating: list[asyncio.Task[None]] = []
 
     @kopf.on.startup(registry=registry)

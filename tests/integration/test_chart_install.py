@@ -168,8 +168,19 @@ def test_operator_with_the_chart_identity(kube_cluster, installed, tmp_path):
         (writer,) = sts["spec"]["template"]["spec"]["initContainers"]
         # the sidecar image came from the chart's values, not from the run
         assert writer["image"] == "registry.local/payloadrun:test"
-        events = kubectl_json(kube_cluster, "get", "events", "-n", "team-a")
-        assert any(e["reason"] == "SpecValid" for e in events["items"])
+        # the identity may post events: a new run posts none, its suspension is news
+        suspend = '{"spec": {"suspend": true}}'
+        patched = kube_cluster.kubectl(
+            "patch", "payloadrun", name, "-n", "team-a", "--type", "merge", "-p", suspend
+        )
+        assert patched.returncode == 0, patched.stderr
+        reasons: set[str] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "SpecSuspended" not in reasons:
+            events = kubectl_json(kube_cluster, "get", "events", "-n", "team-a")
+            reasons = {e["reason"] for e in events["items"]}
+            time.sleep(0.3)
+        assert "SpecSuspended" in reasons, f"{reasons}\n{op.log_tail()}"
         # nothing the operator asked for was refused; read in the messages only, since a
         # timestamp (03:05:37.403) or a uid can hold the digits 403
         refused = [m for m in log_messages(op.log_tail(400)) if DENIED.search(m)]

@@ -78,6 +78,53 @@ def test_a_list_replaces_the_cache_but_keeps_what_a_later_event_brought():
     assert ("ml", "Job", "r1-trainer") not in cache.children
 
 
+def test_a_write_newer_than_its_events_is_kept_and_a_deletion_is_final():
+    """The reconcile's writes go into the cache (the API server's answer, a version its watch
+    event brings later or has brought already): an older event does not undo a write, and a
+    write's answer older than the object's deletion does not bring it back."""
+    cache = Cache()
+    cache.put("Job", job("r1-trainer", "10"))  # what an apply answered
+    cache.put("Job", job("r1-trainer", "9"))  # the event of an earlier write, late
+    assert cache.children[("ml", "Job", "r1-trainer")]["metadata"]["resourceVersion"] == "10"
+    cache.put("Job", job("r1-trainer", "12"), deleted=True)
+    cache.put("Job", job("r1-trainer", "11"))  # an answer sent before the deletion
+    assert ("ml", "Job", "r1-trainer") not in cache.children
+    cache.put("Job", job("r1-trainer", "13"))  # created again
+    assert cache.children[("ml", "Job", "r1-trainer")]["metadata"]["resourceVersion"] == "13"
+    # opaque resourceVersions: nothing is known older, the latest put wins
+    cache.put("Job", job("r1-orchestrator", "b"))
+    cache.put("Job", job("r1-orchestrator", "a"))
+    assert cache.children[("ml", "Job", "r1-orchestrator")]["metadata"]["resourceVersion"] == "a"
+
+
+def test_the_reconcile_reads_the_cache_once_synced_and_writes_through():
+    import asyncio
+
+    from payloadrun_operator.observed.following import Follower
+    from payloadrun_operator.platform.kube import KubeClient
+    from payloadrun_operator.platform.metrics import OperatorMetrics
+    from payloadrun_operator.platform.runtime import Operator
+    from payloadrun_operator.platform.settings import OperatorSettings
+
+    async def main() -> None:
+        op = Operator(OperatorSettings(), KubeClient(), OperatorMetrics())
+        follower = Follower(op, lambda: "2026-12-04T00:00:00Z")
+        managed = {"app.kubernetes.io/managed-by": "payloadrun-operator", **RUN_LABEL}
+        follower.wrote(job("r1-trainer", "3", labels=managed))
+        assert follower.live("Job", "ml", "r1-trainer") == (False, None)  # not synced: ask
+        follower.synced.set()
+        synced, live = follower.live("Job", "ml", "r1-trainer")
+        assert synced and live["metadata"]["resourceVersion"] == "3"
+        assert "template" not in live["spec"]  # slimmed as an event's object is
+        assert follower.live("Job", "ml", "r1-orchestrator") == (True, None)
+        # an object the watches do not deliver (no managed-by label) is not kept: nothing
+        # would ever update or remove it
+        follower.wrote(job("r1-orchestrator", "4", labels=RUN_LABEL))
+        assert follower.live("Job", "ml", "r1-orchestrator") == (True, None)
+
+    asyncio.run(main())
+
+
 def test_pending_runs_count_what_the_workers_still_owe_until_a_pass_is_done():
     """``payloadrun_operator_status_pending_runs``: a run queued twice is pending once; once a
     worker has taken it and finished with it, nothing is (with ``status_refreshes_total``, what

@@ -33,3 +33,22 @@ def test_the_trim_returns_the_pages_freed_between_live_chunks():
     before, after, returned = out.split()
     assert returned == "True"
     assert float(before) - float(after) > 48, out  # of the 63 MiB freed
+
+
+def test_a_drained_burst_is_trimmed_once_and_not_every_run_after_it():
+    from payloadrun_operator.platform.heap import DRAIN_TRIM_SECONDS, Drain
+
+    now = [100.0]
+    trims: list[float] = []
+    drain = Drain(lambda: trims.append(now[0]) or True, clock=lambda: now[0])
+    with drain.working(), drain.working():
+        pass  # the second ends with the first still under way: no trim
+    assert trims == [100.0]  # the last one ended: the burst's heap goes back
+    now[0] += DRAIN_TRIM_SECONDS / 2
+    with drain.working():
+        pass
+    assert trims == [100.0]  # runs one by one: not a trim each
+    now[0] += DRAIN_TRIM_SECONDS
+    with drain.working():
+        pass
+    assert trims == [100.0, now[0]] and drain.trims == 2

@@ -8,9 +8,13 @@ from hypothesis import strategies as st
 from payloadrun_operator.api.conditions import (
     REASONS,
     TRUE_REASONS,
+    AppliedReason,
+    CompleteReason,
     ConditionType,
     ReadyReason,
+    SuspendedReason,
     ValidatedReason,
+    VolumeReadyReason,
 )
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
 from payloadrun_operator.handlers import utc_now
@@ -18,6 +22,7 @@ from payloadrun_operator.observed.status import (
     Check,
     bounded_message,
     claim_check,
+    deserves_event,
     phase,
     rfc3339,
     set_condition,
@@ -115,7 +120,8 @@ def test_status_update_writes_only_what_changed_and_names_the_events():
     checks = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting", warning=False)}
     first = status_update({}, 3, checks, {"payloadMode": "ByHandle"}, "t1")
     assert first.fields["payloadMode"] == "ByHandle" and first.fields["phase"] == "Provisioning"
-    assert first.events == [("Normal", "WorkloadsNotReady", "Ready is False: waiting")]
+    # a new run's Ready=False is written, and worth no event (each is a request)
+    assert first.events == []
     again = status_update(first.fields, 3, checks, {"payloadMode": "ByHandle"}, "t2")
     assert again.fields is None and again.events == []
     failed = status_update(
@@ -127,6 +133,59 @@ def test_status_update_writes_only_what_changed_and_names_the_events():
     )
     assert failed.events == [("Warning", "ApplyFailed", "Ready is False: 422")]
     assert failed.fields["conditions"][0]["lastTransitionTime"] == "t1"  # still False
+    ready = status_update(
+        first.fields, 3, {READY: Check(True, ReadyReason.WORKLOADS_READY, "all ready")}, {}, "t4"
+    )
+    assert ready.events == [("Normal", "WorkloadsReady", "Ready is True: all ready")]
+
+
+def condition_as(ctype: ConditionType, check: Check) -> dict:
+    (cond,) = set_condition([], ctype, check, generation=1, now="t0")
+    return cond
+
+
+def test_normal_events_only_for_what_a_user_acts_on():
+    """Warnings whenever they change; Normal events for a status that flips, or a condition
+    that is news when it appears; a new run's conditions and a reason changing under the same
+    status post nothing."""
+    valid = Check(True, ValidatedReason.SPEC_VALID, "ok")
+    invalid = Check(False, ValidatedReason.INVALID_SPEC, "bad", warning=True)
+    pending = Check(False, VolumeReadyReason.CLAIM_PENDING, "pending")
+    missing = Check(False, VolumeReadyReason.CLAIM_MISSING, "missing")
+    bound = Check(True, VolumeReadyReason.CLAIM_BOUND, "bound")
+    lost = Check(False, VolumeReadyReason.CLAIM_LOST, "lost", warning=True)
+    not_ready = Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting")
+    ready = Check(True, ReadyReason.WORKLOADS_READY, "ready")
+    applied = Check(True, AppliedReason.CHILDREN_APPLIED, "applied")
+    suspended = Check(True, SuspendedReason.SPEC_SUSPENDED, "suspended")
+    resumed = Check(False, SuspendedReason.RESUMED, "resumed")
+    done = Check(True, CompleteReason.TRAINERS_SUCCEEDED, "done")
+    # a new run: nothing
+    for ctype, check in (
+        (VALIDATED, valid),
+        (ConditionType.APPLIED, applied),
+        (VOLUME_READY, pending),
+        (VOLUME_READY, bound),
+        (READY, not_ready),
+    ):
+        assert not deserves_event(ctype, check, None), (ctype, check.reason)
+    # news when they appear, and warnings
+    assert deserves_event(ConditionType.SUSPENDED, suspended, None)
+    assert deserves_event(ConditionType.COMPLETE, done, None)
+    assert deserves_event(VALIDATED, invalid, None)
+    # flips
+    assert deserves_event(READY, ready, condition_as(READY, not_ready))
+    assert deserves_event(READY, not_ready, condition_as(READY, ready))
+    assert deserves_event(VOLUME_READY, bound, condition_as(VOLUME_READY, pending))
+    assert deserves_event(VALIDATED, valid, condition_as(VALIDATED, invalid))
+    assert deserves_event(
+        ConditionType.SUSPENDED, resumed, condition_as(ConditionType.SUSPENDED, suspended)
+    )
+    # a warning's reason changing under the same status; not a Normal one's, nor no change
+    assert deserves_event(VOLUME_READY, lost, condition_as(VOLUME_READY, pending))
+    assert not deserves_event(VOLUME_READY, pending, condition_as(VOLUME_READY, missing))
+    assert not deserves_event(READY, ready, condition_as(READY, ready))
+    assert not deserves_event(VOLUME_READY, lost, condition_as(VOLUME_READY, lost))
 
 
 # --- what the API server accepts: metav1.Condition's rules (models.Condition) -------------------

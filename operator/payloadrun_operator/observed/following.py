@@ -15,12 +15,21 @@ status reads: managed fields and pod templates (a run's and its workloads') are 
 start (a run refreshed before its children arrive would flap to not-ready), and every
 ``resync_seconds`` every cached run is queued again: a safety net, as controller-runtime's
 ``SyncPeriod`` is, that costs no API call.
+
+The reconcile reads a run's workloads from the same cache once it is synced (:meth:`Follower.live`)
+instead of asking the API server for each (three GETs a run), as controller-runtime's cached
+client does. What the operator itself writes goes into the cache at once (:meth:`Follower.wrote`:
+the API server's answer to an apply), so a reconcile that follows another sees its writes even
+before their watch events arrive; an event older than what is cached (one of those writes'
+predecessors), or than the object's deletion, changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +41,8 @@ from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
     API_VERSION,
     DIFFBASE_KEY,
+    FIELD_MANAGER,
+    LABEL_MANAGED_BY,
     LABEL_RUN,
     MANAGED_SELECTOR,
 )
@@ -47,6 +58,16 @@ RETRY_SECONDS = 5.0  # after a refresh that failed (the API unreachable, say)
 RECHECK_SECONDS = 5.0  # a claim the run brings, not watched: looked at again until bound
 # A list's items carry no apiVersion: each cached object gets its kind's.
 API_VERSIONS = {k.kind: k.api_version for k in (RUN, *FOLLOWED)}
+# Deletions remembered (the latest), so that a write's answer older than its object's deletion
+# cannot bring it back into the cache. A race of milliseconds: a few thousand are plenty.
+TOMBSTONES = 4096
+
+
+# What the status, the reconcile and a run's end read of a child's spec: whether it has pods,
+# how many it wants, its failure limit. The rest (its pod template first) stays out of the cache.
+CHILD_SPEC_FIELDS = frozenset({"replicas", "parallelism", "completions", "suspend", "backoffLimit"})
+DROPPED_METADATA = frozenset({"managedFields", "ownerReferences"})  # nothing cached reads them
+SHORT = 64  # strings up to this long are interned: keys, label values, phases, reasons
 
 
 def without_template(section: Any) -> Any:
@@ -55,11 +76,24 @@ def without_template(section: Any) -> Any:
     return section
 
 
+def compact(value: Any) -> Any:
+    """``value`` with every key and short string interned: the thousand runs and four thousand
+    children of a large cache spell the same keys, labels and reasons, each once in memory."""
+    if isinstance(value, Mapping):
+        return {sys.intern(k): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= SHORT:
+        return sys.intern(value)
+    return value
+
+
 def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """``obj`` without what the status never reads: managed fields, kopf's copy of the spec in
-    an annotation, a workload's pod template, a run's components' pod templates (four fifths of
-    the example's run; what needs them reads the run itself)."""
-    meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    """``obj`` without what the status never reads, compacted (:func:`compact`): managed fields
+    and owner references, kopf's copy of the spec in an annotation, a run's components' pod
+    templates (four fifths of the example's run; what needs them reads the run itself), and of
+    a child's spec all but :data:`CHILD_SPEC_FIELDS`."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in DROPPED_METADATA}
     annotations = meta.get("annotations")
     if annotations and DIFFBASE_ANNOTATION in annotations:
         meta["annotations"] = {k: v for k, v in annotations.items() if k != DIFFBASE_ANNOTATION}
@@ -69,8 +103,8 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
         if obj.get("kind") == KIND:
             slimmed["spec"] = {k: without_template(v) for k, v in spec.items()}
         else:
-            slimmed["spec"] = without_template(spec)
-    return slimmed
+            slimmed["spec"] = {k: v for k, v in spec.items() if k in CHILD_SPEC_FIELDS}
+    return compact(slimmed)
 
 
 def newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -80,6 +114,13 @@ def newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if ra.isdigit() and rb.isdigit():
         return int(ra) > int(rb)
     return ra != rb
+
+
+def older(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` is known to be an earlier version of the object than ``b`` (etcd's integer
+    resourceVersions; with opaque ones nothing is known, and nothing is older)."""
+    ra, rb = a["metadata"].get("resourceVersion", ""), b["metadata"].get("resourceVersion", "")
+    return ra.isdigit() and rb.isdigit() and int(ra) < int(rb)
 
 
 def owner_of(kind: str, obj: Mapping[str, Any]) -> RunKey | None:
@@ -98,9 +139,14 @@ class Cache:
     def __init__(self) -> None:
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.children: dict[ChildKey, dict[str, Any]] = {}
+        # key -> the object as it was deleted (its metadata only), the latest TOMBSTONES
+        self._deleted: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
     def put(self, kind: str, obj: Mapping[str, Any], *, deleted: bool = False) -> RunKey | None:
-        """Record an event's object (or its deletion); the run it concerns."""
+        """Record an event's object (or its deletion), or what a write returned; the run it
+        concerns. A version older than the one cached, or than the object's deletion, is
+        ignored: events come in order, but a write's answer may come before or after its own
+        event, or another's."""
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
         store: dict[Any, dict[str, Any]]
@@ -111,7 +157,15 @@ class Cache:
             store, key = self.children, (ns, kind, name)
         if deleted:
             store.pop(key, None)
+            self._deleted[key] = {"metadata": {"resourceVersion": meta.get("resourceVersion", "")}}
+            self._deleted.move_to_end(key)
+            if len(self._deleted) > TOMBSTONES:
+                self._deleted.popitem(last=False)
         else:
+            cached, gone = store.get(key), self._deleted.get(key)
+            if (cached is not None and older(obj, cached)) or (gone and older(obj, gone)):
+                return owner_of(kind, obj)
+            self._deleted.pop(key, None)
             store[key] = slim({**obj, "apiVersion": API_VERSIONS[kind], "kind": kind})
         return owner_of(kind, obj)
 
@@ -203,6 +257,24 @@ class Follower:
         elif run not in self._queued:
             self._queued.add(run)
             self._queue.put_nowait(run)
+
+    # -- the reconcile's side --
+    def live(self, kind: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """``(True, the child as cached, or None when it does not exist)`` once the cache is
+        synced; ``(False, None)`` before (the caller asks the API server instead). Only the
+        kinds the follower watches (:data:`kinds.CHILD_KINDS`), without pod templates."""
+        if not self.synced.is_set():
+            return False, None
+        return True, self.cache.children.get((namespace, kind, name))
+
+    def wrote(self, obj: Mapping[str, Any]) -> None:
+        """Record what the API server answered to a write of a child the follower watches (the
+        object as written), so that the next reconcile sees it before its watch event."""
+        kind, meta = obj.get("kind"), obj.get("metadata") or {}
+        # only what the watches also deliver: an object they miss would stay as written
+        watched = (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == FIELD_MANAGER
+        if kind in API_VERSIONS and kind != KIND and watched:
+            self.cache.put(kind, obj)
 
     # -- the workers' side --
     def start(self, namespaces: Sequence[str]) -> None:

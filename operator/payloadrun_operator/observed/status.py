@@ -155,6 +155,34 @@ def condition(conditions: Iterable[dict[str, Any]], ctype: str) -> dict[str, Any
     return next((c for c in conditions if c.get("type") == ctype), None)
 
 
+# Conditions whose first appearance is news: a suspension, the run's end, what became of its
+# payload files. The others are set on every new run, in the state every new run starts in.
+NEWS_ON_APPEARANCE = frozenset(
+    {
+        ConditionType.SUSPENDED,
+        ConditionType.COMPLETE,
+        ConditionType.FAILED,
+        ConditionType.PAYLOADS_RELEASED,
+    }
+)
+
+
+def deserves_event(ctype: ConditionType, check: Check, before: dict[str, Any] | None) -> bool:
+    """Whether setting ``check`` over the condition as it was (``before``, None: absent) is
+    worth an event, each of which is a request to the API server: a Warning whenever its
+    status or reason changes; a Normal event only for what a user acts on: a status that
+    flips (the workloads ready, or no longer; the volume bound; a spec fixed) or a condition
+    that is news when it appears (:data:`NEWS_ON_APPEARANCE`). A new run's Validated, Applied,
+    VolumeReady and Ready, and a reason changing under the same status (a claim found, then
+    pending), are in its status and post nothing."""
+    status = ConditionStatus.TRUE if check.ok else ConditionStatus.FALSE
+    if before is None:
+        return check.warning or ctype in NEWS_ON_APPEARANCE
+    if (before.get("status"), before.get("reason")) == (status, check.reason):
+        return False
+    return check.warning or before.get("status") != status
+
+
 def transitions(
     before: Iterable[dict[str, Any]], after: Iterable[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -251,7 +279,8 @@ def status_update(
 ) -> StatusUpdate:
     """The status a pass computed (``checks`` as conditions over ``status``, and ``fields``)
     against what the run holds: what to write, None when nothing changed (as KubeRay compares
-    before it writes), and an event for each condition that changed. Every status write goes
+    before it writes), and an event for each condition that changed in a way worth one
+    (:func:`deserves_event`). Every status write goes
     through here (:func:`readiness.write_status` sends it)."""
     unknown = [k for k in fields if k not in STATUS_FIELDS]
     if unknown:
@@ -276,6 +305,6 @@ def status_update(
             f"{ctype} is {check.ok}: {check.message}",
         )
         for ctype, check in checks.items()
-        if ctype in changed
+        if ctype in changed and deserves_event(ctype, check, condition(before, ctype))
     ]
     return StatusUpdate(write, events, run_phase)

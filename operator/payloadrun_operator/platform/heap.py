@@ -1,4 +1,5 @@
-"""Freed heap back to the system: glibc's ``malloc_trim(0)``, once a minute.
+"""Freed heap back to the system: glibc's ``malloc_trim(0)``, once a minute and when a burst of
+reconciles has drained (:class:`Drain`).
 
 glibc returns freed memory to the system only from the top of its heap; the pages of chunks freed
 below a live one stay in the process's resident set. The trim gives those pages back
@@ -11,10 +12,13 @@ there is no ``malloc_trim`` and nothing is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 TRIM_SECONDS = 60.0
+DRAIN_TRIM_SECONDS = 10.0  # at most one trim at a drain this often (runs one by one: not each)
 
 
 def malloc_trim() -> Callable[[], bool] | None:
@@ -36,3 +40,34 @@ async def trim_forever(every: float = TRIM_SECONDS) -> None:
     while True:
         await asyncio.sleep(every)
         trim()
+
+
+class Drain:
+    """Counts the reconciles under way (waiting for their turn included); when the last one ends,
+    the heap a burst freed is given back at once, not up to a minute later, at most once every
+    :data:`DRAIN_TRIM_SECONDS`."""
+
+    def __init__(
+        self,
+        trim: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._trim = trim
+        self._clock = clock
+        self._busy = 0
+        self._last = -DRAIN_TRIM_SECONDS
+        self.trims = 0
+
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if self._busy == 0 and self._trim is not None:
+                now = self._clock()
+                if now - self._last >= DRAIN_TRIM_SECONDS:
+                    self._last = now
+                    self.trims += 1
+                    self._trim()

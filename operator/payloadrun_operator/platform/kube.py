@@ -104,7 +104,10 @@ class KubeClient:
         body: Any = None,
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
+        decode: bool = True,
     ) -> dict[str, Any] | None:
+        """The call's answer, decoded (``decode`` False: read and dropped, {}); None for a GET
+        of nothing."""
         if self._session is None:
             raise RuntimeError("KubeClient.login() was not called: kopf's login handler sets it")
         data = None if body is None else json.dumps(body)
@@ -114,6 +117,9 @@ class KubeClient:
         ) as resp:
             if method == "GET" and resp.status == 404:
                 return None
+            if not decode and resp.status < 400:
+                await resp.read()  # the connection goes back to the pool once read
+                return {}
             payload = await resp.json(content_type=None) if resp.content_length != 0 else {}
             if resp.status >= 400:
                 payload = payload if isinstance(payload, dict) else {}
@@ -125,8 +131,12 @@ class KubeClient:
                 )
             return payload
 
-    async def apply(self, manifest: dict[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
-        """Server-side apply ``manifest`` (create it, or bring it to this state) as ``manager``.
+    async def apply(
+        self, manifest: dict[str, Any], manager: str = FIELD_MANAGER, *, answer: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply ``manifest`` (create it, or bring it to this state) as ``manager``;
+        the object as the API server then has it (``answer`` False: {}, not decoded, which
+        spares the CPU of reading back a whole object and its managed fields).
 
         A second manager owns only the fields it applies: the operator's activity manager
         scales a workload (replicas, suspend) without restating, or touching, its template.
@@ -145,6 +155,7 @@ class KubeClient:
                     body=manifest,
                     params={"fieldManager": manager, "force": "true"},
                     content_type="application/apply-patch+yaml",
+                    decode=answer,
                 )
                 return result or {}
             except KubeApiError as exc:
