@@ -87,3 +87,22 @@ def busy_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def compositions(monkeypatch):
+    """How often each role's pod template was composed (by role), from now on: the real
+    ``compose``, counted (tests/operator/test_build_once.py, tests/integration/test_one_pass.py)."""
+    from collections import Counter
+
+    from payloadrun_operator.desired import builders
+
+    counts: Counter[str] = Counter()
+    real = builders.compose
+
+    def counting(template, parts):
+        counts[parts.role] += 1
+        return real(template, parts)
+
+    monkeypatch.setattr(builders, "compose", counting)
+    return counts

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from typing import Any
 
 import kopf
@@ -21,7 +20,6 @@ from payloadrun_operator import handlers
 from payloadrun_operator.api.kinds import CHILD_KINDS
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import API_VERSION, MANAGED_SELECTOR
-from payloadrun_operator.desired import builders
 from payloadrun_operator.observed import readiness
 from payloadrun_operator.observed.following import Cache
 from payloadrun_operator.platform.kube import KubeClient
@@ -51,19 +49,6 @@ class CountingClient(KubeClient):
 
     def events(self) -> list[str]:
         return [p for m, p in self.sent if m == "POST" and p.endswith("/events")]
-
-
-@pytest.fixture
-def compositions(monkeypatch):
-    counts: Counter[str] = Counter()
-    real = builders.compose
-
-    def counting(template, parts):
-        counts[parts.role] += 1
-        return real(template, parts)
-
-    monkeypatch.setattr(builders, "compose", counting)
-    return counts
 
 
 async def cached_children(op: Operator, namespace: str) -> Cache:

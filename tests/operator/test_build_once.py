@@ -6,11 +6,8 @@ again. Counted at the composing function itself (the real one runs; the test onl
 The reconcile's own pass, against the real API server, is counted in
 tests/integration/test_one_pass.py."""
 
-from collections import Counter
-
 import pytest
 
-from payloadrun_operator.desired import builders
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -18,20 +15,6 @@ from payloadrun_operator.render import render_run
 
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 ONCE_EACH = {"inference": 1, "orchestrator": 1, "trainer": 1}
-
-
-@pytest.fixture
-def compositions(monkeypatch):
-    """How often each role's pod template was composed (by role), from now on."""
-    counts: Counter[str] = Counter()
-    real = builders.compose
-
-    def counting(template, parts):
-        counts[parts.role] += 1
-        return real(template, parts)
-
-    monkeypatch.setattr(builders, "compose", counting)
-    return counts
 
 
 def run_doc(spec_dict, name="run1"):
