@@ -41,13 +41,14 @@ from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, StatusField, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
-from payloadrun_operator.platform.diffbase import DigestDiffBaseStorage
+from payloadrun_operator.platform.diffbase import QuietProgressStorage, StatusDigestDiffBaseStorage
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
 
 T = TypeVar("T")
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+FOLLOWED_KINDS = frozenset(k.kind for k in FOLLOWED)  # their answers go into the cache
 SPEC_VALID = Check(True, ValidatedReason.SPEC_VALID, "the spec is valid")
 # Ready describes the accepted spec: a refused one leaves the children as they were, not ready.
 SPEC_REJECTED = Check(
@@ -63,6 +64,10 @@ RECONCILE_CONCURRENCY = 8
 RESUME_CONCURRENCY = 2  # of those, runs found at start, re-applied at once
 CHILDREN_APPLIED = Check(True, AppliedReason.CHILDREN_APPLIED, "every child was applied")
 CONFLICT_RETRIES = 3  # status writes over a run that changed meanwhile, before kopf retries
+# kopf's record of the last handled spec: a digest the reconcile writes into the status
+RECORD = StatusDigestDiffBaseStorage(
+    prefix=ANNOTATION_PREFIX, key=DIFFBASE_KEY, field=StatusField.OBSERVED_DIGEST
+)
 
 
 class QuietWatchHandlers(logging.Filter):
@@ -80,13 +85,11 @@ def utc_now() -> str:
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
     kopf_settings.persistence.finalizer = FINALIZER
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
-    )
-    # the last handled spec as a digest, not a second copy of it in every run (diffbase.py)
-    kopf_settings.persistence.diffbase_storage = DigestDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key=DIFFBASE_KEY
-    )
+    # No write of kopf's own after a reconcile that succeeds (diffbase.py): its record of the
+    # last handled spec is a digest in the status the reconcile writes, and its progress
+    # records (and their prefix's marker) are written only while a handler is retried.
+    kopf_settings.persistence.progress_storage = QuietProgressStorage(prefix=ANNOTATION_PREFIX)
+    kopf_settings.persistence.diffbase_storage = RECORD
     kopf_settings.watching.server_timeout = settings.watch_server_timeout
     kopf_settings.watching.client_timeout = settings.watch_client_timeout
     kopf_settings.watching.inactivity_timeout = settings.watch_inactivity_timeout
@@ -136,8 +139,10 @@ async def reconcile(
     follower: Follower | None = None,
 ) -> None:
     started = time.perf_counter()
-    meta = body["metadata"]
-    generation = meta.get("generation")
+    if follower is not None:
+        # as controller-runtime's workers wait for their caches: what is applied and written
+        # next is decided from the cache, whole from the first reconcile on
+        await follower.synced.wait()
     admission = admit(body, op.settings)
     if admission.built is None:
         message = "; ".join(admission.errors)
@@ -151,7 +156,7 @@ async def reconcile(
                 ),
                 ConditionType.READY: SPEC_REJECTED,
             },
-            {StatusField.OBSERVED_GENERATION: generation},
+            handled(body),
         )
         op.metrics.reconciles.labels("rejected").inc()
         return
@@ -194,7 +199,7 @@ async def reconcile(
         ConditionType.APPLIED: CHILDREN_APPLIED,
         **outcome.suspend_check(spec.suspend, status),
     }
-    fields: dict[str, Any] = {StatusField.OBSERVED_GENERATION: generation}
+    fields = handled(body)
     if not final:  # a finished run keeps what it ran with
         fields |= {
             StatusField.PAYLOAD_MODE: str(decision.mode),
@@ -205,6 +210,12 @@ async def reconcile(
             StatusField.SIDECARS: pin,
             StatusField.START_TIME: status.get(StatusField.START_TIME) or utc_now(),
         }
+        # What the follower computes from the children once this is written, written with it
+        # (one status write where there were two): from its cache, which has what was applied.
+        if follower is not None:
+            cached = readiness.cached_status(body, follower.cache.children, fields, utc_now())
+            if cached is not None:
+                checks = {**cached.checks, **checks}
     await report(op, body, checks, fields)
     op.metrics.reconciles.labels("applied").inc()
     op.metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -215,6 +226,15 @@ async def reconcile(
         decision.reason,
         "" if ctx.active else ", without pods (suspended or finished)",
     )
+
+
+def handled(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The status fields that record ``body`` as handled: its generation and the digest of its
+    spec, labels and annotations (kopf's record, read back by :data:`RECORD`)."""
+    return {
+        StatusField.OBSERVED_GENERATION: body["metadata"].get("generation"),
+        StatusField.OBSERVED_DIGEST: RECORD.digest(body),
+    }
 
 
 def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
@@ -248,8 +268,13 @@ async def apply_children(
     others = [c for c in children if (c["kind"], c["metadata"]["name"]) not in workload_kinds]
     workloads = [c for c in children if (c["kind"], c["metadata"]["name"]) in workload_kinds]
     applied: dict[tuple[str, str], dict[str, Any]] = {}
-    if not final:  # nothing reads their answers: not decoded
-        await all_of([op.client.apply(child, answer=False) for child in others])
+    if not final:  # only the followed kinds' answers are read (into the cache): not decoded
+        answers = await all_of(
+            [op.client.apply(child, answer=child["kind"] in FOLLOWED_KINDS) for child in others]
+        )
+        for answer in answers:
+            if answer and follower is not None:
+                follower.wrote(answer)
         applied = {(c["kind"], c["metadata"]["name"]): {} for c in others}
     waiting: list[str] = []
     for child, (plan, obj) in zip(

@@ -21,7 +21,7 @@ from payloadrun_operator.api.kinds import CHILD_KINDS
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import API_VERSION, MANAGED_SELECTOR
 from payloadrun_operator.observed import readiness
-from payloadrun_operator.observed.following import Cache
+from payloadrun_operator.observed.following import Cache, Follower
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
 from payloadrun_operator.platform.runtime import Operator
@@ -108,6 +108,52 @@ def test_a_pass_composes_each_template_once_and_one_that_changes_nothing_writes_
             assert after["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
             assert after["status"] == held["status"]
         finally:
+            await client.close()
+
+    asyncio.run(passes())
+
+
+def test_with_the_followers_cache_a_new_run_costs_one_status_write_and_its_record(
+    kube_cluster, crd, api, namespace, monkeypatch
+):
+    """The reconcile writes what the follower would compute from its cache (VolumeReady, Ready)
+    with its own part, and kopf's record of the handled spec in the same write: the follower's
+    pass over the run as it then is writes nothing, and kopf sees no change to handle."""
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    body = example_run("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    async def passes() -> None:
+        client = CountingClient()
+        op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, OperatorMetrics())
+        client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
+        follower = Follower(op, lambda: NOW)
+        follower.start([namespace])
+        try:
+            await asyncio.wait_for(follower.synced.wait(), 60)
+            created = await client.get(API_VERSION, KIND, namespace, name)
+            assert created is not None
+            assert handlers.RECORD.fetch(body=kopf.Body(created)) is None  # kopf: a creation
+            client.sent.clear()
+            await handlers.reconcile(op, kopf.Body(created), logging.getLogger("one"), follower)
+            assert len(client.status_writes()) == 1 and client.events() == []
+            run = await client.get(API_VERSION, KIND, namespace, name)
+            assert run is not None
+            types = {c["type"] for c in run["status"]["conditions"]}
+            assert {"Validated", "Applied", "VolumeReady", "Ready"} <= types
+            # kopf's record is the status's digest of what was handled: no change to handle,
+            # and nothing of kopf's in the run's metadata
+            assert handlers.RECORD.fetch(body=kopf.Body(run)) == handlers.RECORD.build(
+                body=kopf.Body(run)
+            )
+            assert not (run["metadata"].get("annotations") or {})
+            # the follower's pass over the run as it is now, from its cache: nothing to write
+            refreshed = await readiness.refresh_run(op, run, follower.cache.children, NOW)
+            assert not refreshed.written
+            assert len(client.status_writes()) == 1 and client.events() == []
+        finally:
+            await follower.stop()
             await client.close()
 
     asyncio.run(passes())

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 from example_runs import example_run
@@ -319,6 +320,65 @@ def test_spec_update_reconciles(operator, api, namespace):
     assert run["status"]["observedGeneration"] == 2
     sts = api["apps"].read_namespaced_stateful_set(f"{name}-inference", namespace)
     assert sts.spec.replicas == 3
+
+
+def history(api, namespace: str, name: str, since: str) -> list[dict[str, Any]]:
+    """Every version of one run after resourceVersion ``since``, in order: the API server's
+    watch replays them from its cache, and ends the stream a second after the last."""
+    stream = kubernetes.watch.Watch().stream(
+        api["custom"].list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=1,
+    )
+    return [event["object"] for event in stream]
+
+
+def test_each_pass_writes_the_run_once_with_kopfs_record_in_its_status(operator, api, namespace):
+    """A reconcile writes the run once: its status, with what the follower computes from the
+    children (VolumeReady, Ready) and kopf's record of what it handled (observedDigest); kopf
+    writes nothing of its own (no record, no marker), and a change of labels alone (no new
+    generation) is still handled."""
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    created = create_run(api, namespace, body)
+    digest = reconciled(api, namespace, name)["status"]["observedDigest"]
+    api["custom"].patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"labels": {"team": "rl"}}}
+    )
+
+    def handled_again() -> Any:
+        run = get_run(api, namespace, name)
+        return run if run["status"]["observedDigest"] != digest else None
+
+    relabelled = eventually("the label change handled", handled_again)
+    assert relabelled["status"]["observedGeneration"] == 1
+    # a spec change applied at the first try (naming a client changes a NetworkPolicy only;
+    # a pass that waits and is retried keeps kopf's progress record while it is)
+    clients = [{"podSelector": {"matchLabels": {"app": "router"}}}]
+    api["custom"].patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": {"inference": {"clients": clients}}}
+    )
+    # kopf handles a run's events one after another: once generation 2 is handled, any write
+    # of its own after the earlier passes has been made, and is in the run's history
+    reconciled(api, namespace, name, generation=2)
+    seen = history(api, namespace, name, created["metadata"]["resourceVersion"])
+    first = seen[0]["status"]
+    assert first["observedGeneration"] == 1 and first["observedDigest"] == digest
+    assert {"Validated", "Applied", "VolumeReady", "Ready"} <= {
+        c["type"] for c in first["conditions"]
+    }
+    kopfs = [
+        (o["metadata"]["resourceVersion"], key)
+        for o in seen
+        for key in o["metadata"].get("annotations") or {}
+        if key.startswith(f"{GROUP}/")
+    ]
+    assert kopfs == [], "kopf wrote records of its own into the run"
 
 
 def test_workloads_changed_behind_the_operators_back_are_applied_again(operator, api, namespace):

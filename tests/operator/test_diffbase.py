@@ -8,7 +8,12 @@ import kopf
 from bad_runs import BASE_RUN
 
 from payloadrun_operator.api.names import ANNOTATION_PREFIX, DIFFBASE_KEY
-from payloadrun_operator.platform.diffbase import DIGEST, DigestDiffBaseStorage
+from payloadrun_operator.platform.diffbase import (
+    DIGEST,
+    DigestDiffBaseStorage,
+    QuietProgressStorage,
+    StatusDigestDiffBaseStorage,
+)
 
 KEY = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
 
@@ -66,3 +71,94 @@ def test_the_record_is_a_digest_and_an_older_whole_one_reads_the_same():
     changed["spec"]["suspend"] = True
     assert digest.fetch(body=kopf.Body(changed)) != digest.build(body=kopf.Body(changed))
     assert digest.fetch(body=kopf.Body(run())) is None  # never handled: a creation
+
+
+def status_record() -> StatusDigestDiffBaseStorage:
+    return StatusDigestDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key=DIFFBASE_KEY, field="observedDigest"
+    )
+
+
+def test_the_record_in_the_status_is_written_by_the_reconcile_and_kopf_writes_none():
+    record = status_record()
+    body = run()
+    assert record.fetch(body=kopf.Body(body)) is None  # never handled: a creation
+    patch = kopf.Patch()
+    record.store(body=kopf.Body(body), patch=patch, essence=record.build(body=kopf.Body(body)))
+    assert not patch  # no request of kopf's: the status the reconcile writes holds it
+    handled = copy.deepcopy(body)
+    handled["status"] = {"observedDigest": record.digest(body)}
+    assert record.fetch(body=kopf.Body(handled)) == record.build(body=kopf.Body(handled))
+    relabelled = copy.deepcopy(handled)
+    relabelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert record.fetch(body=kopf.Body(relabelled)) != record.build(body=kopf.Body(relabelled))
+
+
+def test_an_older_operators_annotation_reads_as_handled_and_goes_with_the_next_change():
+    digest, _ = storages()
+    record = status_record()
+    older = stored(digest, run())
+    assert record.fetch(body=kopf.Body(older)) == record.build(body=kopf.Body(older))
+    changed = copy.deepcopy(older)
+    changed["spec"]["suspend"] = True
+    patch = kopf.Patch()
+    record.store(
+        body=kopf.Body(changed), patch=patch, essence=record.build(body=kopf.Body(changed))
+    )
+    assert patch == {"metadata": {"annotations": {KEY: None}}}
+
+
+def progress_patch(body: dict, handlers: list[str]) -> kopf.Patch:
+    """The patch kopf leaves after ``handlers`` succeeded in this pass (stored, then purged)."""
+    storage = QuietProgressStorage(prefix=ANNOTATION_PREFIX)
+    patch = kopf.Patch()
+    for handler in handlers:
+        record = {"started": "2026-12-04T00:00:00", "success": True, "retries": 1}
+        storage.store(key=handler, record=record, body=kopf.Body(body), patch=patch)
+    for handler in handlers:
+        storage.purge(key=handler, body=kopf.Body(body), patch=patch)
+    return patch
+
+
+def test_a_pass_that_succeeds_at_once_leaves_no_annotation_not_even_kopfs_marker():
+    assert not progress_patch(run(), ["reconcile_run"])
+    # kopf's own storage leaves its marker behind: one metadata patch a run for nothing
+    plain = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    patch = kopf.Patch()
+    plain.store(key="reconcile_run", record={"success": True}, body=kopf.Body(run()), patch=patch)
+    plain.purge(key="reconcile_run", body=kopf.Body(run()), patch=patch)
+    assert patch == {"metadata": {"annotations": {f"{ANNOTATION_PREFIX}/kopf-managed": "yes"}}}
+
+
+def test_a_record_that_stays_keeps_its_marker_and_a_purged_retry_drops_its_record():
+    retried = run(annotations={f"{ANNOTATION_PREFIX}/reconcile_run": '{"retries":1}'})
+    # purging the record of an earlier retry removes it; nothing of ours stays, no marker
+    assert progress_patch(retried, ["reconcile_run"]) == {
+        "metadata": {"annotations": {f"{ANNOTATION_PREFIX}/reconcile_run": None}}
+    }
+    # the marker that retry left goes with its record, in the same write
+    marked = run(
+        annotations={
+            f"{ANNOTATION_PREFIX}/reconcile_run": '{"retries":1}',
+            f"{ANNOTATION_PREFIX}/kopf-managed": "yes",
+        }
+    )
+    assert progress_patch(marked, ["reconcile_run"]) == {
+        "metadata": {
+            "annotations": {
+                f"{ANNOTATION_PREFIX}/reconcile_run": None,
+                f"{ANNOTATION_PREFIX}/kopf-managed": None,
+            }
+        }
+    }
+    # a marker alone (an older operator's) is no reason for a write of its own
+    alone = run(annotations={f"{ANNOTATION_PREFIX}/kopf-managed": "yes"})
+    assert not progress_patch(alone, ["reconcile_run"])
+    # a record kept (another handler's, still retried) keeps kopf's marker beside it
+    storage = QuietProgressStorage(prefix=ANNOTATION_PREFIX)
+    patch = kopf.Patch()
+    storage.store(key="a", record={"retries": 1}, body=kopf.Body(run()), patch=patch)
+    storage.store(key="b", record={"retries": 1}, body=kopf.Body(run()), patch=patch)
+    storage.purge(key="a", body=kopf.Body(run()), patch=patch)
+    kept = patch["metadata"]["annotations"]
+    assert f"{ANNOTATION_PREFIX}/kopf-managed" in kept and f"{ANNOTATION_PREFIX}/b" in kept

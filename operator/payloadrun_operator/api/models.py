@@ -748,6 +748,13 @@ class PayloadRunStatus(Model):
         description="The metadata.generation of the spec this status describes; behind "
         "metadata.generation, the operator has not reconciled the latest change yet.",
     )
+    observed_digest: str | None = Field(
+        default=None,
+        description="A SHA-256 of the spec, labels and annotations the operator last "
+        "reconciled (what observedGeneration is for the spec alone): a run whose current one "
+        "differs is reconciled again. Written with the rest of the status, so a reconcile costs "
+        "one write of the run.",
+    )
     phase: str | None = Field(
         default=None,
         description="Provisioning (children being applied, or their pods not ready yet), Running "

@@ -185,6 +185,27 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     return RunStatus(checks, fields, restart, frozenset(wants))
 
 
+def cached_status(
+    run: Mapping[str, Any], children: finishing.Children, fields: Mapping[str, Any], now: str
+) -> RunStatus | None:
+    """What :func:`refresh_run` will compute for ``run`` once ``fields`` are in its status, from
+    ``children`` (the follower's cache) alone, so that the reconcile writes it with its own part
+    and the follower's pass finds nothing to write. None where a pass needs more than the cache
+    or acts (a finished run, a claim the run brings, a Job's pods, the last step, a restart, the
+    run's end): the follower writes those itself."""
+    status = {**(run.get("status") or {}), **fields}
+    if context.is_final(status.get(StatusField.PHASE)):
+        return None
+    ns, claim_name = run["metadata"]["namespace"], status.get(StatusField.CLAIM_NAME)
+    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
+    if claim_name and claim is None:
+        return None
+    computed = run_status({**run, "status": status}, Observed(children, claim=claim), now)
+    if computed.wants or computed.restart is not None or computed.fields:
+        return None
+    return computed
+
+
 def run_layout(run: Mapping[str, Any]) -> PodLayout:
     """The pod layout the run records it was started with."""
     return pinning.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})

@@ -35,6 +35,7 @@ class StatusField(StrEnum):
     the status is added to the model, and written through :func:`status_update`."""
 
     OBSERVED_GENERATION = "observedGeneration"
+    OBSERVED_DIGEST = "observedDigest"
     PHASE = "phase"
     PAYLOAD_MODE = "payloadMode"
     PAYLOAD_MODE_REASON = "payloadModeReason"

@@ -1,14 +1,23 @@
-"""kopf's record of the last handled spec, kept as a digest instead of a copy.
+"""kopf's records of a run, kept where they cost no write of their own.
 
 kopf tells a change of a run from its own writes by comparing the run's "essence" (its spec, its
 labels and annotations but kopf's own) with the one it handled last, which its annotation storage
 keeps whole in an annotation (``payloadrun.dev/last-handled-configuration``): a second copy of
-the spec, pod templates included, in every write and watch event of every run, about as large as
-the spec itself. The operator's handlers read the run, never kopf's diff, so a digest of the
-essence says all they need (changed or not) in 50 bytes.
+the spec, pod templates included, in every write and watch event of every run, and a merge
+patch of the run after every reconcile, which the API server validates against the whole schema.
+The operator's handlers read the run, never kopf's diff, so a digest of the essence says all they
+need (changed or not), and the reconcile writes it into the status it writes anyway
+(``status.observedDigest``, beside ``observedGeneration``): one write a pass, not two
+(:class:`StatusDigestDiffBaseStorage`).
 
-A run handled by an older operator keeps the whole essence: it is read as its digest, so the
-upgrade sees no change where there is none, and the next write of the record is a digest.
+kopf's progress records (an annotation per handler, while a handler is retried) are purged once
+the handlers succeed; kopf's marker of its annotation prefix (``payloadrun.dev/kopf-managed``) is
+written only with a record that stays, and goes with the last one (:class:`QuietProgressStorage`),
+so a run handled at the first try gets no metadata patch at all.
+
+A run handled by an older operator keeps its annotation, whole or digest: it is read as its
+digest until the status has one, so the upgrade sees no change where there is none, and the
+annotation is dropped with the next change the run gets.
 """
 
 from __future__ import annotations
@@ -16,11 +25,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 DIGEST = "digest"  # the record's one key
+MARKER = "kopf-managed"  # kopf's marker of its annotation prefix (conventions._store_marker)
 
 
 def digest_of(essence: Any) -> dict[str, str]:
@@ -42,6 +53,10 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             return stored
         return digest_of(self._without_own_annotations(copy.deepcopy(dict(stored))))
 
+    def digest(self, body: Mapping[str, Any]) -> str:
+        """The digest of ``body``'s essence, as :meth:`build` records it."""
+        return str(self.build(body=kopf.Body(body))[DIGEST])
+
     def _without_own_annotations(self, essence: Any) -> Any:
         """What kopf compares: the essence without the annotations under the operator's prefix
         (its progress records), which kopf drops from both sides before it compares them."""
@@ -50,3 +65,63 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         self.remove_annotations(essence, {key for key in annotations if key.startswith(own)})
         self.remove_empty_stanzas(essence)
         return essence
+
+
+class StatusDigestDiffBaseStorage(DigestDiffBaseStorage):
+    """The digest read from the status field ``field`` (``observedDigest``), which the reconcile
+    writes with the rest of its status (:func:`handlers.reconcile`): kopf's own write of the
+    record is none. A run whose status has no digest yet is read from the annotation an older
+    operator wrote (None: never handled, a creation)."""
+
+    def __init__(self, *, prefix: str, key: str, field: str) -> None:
+        super().__init__(prefix=prefix, key=key)
+        self.field = field
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        observed = (body.get("status") or {}).get(self.field)
+        if isinstance(observed, str) and observed:
+            return {DIGEST: observed}
+        return super().fetch(body=body)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        """Nothing: the status holds the record. An older operator's annotation is dropped with
+        the next change (kopf stores only after a change), so it never contradicts the status."""
+        annotations = body.get("metadata", {}).get("annotations") or {}
+        for key in self.make_keys(self.key, body=body):
+            if key in annotations:
+                patch.meta.annotations[key] = None
+
+
+class QuietProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's annotation progress storage, without a marker of its prefix on a run that keeps
+    no record: kopf writes the marker with every record and purges the records once the
+    handlers succeed, which left a patch of the marker alone after every first reconcile, and
+    the marker on the run for good after a retry."""
+
+    def purge(self, *, key: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        super().purge(key=key, body=body, patch=patch)
+        own = f"{self.prefix}/"
+        marker = f"{own}{MARKER}"
+        written = patch.get("metadata", {}).get("annotations") or {}
+        existing = body.get("metadata", {}).get("annotations") or {}
+        after = {**existing, **written}
+        kept = {k for k, v in after.items() if k.startswith(own) and v is not None}
+        if not kept <= {marker}:
+            return  # a record of kopf's stays: the marker marks it
+        if marker in written:
+            drop(patch, ["metadata", "annotations", marker])
+        elif marker in existing and patch:  # the records purged in this write: the marker too
+            patch.meta.annotations[marker] = None
+
+
+def drop(patch: dict[str, Any], path: list[str]) -> None:
+    """Remove ``path`` from ``patch`` with the parents it leaves empty (an empty patch is no
+    request: kopf sends one only when something is left)."""
+    parents = [patch]
+    for key in path[:-1]:
+        parents.append(parents[-1][key])
+    del parents[-1][path[-1]]
+    for parent, key in zip(reversed(parents[:-1]), reversed(path[:-1]), strict=True):
+        if parent[key]:
+            break
+        del parent[key]
