@@ -75,6 +75,7 @@ HEARTBEAT_S = 60.0
 NO_TESTS = 5  # pytest's exit status when a part selected nothing (PYTEST_ARGS name others')
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # the cpu controller's hierarchy (cgroup v1)
 CGROUP_V2 = Path("/sys/fs/cgroup")  # the unified hierarchy (cgroup v2)
+CGROUP_PREFIX = "payloadrun-test-"  # a part's cpu cgroup: <prefix><part>-<this process's pid>
 
 
 def cpu_shares(niceness: int) -> int:
@@ -168,11 +169,14 @@ def main(argv: list[str]) -> int:
         for name, (marker, env, niceness, options) in PARTS.items()
     ]
     parent = cpu_cgroup_parent()
+    for stale in parent.glob(f"{CGROUP_PREFIX}*") if parent else ():  # an earlier run's, killed
+        with contextlib.suppress(OSError):
+            stale.rmdir()  # only once empty: a process it holds keeps it
     for part in parts:
         if part.niceness and parent is not None:
             try:
                 part.group = CpuGroup(
-                    parent, f"payloadrun-test-{part.name}-{os.getpid()}", niceness=part.niceness
+                    parent, f"{CGROUP_PREFIX}{part.name}-{os.getpid()}", niceness=part.niceness
                 )
             except OSError as error:  # a read-only cgroup file system: niceness only
                 print(f"{part.name}: no cpu cgroup ({error}); niceness only", flush=True)
