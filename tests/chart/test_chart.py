@@ -84,6 +84,11 @@ def test_defaults(helm):
     assert container["image"] == "ghcr.io/payloadrun/payloadrun-operator:0.1.0"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    # Ready within a second of /healthz answering, not a readiness period later; time to start
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert startup["periodSeconds"] == 1
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30
     assert container["resources"]["limits"]["memory"] == "512Mi"
     env = env_of(container)
     # the sidecar defaults flow from the chart to the operator, so runs name no sidecar image

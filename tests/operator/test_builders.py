@@ -245,6 +245,11 @@ def test_native_sidecars_are_started_only_once_they_serve(spec_dict):
         # liveness, not readiness: the writer's /readyz waits for vLLM, which starts after it
         assert probe["httpGet"] == {"path": "/healthz", "port": port}
         assert probe["periodSeconds"] * probe["failureThreshold"] >= 30
+        # ready within a second of /readyz answering (vLLM's /health, for the writer), and
+        # unready only after 15 s of failures
+        ready = sidecar["readinessProbe"]
+        assert ready["httpGet"] == {"path": "/readyz", "port": port}
+        assert ready["periodSeconds"] == 1 and ready["failureThreshold"] == 15
 
 
 def test_trainers_are_an_indexed_job_named_like_a_statefulsets_pods(spec_dict):

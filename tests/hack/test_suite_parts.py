@@ -1,0 +1,75 @@
+"""hack/test.py (make test): the parts beside the node's run in cpu cgroups that hold every
+process they start, a new session's too (where a niceness alone was lost to the autogroups)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_suite_runner():
+    spec = importlib.util.spec_from_file_location("suite_runner", REPO / "hack" / "test.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = load_suite_runner()
+
+
+def test_a_groups_weight_is_a_tasks_of_that_niceness():
+    # the kernel's sched_prio_to_weight: nice 0 1024, nice 10 110, nice 19 15
+    assert [runner.cpu_shares(n) for n in (0, 10, 19)] == [1024, 110, 15]
+    assert runner.cpu_shares(40) == 2  # cgroup v1's least
+
+
+def test_the_cgroup_parent_is_v1s_cpu_hierarchy_else_v2s_root_with_the_cpu_controller(tmp_path):
+    v1, v2 = tmp_path / "cpu", tmp_path / "unified"
+    v1.mkdir(), v2.mkdir()
+    assert runner.cpu_cgroup_parent(v1, v2) is None
+    (v2 / "cgroup.subtree_control").write_text("memory pids\n")
+    assert runner.cpu_cgroup_parent(v1, v2) is None  # children get no cpu controller
+    (v2 / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert runner.cpu_cgroup_parent(v1, v2) == v2
+    (v1 / "cpu.shares").write_text("1024\n")
+    assert runner.cpu_cgroup_parent(v1, v2) == v1
+
+
+def cpu_cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") or controllers == "":
+            return path
+    raise AssertionError(f"no cpu cgroup for {pid}")
+
+
+def test_a_new_session_started_in_a_parts_group_stays_in_it():
+    parent = runner.cpu_cgroup_parent()
+    if parent is None:
+        pytest.skip("no cpu cgroup can be made here (not root, or no cpu controller)")
+    group = runner.CpuGroup(parent, f"{runner.CGROUP_PREFIX}probe-{os.getpid()}", niceness=10)
+    try:
+        if (group.path / "cpu.shares").exists():
+            assert (group.path / "cpu.shares").read_text().strip() == "110"
+        # the part's command, and a process it starts in a session of its own (as the control
+        # planes and the sidecar processes the tests start do)
+        script = "setsid sh -c 'cat /proc/self/cgroup'"
+        result = subprocess.run(
+            ["sh", "-c", script], preexec_fn=group.enter, capture_output=True, text=True, check=True
+        )
+        lines = [line.split(":", 2) for line in result.stdout.splitlines()]
+        cpu = [path for _, controllers, path in lines if "cpu" in controllers.split(",")]
+        cpu = cpu or [path for _, controllers, path in lines if controllers == ""]
+        assert cpu == [f"/{group.path.name}"], result.stdout
+        assert cpu_cgroup_of(os.getpid()) != f"/{group.path.name}"  # this process stays out
+    finally:
+        group.remove()
+    assert not group.path.exists()
