@@ -111,8 +111,11 @@ class CpuGroup:
 
     def enter(self) -> None:
         """Move the calling process into the group (a ``preexec_fn``: before the part's
-        command runs, so each process it starts is born in it)."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        command runs, so each process it starts is born in it). A group that refuses it (cgroup
+        v2's rule against processes beside child groups, say) leaves the part at niceness only:
+        slower, never failing."""
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def remove(self) -> None:
         """Remove the group once its processes are gone (a process a part left running keeps
