@@ -7,10 +7,10 @@ import copy
 
 import pytest
 
-from payloadrun_operator.api.conditions import PayloadsReleasedReason
+from payloadrun_operator.api.conditions import PayloadsReleasedReason, StatusField
 from payloadrun_operator.api.models import PayloadRunStatus
 from payloadrun_operator.observed.readiness import LAST_STEP, Observed, RunStatus, run_status
-from payloadrun_operator.observed.status import STATUS_FIELDS, Check, StatusField, status_update
+from payloadrun_operator.observed.status import STATUS_FIELDS, Check, status_update
 
 NOW = "2026-12-04T11:00:00Z"
 T0 = "2026-12-04T10:00:00Z"

@@ -1,5 +1,5 @@
-"""The vocabulary of a run's status: every condition type and reason the operator sets, what
-each condition means, a Job's final condition types, and the run's phases.
+"""The vocabulary of a run's status: its fields, every condition type and reason the operator
+sets, what each condition means, a Job's final condition types, and the run's phases.
 
 Words only, no computing (that is :mod:`payloadrun_operator.observed.status`), so the CRD
 (:mod:`crd`) is generated from them without importing what computes status.
@@ -160,3 +160,31 @@ class Phase(StrEnum):
 
 
 FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+# --- the status's fields -----------------------------------------------------------------------
+
+
+class StatusField(StrEnum):
+    """The fields of a run's status, as :class:`models.PayloadRunStatus` (the CRD's schema)
+    names them: every field the operator writes is one of these (``status_update`` refuses any
+    other), and a test holds them equal to the model's, so a field the next issues add to the
+    status is added to the model, and written through ``observed.status.status_update``. Every
+    reader of a run's status names its fields by these too."""
+
+    OBSERVED_GENERATION = "observedGeneration"
+    OBSERVED_DIGEST = "observedDigest"
+    PHASE = "phase"
+    PAYLOAD_MODE = "payloadMode"
+    PAYLOAD_MODE_REASON = "payloadModeReason"
+    PAYLOAD_MODE_MESSAGE = "payloadModeMessage"
+    PAYLOAD_ROOT = "payloadRoot"
+    CLAIM_NAME = "claimName"
+    SIDECARS = "sidecars"
+    START_TIME = "startTime"
+    COMPLETION_TIME = "completionTime"
+    LAST_STEP = "lastStep"
+    FAILURE = "failure"
+    TRAINER_RESTARTS = "trainerRestarts"
+    LAST_TRAINER_RESTART = "lastTrainerRestart"
+    CONDITIONS = "conditions"

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from payloadrun_operator.api.conditions import StatusField
 from payloadrun_operator.api.models import PayloadRunSpec
 from payloadrun_operator.api.names import (
     INFERENCE,
@@ -135,7 +136,7 @@ def current_pin(
 ) -> dict[str, Any]:
     """The record this reconcile builds with: the run's own, or the operator's current settings
     for a run that has none yet or whose rollout annotation asks for them."""
-    recorded = status.get("sidecars")
+    recorded = status.get(StatusField.SIDECARS)
     wanted = annotations.get(ROLLOUT_ANNOTATION)
     # removing the annotation is no request: the run keeps what it has
     if recorded and (wanted is None or recorded.get("rollout") == wanted):

@@ -19,6 +19,7 @@ from payloadrun_operator.api.conditions import (
     ConditionType,
     PayloadsReleasedReason,
     Phase,
+    StatusField,
 )
 from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
 from payloadrun_operator.api.names import (
@@ -97,18 +98,18 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     """Delete a finished run's payload files (a cleanup Job) unless the volume's deletionPolicy is
     Retain; the PayloadsReleased condition that says how far it got."""
     status = run.get("status") or {}
-    released = condition(status.get("conditions") or [], ConditionType.PAYLOADS_RELEASED)
+    released = condition(status.get(StatusField.CONDITIONS) or [], ConditionType.PAYLOADS_RELEASED)
     if released is not None and released["status"] == ConditionStatus.TRUE:
         kept = PayloadsReleasedReason._value2member_map_.get(released["reason"])
         if isinstance(kept, PayloadsReleasedReason):  # else (edited by hand): looked at again
             return Check(True, kept, released["message"])
-    if status.get("payloadMode") != PayloadMode.BY_HANDLE:
+    if status.get(StatusField.PAYLOAD_MODE) != PayloadMode.BY_HANDLE:
         return Check(
             True,
             PayloadsReleasedReason.NO_PAYLOAD_FILES,
             "payloads moved inline: no file is on a volume",
         )
-    if status.get("phase") == Phase.FAILED:
+    if status.get(StatusField.PHASE) == Phase.FAILED:
         return Check(
             False,
             PayloadsReleasedReason.KEPT_AFTER_FAILURE,
@@ -117,7 +118,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         )
     meta = run["metadata"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
-    claim = status.get("claimName")
+    claim = status.get(StatusField.CLAIM_NAME)
     if spec.payloads.volume.deletion_policy is DeletionPolicy.RETAIN:
         return Check(
             False,
@@ -127,7 +128,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     job_name = child_name(meta["name"], CLEANUP)
     job = children.get((meta["namespace"], "Job", job_name))
     if job is None:
-        pin = status.get("sidecars") or {}
+        pin = status.get(StatusField.SIDECARS) or {}
         ctx = RunContext.of(
             meta,
             spec,

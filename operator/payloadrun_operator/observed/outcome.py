@@ -20,6 +20,7 @@ from payloadrun_operator.api.conditions import (
     ConditionType,
     FailedReason,
     ReadyReason,
+    StatusField,
     SuspendedReason,
 )
 from payloadrun_operator.api.models import ConditionStatus
@@ -123,7 +124,7 @@ def end_checks(
 ) -> dict[ConditionType, Check]:
     """Failed once a component's Job has (``failure``), Complete once the trainers' Job is (the
     orchestrator exiting 0 is not the run's end); nothing before, and nothing new after."""
-    conds = status.get("conditions") or []
+    conds = status.get(StatusField.CONDITIONS) or []
     if any(
         (condition(conds, c) or {}).get("status") == ConditionStatus.TRUE
         for c in (ConditionType.COMPLETE, ConditionType.FAILED)
@@ -153,7 +154,7 @@ def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[ConditionTyp
                 "the claim, the payload directory and the journal stay",
             )
         }
-    if condition(status.get("conditions") or [], ConditionType.SUSPENDED) is not None:
+    if condition(status.get(StatusField.CONDITIONS) or [], ConditionType.SUSPENDED) is not None:
         return {
             ConditionType.SUSPENDED: Check(
                 False, SuspendedReason.RESUMED, "spec.suspend is false: the pods run"

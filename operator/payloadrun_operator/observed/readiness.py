@@ -34,6 +34,7 @@ from payloadrun_operator.api.conditions import (
     ConditionType,
     Phase,
     ReadyReason,
+    StatusField,
 )
 from payloadrun_operator.api.models import KIND, FailurePolicy
 from payloadrun_operator.api.names import (
@@ -51,7 +52,6 @@ from payloadrun_operator.desired.pinning import PodLayout
 from payloadrun_operator.observed import finishing, outcome, restarts
 from payloadrun_operator.observed.status import (
     Check,
-    StatusField,
     StatusUpdate,
     claim_check,
     status_update,

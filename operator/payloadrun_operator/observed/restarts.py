@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.api.conditions import JOB_FAILED
+from payloadrun_operator.api.conditions import JOB_FAILED, StatusField
 from payloadrun_operator.api.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
 from payloadrun_operator.desired.pinning import PodLayout
 from payloadrun_operator.observed import outcome
@@ -68,12 +68,12 @@ def plan(
         return RestartAction.NONE
     if outcome.job_outcome(job) != JOB_FAILED:
         return RestartAction.NONE
-    last = status.get("lastTrainerRestart") or {}
+    last = status.get(StatusField.LAST_TRAINER_RESTART) or {}
     if last.get("jobUid") == job["metadata"].get("uid"):
         return RestartAction.DELETE
     return (
         RestartAction.RESTART
-        if (status.get("trainerRestarts") or 0) < limit
+        if (status.get(StatusField.TRAINER_RESTARTS) or 0) < limit
         else RestartAction.FAIL
     )
 
@@ -87,7 +87,7 @@ def restart_record(
 ) -> dict[str, Any]:
     """The status fields of a new restart: the count and what failed."""
     pods = list(pods)
-    count = (status.get("trainerRestarts") or 0) + 1
+    count = (status.get(StatusField.TRAINER_RESTARTS) or 0) + 1
     # the first rank to fail is the cause: the Job controller stopped the others after it
     pod, exit_code = outcome.first_failed_container(pods, TRAINER_CONTAINER)
     rank = next(
@@ -110,4 +110,4 @@ def restart_record(
     if pod is not None:
         record["pod"] = pod
         record["exitCode"] = exit_code
-    return {"trainerRestarts": count, "lastTrainerRestart": record}
+    return {StatusField.TRAINER_RESTARTS: count, StatusField.LAST_TRAINER_RESTART: record}

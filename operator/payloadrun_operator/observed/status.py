@@ -12,7 +12,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from payloadrun_operator.api.conditions import (
@@ -23,34 +22,10 @@ from payloadrun_operator.api.conditions import (
     Phase,
     ReadyReason,
     Reason,
+    StatusField,
     VolumeReadyReason,
 )
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
-
-
-class StatusField(StrEnum):
-    """The fields of a run's status, as :class:`models.PayloadRunStatus` (the CRD's schema)
-    names them: every field the operator writes is one of these (:func:`status_update` refuses
-    any other), and a test holds them equal to the model's, so a field the next issues add to
-    the status is added to the model, and written through :func:`status_update`."""
-
-    OBSERVED_GENERATION = "observedGeneration"
-    OBSERVED_DIGEST = "observedDigest"
-    PHASE = "phase"
-    PAYLOAD_MODE = "payloadMode"
-    PAYLOAD_MODE_REASON = "payloadModeReason"
-    PAYLOAD_MODE_MESSAGE = "payloadModeMessage"
-    PAYLOAD_ROOT = "payloadRoot"
-    CLAIM_NAME = "claimName"
-    SIDECARS = "sidecars"
-    START_TIME = "startTime"
-    COMPLETION_TIME = "completionTime"
-    LAST_STEP = "lastStep"
-    FAILURE = "failure"
-    TRAINER_RESTARTS = "trainerRestarts"
-    LAST_TRAINER_RESTART = "lastTrainerRestart"
-    CONDITIONS = "conditions"
-
 
 STATUS_FIELDS = frozenset(StatusField)
 
