@@ -19,6 +19,7 @@ from payloadrun_operator.api.conditions import (
     AppliedReason,
     ConditionType,
     ReadyReason,
+    StatusField,
     ValidatedReason,
 )
 from payloadrun_operator.api.kinds import FOLLOWED, Kind
@@ -39,7 +40,7 @@ from payloadrun_operator.desired.builders import BuiltRun
 from payloadrun_operator.observed import outcome, readiness
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
-from payloadrun_operator.observed.status import Check, StatusField, rfc3339, status_update
+from payloadrun_operator.observed.status import Check, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
 from payloadrun_operator.platform.diffbase import QuietProgressStorage, StatusDigestDiffBaseStorage
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
