@@ -30,6 +30,7 @@ MACHINE_FIXTURES = {
     "kube_cluster": ("integration", "control_plane"),  # the session's control plane
     "node_cluster": ("integration", "node"),  # ... with its node, where pods run
     "node_binaries": ("integration", "node"),  # a node of the test's own
+    "lws": ("integration", "node"),  # LeaderWorkerSet's controller, a pod on the session's node
     "gluster": ("sharedfs",),  # glusterd (the node's volume is served by the same one)
 }
 

@@ -1,4 +1,4 @@
-"""Command line: python -m payloadrun_devcluster {build,up,down,status,env,load-image}.
+"""Command line: python -m payloadrun_devcluster {build,up,down,status,env,load-image,lws}.
 
     build       build the binaries that are missing (cluster/build.sh)
     up          start a detached cluster; prints the kubeconfig path and `export KUBECONFIG=...`
@@ -9,6 +9,7 @@
     env         print `export KUBECONFIG=... PATH=...`:
                 eval "$(python -m payloadrun_devcluster env)"
     load-image  import docker-archive tarballs into the node (pods use imagePullPolicy Never)
+    lws         install LeaderWorkerSet (upstream's config/default, webhooks on) on the node
 
 The state directory (certificates, kubeconfig, logs, etcd data, pids) is --state-dir, or
 $PAYLOADRUN_DEVCLUSTER_DIR, or $PAYLOADRUN_CACHE/devcluster (~/.cache/payloadrun/devcluster).
@@ -120,6 +121,24 @@ def cmd_load_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lws(args: argparse.Namespace) -> int:
+    from .lws import LwsError, install
+
+    cluster = _running(args.state_dir)
+    if cluster is None:
+        return 1
+    try:
+        installed = install(cluster)
+    except LwsError as error:
+        _say(f"error: {error}")
+        return 1
+    _say(
+        f"LeaderWorkerSet {installed.version} ({installed.image}) answers, "
+        f"{installed.seconds:.1f} s: {installed.timings}"
+    )
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     cluster = _running(args.state_dir)
     if cluster is None:
@@ -186,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     load = commands.add_parser("load-image", help="import image tarballs into the node")
     load.add_argument("tarballs", nargs="+", type=Path, help="docker-archive tarballs")
     load.set_defaults(func=cmd_load_image)
+    commands.add_parser(
+        "lws", help="install LeaderWorkerSet on the node (bash cluster/build.sh builds it)"
+    ).set_defaults(func=cmd_lws)
     commands.add_parser("down", help="stop the cluster").set_defaults(func=cmd_down)
     commands.add_parser("status", help="show component status").set_defaults(func=cmd_status)
     commands.add_parser("env", help="print export lines for KUBECONFIG and PATH").set_defaults(

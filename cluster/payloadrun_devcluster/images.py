@@ -62,8 +62,11 @@ def pause_image_tarball() -> Path:
     return tarball
 
 
-def write_single_binary_image(binary: Path, path_in_image: str, name: str, out: Path) -> None:
-    """A one-layer docker-archive holding ``binary`` at ``path_in_image`` as its entry point."""
+def write_single_binary_image(
+    binary: Path, path_in_image: str, name: str, out: Path, user: str = "65535:65535"
+) -> None:
+    """A one-layer docker-archive holding ``binary`` at ``path_in_image`` as its entry point,
+    run as ``user`` (``uid:gid``) unless a pod says otherwise."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as tar:
         info = tar.gettarinfo(str(binary), arcname=path_in_image.lstrip("/"))
@@ -78,7 +81,7 @@ def write_single_binary_image(binary: Path, path_in_image: str, name: str, out: 
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": [path_in_image], "User": "65535:65535"},
+        "config": {"Entrypoint": [path_in_image], "User": user},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": f"payloadrun_devcluster: {binary.name}"}],
     }

@@ -13,6 +13,7 @@ control-plane part, hack/test.py): the tests that need pods skip, or fail under
 ``@pytest.mark.pod_security("restricted")`` (or another level) the API server enforces that Pod
 Security level on its pods (``pod_helpers.pod_security_labels``).
 ``kube_api_client`` (session): an admin ``kubernetes.client.ApiClient``.
+``lws`` (session, opt-in): LeaderWorkerSet's controller installed on the node, webhooks on.
 """
 
 from __future__ import annotations
@@ -171,6 +172,25 @@ def node_cluster(kube_cluster: LocalCluster) -> LocalCluster:
     assert applied.returncode == 0, applied.stderr
     kube_cluster.wait_established(f"{PLURAL}.{GROUP}")
     return kube_cluster
+
+
+@pytest.fixture(scope="session")
+def lws(kube_cluster: LocalCluster):
+    """LeaderWorkerSet installed on the session's node (opt-in: only sessions with a test that
+    asks for it pay for it): upstream's own config/default from the module, its webhooks on and
+    its certificates its own (``payloadrun_devcluster.lws``). Its :class:`LwsInstall` says how
+    long each step took. Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session
+    runs no node or the manager is not built (``bash cluster/build.sh``)."""
+    from payloadrun_devcluster.lws import find_build, install
+
+    if not kube_cluster.with_node:
+        skip_or_fail("LeaderWorkerSet runs as a pod: the session's cluster runs no node")
+    try:
+        build = find_build()
+    except BinariesMissing as error:
+        skip_or_fail(str(error))
+        raise
+    return install(kube_cluster, build)
 
 
 @pytest.fixture
