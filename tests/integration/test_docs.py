@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,15 +20,16 @@ import pytest
 
 from payloadrun_devkit import required
 
-# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own, and
-# docs/operator.md's generators rewrite the files the cluster's tests apply (crds/, charts/):
-# they run before the session's cluster starts its node (one node per machine) and applies them.
-# The other blocks that reach a cluster start a control plane of their own on loopback, in a
-# state directory of their own (PAYLOADRUN_DEVCLUSTER_DIR, see environment()): they run beside
-# the node's tests, in make test's control-plane part (hack/test.py). A block with none of the
-# machine's words needs no cluster and runs with the unit tests.
+# The README's `make demo` and cluster/README.md's `up --node` start nodes of their own: they run
+# before the session's cluster starts its node (one node per machine). docs/operator.md's
+# generators, which rewrite files the other parts read (crds/, charts/, the vendored OpenAPI),
+# run in a scratch copy of the checkout (generates()). The other blocks that reach a cluster
+# start a control plane of their own on loopback, in a state directory of their own
+# (PAYLOADRUN_DEVCLUSTER_DIR, see environment()): they run beside the node's tests, in make
+# test's control-plane part (hack/test.py). A block with none of the machine's words needs no
+# cluster and runs with the unit tests.
 NODE = [pytest.mark.integration, pytest.mark.node_lifecycle]
-NODE_WORDS = ("make demo", "--node", "> crds/", "> charts/")
+NODE_WORDS = ("make demo", "--node")
 MACHINE = [pytest.mark.integration]
 MACHINE_WORDS = (
     "make ",
@@ -85,6 +87,44 @@ def test_the_docs_have_commands():
     assert any(n.startswith("docs/operator.md") for n in names)
 
 
+# The packages a generator imports, from the scratch copy (the venv's install is the checkout's).
+PACKAGE_DIRS = ("operator", "sidecars", "cluster", "devkit")
+
+
+def generates(script: str) -> bool:
+    """Whether a block rewrites files of the checkout (the CRD, the chart's copy, the vendored
+    OpenAPI): those run in a scratch copy, since the other parts of make test read those files
+    meanwhile, and a shell's `>` empties a file before it writes it again."""
+    return any(word in script for word in ("> crds/", "> charts/"))
+
+
+def scratch_copy(into: Path) -> Path:
+    """The checkout's tracked files, copied under ``into``."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, tracked):
+        source, target = REPO / name.decode(), into / name.decode()
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
+def drifted(copy: Path) -> list[str]:
+    """The copy's files that differ from the checkout's (or that it lacks)."""
+    return sorted(
+        str(path.relative_to(copy))
+        for path in copy.rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (
+            not (REPO / path.relative_to(copy)).is_file()
+            or (REPO / path.relative_to(copy)).read_bytes() != path.read_bytes()
+        )
+    )
+
+
 def marks(block: str) -> list[pytest.MarkDecorator]:
     if any(word in block for word in NODE_WORDS):
         return NODE
@@ -98,11 +138,16 @@ def test_doc_block_runs(where, block, kube_binaries, tmp_path):
     script = runnable(block)
     if not script.strip():
         pytest.skip(f"{where} holds only `make test`, the command that runs this test")
+    env = environment(kube_binaries, tmp_path / "devcluster")
+    cwd = REPO
+    if generates(script):
+        cwd = scratch_copy(tmp_path / "repo")
+        env["PYTHONPATH"] = os.pathsep.join(str(cwd / p) for p in PACKAGE_DIRS)
     # Its own session, so whatever a block leaves in the background is stopped with it.
     proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", script],
-        cwd=REPO,
-        env=environment(kube_binaries, tmp_path / "devcluster"),
+        cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,6 +163,8 @@ def test_doc_block_runs(where, block, kube_binaries, tmp_path):
         f"{where} failed ({proc.returncode}):\n{script}\n--- stdout\n{stdout[-3000:]}"
         f"\n--- stderr\n{stderr[-3000:]}"
     )
+    if cwd != REPO:  # what the generators wrote is what is committed: no drift
+        assert drifted(cwd) == [], f"{where} regenerated files that differ from the committed ones"
     if "make demo" in script:
         assert "nothing left running" in stdout
         assert "Inline (Disaggregated)" in stdout and "ByHandle" in stdout
