@@ -1065,6 +1065,48 @@ LAYOUT_1_SPECS = [
 ]
 
 
+# Printed by inputs_hash before spec.inference grew multi-node replicas (main at f0549eb).
+LAYOUT_2_HASHES = {
+    "0-inference": "f32ba825230d1cde66ad",
+    "0-orchestrator": "b4220828b46655b5f767",
+    "0-trainer": "f0edf67200cd040f0f1a",
+    "1-inference": "885a6ea27043c071f18d",
+    "1-orchestrator": "1c9f4aaba371494ab2b4",
+    "1-trainer": "a23eeb5ae798e9cd7e26",
+}
+LAYOUT_2_SPECS = [
+    LAYOUT_1_SPECS[0],
+    {
+        "routerReplay": True,
+        "runDirectory": {"mountPath": "/data"},
+        "inference": {
+            "image": "v",
+            "replicas": 3,
+            "shmSize": "2Gi",
+            "port": 9000,
+            "template": {"spec": {"containers": [{"name": "vllm", "args": ["--x"]}]}},
+        },
+        "orchestrator": {"image": "o"},
+        "trainer": {"image": "t", "replicas": 2, "processesPerNode": 4},
+    },
+]
+
+
+def test_a_run_started_before_multi_node_replicas_keeps_its_hashes():
+    pin = pin_of(OperatorSettings())
+    got = {
+        f"{i}-{c}": inputs_hash(PayloadRunSpec.model_validate(spec), c, pin)
+        for i, spec in enumerate(LAYOUT_2_SPECS)
+        for c in COMPONENTS
+    }
+    assert got == LAYOUT_2_HASHES
+    # setting one of the new fields, even to what it would be, changes nothing; another value does
+    spec = {**LAYOUT_2_SPECS[0], "inference": {"image": "v", "replicas": 2, "podsPerReplica": 1}}
+    assert inputs_hash(PayloadRunSpec.model_validate(spec), INFERENCE, pin) == got["0-inference"]
+    spec["inference"]["apiServersPerPod"] = 2
+    assert inputs_hash(PayloadRunSpec.model_validate(spec), INFERENCE, pin) != got["0-inference"]
+
+
 def test_a_run_started_before_pod_templates_keeps_its_hashes():
     pin = {k: v for k, v in pin_of(OperatorSettings()).items() if k != "podLayout"}
     got = {

@@ -20,6 +20,7 @@ from typing import Any
 from payloadrun_operator.api.conditions import MEANINGS, REASONS, TRUE_REASONS, ConditionType
 from payloadrun_operator.api.kubeschema import pod_template_schema
 from payloadrun_operator.api.models import (
+    CHECKED_BY_OPERATOR,
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
@@ -53,11 +54,26 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic JSON schema node as a Kubernetes structural schema node."""
+def structural(
+    schema: dict[str, Any], defs: dict[str, Any], full_templates: bool = False
+) -> dict[str, Any]:
+    """A pydantic JSON schema node as a Kubernetes structural schema node.
+
+    ``full_templates``: give the pod templates the operator checks itself
+    (:data:`CHECKED_BY_OPERATOR`) their whole schema too, as :mod:`schema_check` reads it; the
+    CRD stores them as plain objects, since each PodTemplateSpec schema adds about 270 kB to what
+    etcd holds (at most 1.5 MiB)."""
     schema = _resolve(schema, defs)
-    if schema.get(POD_TEMPLATE_MARKER):
-        return pod_template_schema(_unwrap(schema["description"]))
+    marker = schema.get(POD_TEMPLATE_MARKER)
+    if marker:
+        description = _unwrap(schema["description"])
+        if marker == CHECKED_BY_OPERATOR and not full_templates:
+            return {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "description": description,
+            }
+        return pod_template_schema(description)
     if "anyOf" in schema:
         options = [o for o in schema["anyOf"] if not _is_null(o)]
         rest = {k: v for k, v in schema.items() if k != "anyOf"}
@@ -66,7 +82,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             return _clean({**rest, "x-kubernetes-int-or-string": True})
         if len(options) != 1:
             raise ValueError(f"cannot express {schema} as a structural schema")
-        return structural({**_resolve(options[0], defs), **rest}, defs)
+        return structural({**_resolve(options[0], defs), **rest}, defs, full_templates)
 
     out = _clean(schema)
     if out.get("x-kubernetes-int-or-string"):
@@ -76,9 +92,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         required = set(out.get("required", []))
         out["properties"] = {
             name: _without_null_default(
-                structural(prop, defs)
+                structural(prop, defs, full_templates)
                 if _resolve(prop, defs).get(POD_TEMPLATE_MARKER)  # absent unless set
-                else _default_empty_object(structural(prop, defs), name in required)
+                else _default_empty_object(structural(prop, defs, full_templates), name in required)
             )
             for name, prop in out["properties"].items()
         }
@@ -89,9 +105,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out.pop("additionalProperties")
             out["x-kubernetes-preserve-unknown-fields"] = True
         else:
-            out["additionalProperties"] = structural(extra, defs)
+            out["additionalProperties"] = structural(extra, defs, full_templates)
     if out.get("type") == "array" and "items" in out:
-        out["items"] = structural(out["items"], defs)
+        out["items"] = structural(out["items"], defs, full_templates)
     if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
         out["type"] = "object"
     return out
@@ -130,9 +146,9 @@ def _without_null_default(prop: dict[str, Any]) -> dict[str, Any]:
     return prop
 
 
-def model_schema(model: type) -> dict[str, Any]:
+def model_schema(model: type, full_templates: bool = False) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return structural(raw, raw.get("$defs", {}))
+    return structural(raw, raw.get("$defs", {}), full_templates)
 
 
 def printer_columns() -> list[dict[str, Any]]:
@@ -250,8 +266,9 @@ def with_condition_vocabulary(status: dict[str, Any]) -> dict[str, Any]:
     return status
 
 
-def build_crd() -> dict[str, Any]:
-    spec = model_schema(PayloadRunSpec)
+def build_crd(full_templates: bool = False) -> dict[str, Any]:
+    """The CRD; ``full_templates``: with every pod template's schema (see :func:`structural`)."""
+    spec = model_schema(PayloadRunSpec, full_templates)
     status = with_condition_vocabulary(model_schema(PayloadRunStatus))
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -86,9 +86,12 @@ def _preserve(description: str) -> Any:
 
 # Marks a field whose schema is Kubernetes' PodTemplateSpec (crd.py puts it in: kubeschema.py).
 POD_TEMPLATE_MARKER = "x-payloadrun-pod-template"
+# The marker's value for a template the CRD stores as a plain object and the operator checks
+# against the same schema (schema_check.py), to keep the CRD under etcd's 1.5 MiB.
+CHECKED_BY_OPERATOR = "operator"
 
 
-def _pod_template(role: str, main: str, extra: str = "") -> Any:
+def _pod_template(role: str, main: str, extra: str = "", marker: bool | str = True) -> Any:
     return Field(
         default=None,
         description=f"The {role} pods' template, a Kubernetes PodTemplateSpec (labels, "
@@ -96,7 +99,7 @@ def _pod_template(role: str, main: str, extra: str = "") -> Any:
         f"short fields above fill it (a field set both ways must agree), and the operator adds "
         "its parts on top by the rules of docs/operator.md#pod-templates, refusing a template "
         f"that sets one of them.{extra}",
-        json_schema_extra={POD_TEMPLATE_MARKER: True},
+        json_schema_extra={POD_TEMPLATE_MARKER: marker},
     )
 
 
@@ -443,14 +446,80 @@ INFERENCE_CLIENTS_DESCRIPTION = (
 )
 
 
+class ApiServerLayout(StrEnum):
+    """Which pods of an inference replica run vLLM API servers."""
+
+    EVERY_POD = "EveryPod"  # data parallelism across nodes (MoE expert parallelism, wide-EP)
+    LEADER = "Leader"  # tensor/pipeline parallelism across nodes: only the leader serves HTTP
+
+
+VLLM_DATA_PARALLEL_RPC_PORT = 29550  # vLLM's --data-parallel-rpc-port default (ParallelConfig)
+MAX_PODS_PER_REPLICA = 64
+MAX_API_SERVERS_PER_POD = 64
+
+LAYOUT_IS_FIXED_MESSAGE = (
+    "spec.inference.podsPerReplica, apiServers and apiServersPerPod cannot change on a live "
+    "run: they decide which kind of workload serves inference and how its pods are wired. "
+    "Create a new run (spec.resume keeps the payload root's files) instead"
+)
+WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE = (
+    "spec.inference.workerTemplate is the template of a replica's workers, and this run's "
+    "replicas have one pod each: set spec.inference.podsPerReplica above 1, or remove "
+    "spec.inference.workerTemplate"
+)
+
+
 class Inference(Model):
-    """The vLLM servers (the writer sidecar beside each, by handle)."""
+    """The vLLM servers (the writer sidecar beside each pod's, by handle)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_image_rule("inference", "vllm")]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _image_rule("inference", "vllm"),
+                {
+                    "rule": "self.podsPerReplica == oldSelf.podsPerReplica && "
+                    "self.apiServers == oldSelf.apiServers && "
+                    "self.apiServersPerPod == oldSelf.apiServersPerPod",
+                    "message": LAYOUT_IS_FIXED_MESSAGE,
+                },
+                {
+                    "rule": "!has(self.workerTemplate) || self.podsPerReplica > 1",
+                    "message": WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE,
+                },
+            ]
+        }
     )
 
-    replicas: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="vLLM pods.")
+    replicas: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=1,
+        description="vLLM replicas: one pod each, or a group of podsPerReplica pods each.",
+    )
+    pods_per_replica: Annotated[int, Field(ge=1, le=MAX_PODS_PER_REPLICA)] = Field(
+        default=1,
+        description="Pods per inference replica. 1 (the default): a StatefulSet of one-pod "
+        "replicas. More: each replica is a LeaderWorkerSet group of this many pods (a leader "
+        "and its workers, started, recreated and scaled together), for models whose replica "
+        "spans nodes; LeaderWorkerSet must be installed in the cluster "
+        "(docs/operator.md#multi-node-replicas). Fixed for the run's life.",
+    )
+    api_servers: ApiServerLayout = Field(
+        default=ApiServerLayout.EVERY_POD,
+        description="Which pods of a replica run vLLM API servers, with a writer in front of "
+        "them: EveryPod (data parallelism across nodes, e.g. MoE expert parallelism: every "
+        "rank serves HTTP) or Leader (tensor or pipeline parallelism across nodes: the workers "
+        "serve no HTTP). Fixed for the run's life.",
+    )
+    api_servers_per_pod: Annotated[int, Field(ge=1, le=MAX_API_SERVERS_PER_POD)] = Field(
+        default=1,
+        description="vLLM API servers each serving pod runs (one per data-parallel rank), on "
+        "consecutive ports from spec.inference.port; none of them may be a sidecar's port. "
+        "Fixed for the run's life.",
+    )
+    data_parallel_rpc_port: Port = Field(
+        default=VLLM_DATA_PARALLEL_RPC_PORT,
+        description="The data-parallel RPC port on a replica's head (vLLM's "
+        "--data-parallel-rpc-port), given to every pod as PAYLOADRUN_INFERENCE_DP_RPC_PORT.",
+    )
     disaggregated: bool = Field(
         default=False,
         description="Whether the run's inference is prefill/decode-disaggregated behind a P/D "
@@ -479,6 +548,23 @@ class Inference(Model):
         default_factory=list, max_length=64, description=INFERENCE_CLIENTS_DESCRIPTION
     )
     template: dict[str, Any] | None = _pod_template("inference", "vllm")
+    worker_template: dict[str, Any] | None = _pod_template(
+        "inference worker",
+        "vllm",
+        " Only with podsPerReplica above 1: the template of a replica's pods other than its "
+        "leader; default: spec.inference.template. The API server stores it unchecked (a "
+        "fourth PodTemplateSpec schema would take the CRD near etcd's 1.5 MiB): the operator "
+        "checks it against PodTemplateSpec's schema and refuses the run with the field's path.",
+        marker=CHECKED_BY_OPERATOR,
+    )
+
+    @model_validator(mode="after")
+    def _worker_template_needs_groups(self) -> Inference:
+        """The CEL rule above, for clusters without CEL (the layout's transition rule needs the
+        stored run: only the API server checks it)."""
+        if self.worker_template is not None and self.pods_per_replica == 1:
+            raise ValueError(WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE)
+        return self
 
 
 class Orchestrator(Model):

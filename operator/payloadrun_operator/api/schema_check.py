@@ -469,13 +469,15 @@ def _repeated(values: list[Any]) -> Iterator[int]:
 def _run_schema_json() -> str:
     from payloadrun_operator.api.crd import build_crd
 
-    (version,) = build_crd()["spec"]["versions"]
+    (version,) = build_crd(full_templates=True)["spec"]["versions"]
     return json.dumps(version["schema"]["openAPIV3Schema"])
 
 
 @functools.cache
 def run_schema() -> dict[str, Any]:
-    """The CRD's ``openAPIV3Schema`` (built once per process: about half a second)."""
+    """The CRD's ``openAPIV3Schema`` with the schema of the pod templates the CRD leaves to the
+    operator (``crd.CHECKED_BY_OPERATOR``) filled in (built once per process: about half a
+    second)."""
     return json.loads(_run_schema_json())
 
 

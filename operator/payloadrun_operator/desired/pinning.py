@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from payloadrun_operator.api.conditions import StatusField
-from payloadrun_operator.api.models import PayloadRunSpec
+from payloadrun_operator.api.models import (
+    VLLM_DATA_PARALLEL_RPC_PORT,
+    ApiServerLayout,
+    PayloadRunSpec,
+)
 from payloadrun_operator.api.names import (
     INFERENCE,
     ORCHESTRATOR,
@@ -95,6 +99,16 @@ LAYOUT_2_FIELDS = (
     (TRAINER, "shmSize", None),
     (TRAINER, "payloadAccess", "ReadOnly"),
     (TRAINER, "template", None),
+)
+# Spec fields added since layout 2 that need no layout of their own, since their defaults build
+# the pods layout 2 built (a replica of one pod, one API server): left out of every run's inputs
+# while they have their default, so a run created before they existed keeps its workloads.
+LATER_FIELDS = (
+    (INFERENCE, "podsPerReplica", 1),
+    (INFERENCE, "apiServers", ApiServerLayout.EVERY_POD.value),
+    (INFERENCE, "apiServersPerPod", 1),
+    (INFERENCE, "dataParallelRpcPort", VLLM_DATA_PARALLEL_RPC_PORT),
+    (INFERENCE, "workerTemplate", None),
 )
 
 # status.sidecars key -> the OperatorSettings field it pins.
@@ -165,14 +179,16 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     (layout 2) the number of replicas its admin URLs list. Neither suspend, the failure policy
     nor inference.clients (its NetworkPolicy's) is part of any template. A layout-1 run's
     inputs leave out the fields added since while they are unset (:data:`LAYOUT_2_FIELDS`), so
-    they hash as they did then."""
+    they hash as they did then, and every run's leave out :data:`LATER_FIELDS` while unset."""
     data = spec.model_dump(mode="json", by_alias=True)
     layout = layout_of(pin)
-    if not layout.has_pod_templates:
-        for section, name, default in LAYOUT_2_FIELDS:
-            where = data if section is None else data[section]
-            if where.get(name) == default:
-                where.pop(name, None)
+    unset_when_default = (
+        LATER_FIELDS if layout.has_pod_templates else LAYOUT_2_FIELDS + LATER_FIELDS
+    )
+    for section, name, default in unset_when_default:
+        where = data if section is None else data[section]
+        if where.get(name) == default:
+            where.pop(name, None)
     for name in NOT_IN_COMPONENT_TEMPLATES.get(component, ()):
         data[component].pop(name, None)
     skipped = (*COMPONENT_FIELDS, *NOT_IN_TEMPLATES)
