@@ -29,8 +29,22 @@ DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 JOB = Kind("batch/v1", "Job", "jobs", followed=True)
 POD = Kind("v1", "Pod", "pods")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+# A run's multi-node inference replicas (spec.inference.podsPerReplica > 1): kubernetes-sigs/lws,
+# installed in the cluster or not (the operator follows it only where its API exists).
+LEADER_WORKER_SET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 
-KINDS = (RUN, CLAIM, CONFIG_MAP, SERVICE, STATEFUL_SET, DEPLOYMENT, JOB, POD, NETWORK_POLICY)
+KINDS = (
+    RUN,
+    CLAIM,
+    CONFIG_MAP,
+    SERVICE,
+    STATEFUL_SET,
+    DEPLOYMENT,
+    JOB,
+    POD,
+    NETWORK_POLICY,
+    LEADER_WORKER_SET,
+)
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}
 # The kinds of child the status reads, as (apiVersion, kind): readiness lists them by the

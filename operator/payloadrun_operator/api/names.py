@@ -49,6 +49,10 @@ SETTINGS = "settings"
 PAYLOADS = "payloads"  # the managed claim's component label
 CLEANUP = "cleanup"  # the Job that deletes a finished run's payload files
 HEADLESS_SUFFIX = "-headless"
+# The LeaderWorkerSet of a run whose replicas span pods, named <run>-vllm, never
+# <run>-inference: LWS names its leader StatefulSet and its headless Service after itself, and
+# reuses (without DNS for its pods) a Service of that name that exists already.
+INFERENCE_GROUPS_SUFFIX = "-vllm"
 
 # Containers.
 VLLM_CONTAINER = "vllm"
@@ -86,6 +90,13 @@ WORKLOADS = (
 def child_name(run: str, component: str) -> str:
     """The name of a run's child: ``<run>-<component>``."""
     return f"{run}-{component}"
+
+
+def inference_groups_name(run: str) -> str:
+    """The name of a run's LeaderWorkerSet (and so of its leader StatefulSet, its headless
+    Service and its pods: ``<run>-vllm-<replica>`` leaders, ``<run>-vllm-<replica>-<w>``
+    workers)."""
+    return run + INFERENCE_GROUPS_SUFFIX
 
 
 def headless_name(run: str, component: str) -> str:
