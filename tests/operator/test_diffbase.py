@@ -3,9 +3,11 @@ is, and a record an older operator wrote whole reads as the same digest."""
 
 import copy
 import json
+from pathlib import Path
 
 import kopf
-from bad_runs import BASE_RUN
+import yaml
+from bad_runs import BAD, BASE_RUN
 
 from payloadrun_operator.api.names import ANNOTATION_PREFIX, DIFFBASE_KEY
 from payloadrun_operator.platform.diffbase import (
@@ -13,8 +15,10 @@ from payloadrun_operator.platform.diffbase import (
     DigestDiffBaseStorage,
     QuietProgressStorage,
     StatusDigestDiffBaseStorage,
+    digest_of,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 KEY = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
 
 
@@ -162,3 +166,57 @@ def test_a_record_that_stays_keeps_its_marker_and_a_purged_retry_drops_its_recor
     storage.purge(key="a", body=kopf.Body(run()), patch=patch)
     kept = patch["metadata"]["annotations"]
     assert f"{ANNOTATION_PREFIX}/kopf-managed" in kept and f"{ANNOTATION_PREFIX}/b" in kept
+
+
+def kopf_digest(body: dict) -> dict:
+    """The digest of the essence as kopf's own (deep-copying) build makes it."""
+    digest, _ = storages()
+    essence = kopf.AnnotationsDiffBaseStorage.build(digest, body=kopf.Body(copy.deepcopy(body)))
+    return digest_of(digest._without_own_annotations(essence))
+
+
+def examples_and_bad_runs() -> list[dict]:
+    examples = [
+        doc
+        for path in sorted((REPO / "examples").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "PayloadRun"
+    ]
+    return examples + [case.run() for case in BAD]
+
+
+METADATA_VARIANTS = [
+    {},
+    {"labels": {}, "annotations": {}},
+    {"labels": {"team": "a"}, "annotations": {"note": "x"}},
+    {
+        "labels": {"team": "a"},
+        "annotations": {
+            KEY: '{"digest": "old"}',
+            f"{ANNOTATION_PREFIX}/reconcile_run": "{}",
+            f"{ANNOTATION_PREFIX}/kopf-managed": "yes",
+            "other.example/kopf-managed": "yes",  # another kopf operator's records
+            "other.example/handler": "{}",
+            "kopf.zalando.org/last-handled-configuration": "{}",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "rollout.payloadrun.dev/sidecars": "now",
+        },
+        "resourceVersion": "7",
+        "generation": 3,
+        "managedFields": [{"manager": "kubectl"}],
+    },
+]
+
+
+def test_the_digest_built_without_a_copy_is_kopfs_over_every_example_and_bad_run():
+    digest, _ = storages()
+    bodies = examples_and_bad_runs()
+    assert len(bodies) > len(BAD)  # the examples were found
+    for body in bodies:
+        for meta in METADATA_VARIANTS:
+            doc = copy.deepcopy(body)
+            doc["metadata"] = {**doc.get("metadata", {}), **copy.deepcopy(meta)}
+            doc["status"] = {"phase": "Running", "observedDigest": "d"}
+            before = copy.deepcopy(doc)
+            assert digest.build(body=kopf.Body(doc)) == kopf_digest(doc), meta
+            assert doc == before  # and the body is left as it was

@@ -40,12 +40,43 @@ def digest_of(essence: Any) -> dict[str, str]:
     return {DIGEST: hashlib.sha256(encoded).hexdigest()}
 
 
+# What kopf's essence leaves out of a body besides metadata (DiffBaseStorage.build).
+NOT_IN_ESSENCE = frozenset({"apiVersion", "kind", "metadata", "status"})
+KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
 class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's annotation diff-base storage with a digest of the essence in the annotation."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        essence = super().build(body=body, extra_fields=extra_fields)
-        return digest_of(self._without_own_annotations(essence))
+        if extra_fields or self.ignored_fields:  # kopf's own build knows those: no shortcut
+            essence = super().build(body=body, extra_fields=extra_fields)
+            return digest_of(self._without_own_annotations(essence))
+        return digest_of(self.essence(body))
+
+    def essence(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """kopf's essence of ``body`` less the operator's own annotations, as
+        :meth:`_without_own_annotations` leaves kopf's, without copying the body: kopf's build
+        deep-copies the whole run, pod templates included, to drop its metadata and status,
+        which was a sixth of the operator's CPU at 1,000 runs (py-spy). Only the digest is kept,
+        so the essence shares the body's values; a test holds the two equal."""
+        essence = {k: v for k, v in body.items() if k not in NOT_IN_ESSENCE}
+        meta = body.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        ignored = {self.prefix, *self._detect_marked_prefixes(annotations)}
+        own_keys = set(self.make_keys(self.key, body=kopf.Body(body)))
+        kept = {
+            key: value
+            for key, value in annotations.items()
+            if key not in own_keys
+            and key != KUBECTL_LAST_APPLIED
+            and not any(key.startswith(f"{prefix}/") for prefix in ignored)
+        }
+        picked = {"labels": meta.get("labels"), "annotations": kept}
+        picked = {k: v for k, v in picked.items() if v}
+        if picked:
+            essence["metadata"] = picked
+        return essence
 
     def fetch(self, *, body: kopf.Body) -> Any:
         stored = super().fetch(body=body)
