@@ -32,6 +32,7 @@ from payloadrun_operator.api.names import (
     FIELD_MANAGER,
     FINALIZER,
     LABEL_MANAGED_BY,
+    MANAGED_SELECTOR,
     WORKLOADS,
 )
 from payloadrun_operator.desired import context
@@ -106,6 +107,11 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     # children held four thousand bodies for kopf's default of 5 s, the heap's high-water mark
     # (bench/operator.py: RSS after 1,050 runs). A worker is cheap to start again.
     kopf_settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
+    # The children's watches ask the API server for the operator's children only: kopf's
+    # `labels=` filter on a handler is applied in the operator, after every Job, StatefulSet and
+    # claim of the cluster has been sent to it and decoded.
+    for kind in FOLLOWED:
+        kopf_settings.watching.label_selectors[watch_selector(kind)] = MANAGED_SELECTOR
     # Resources are discovered once at start (the chart installs the CRD first): no watch on
     # CustomResourceDefinitions or Namespaces, so the RBAC needs neither.
     kopf_settings.scanning.disabled = True
@@ -418,12 +424,18 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         op.metrics.forget_run(namespace, name)
 
 
+def watch_selector(kind: Kind) -> tuple[str, ...]:
+    """kopf's selector of ``kind``'s resource: (group, version, plural), or (version, plural)
+    for the core group."""
+    return (*kind.api_version.split("/"), kind.plural)
+
+
 def follow_kind(registry: kopf.OperatorRegistry, follower: Follower, kind: Kind) -> None:
-    """Feed the follower every event of ``kind`` among the operator's children."""
+    """Feed the follower every event of ``kind`` among the operator's children (the watch
+    itself selects them: :func:`configure_kopf`)."""
 
     @kopf.on.event(
-        *kind.api_version.split("/"),
-        kind.plural,
+        *watch_selector(kind),
         labels={LABEL_MANAGED_BY: FIELD_MANAGER},
         registry=registry,
     )
