@@ -125,6 +125,22 @@ def drifted(copy: Path) -> list[str]:
     )
 
 
+def stop_left_cluster(env: dict[str, str]) -> None:
+    """Stop the local cluster a block started and did not stop (it failed before its ``down``):
+    its components run in sessions of their own, which the block's killpg does not reach, and
+    would hold the machine through the rest of the suite."""
+    if not Path(env["PAYLOADRUN_DEVCLUSTER_DIR"]).exists():
+        return
+    subprocess.run(
+        [sys.executable, "-m", "payloadrun_devcluster", "down"],
+        env=env,
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def marks(block: str) -> list[pytest.MarkDecorator]:
     if any(word in block for word in NODE_WORDS):
         return NODE
@@ -159,6 +175,7 @@ def test_doc_block_runs(where, block, kube_binaries, tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        stop_left_cluster(env)
     assert proc.returncode == 0, (
         f"{where} failed ({proc.returncode}):\n{script}\n--- stdout\n{stdout[-3000:]}"
         f"\n--- stderr\n{stderr[-3000:]}"
