@@ -1,0 +1,257 @@
+"""How evenly requests spread over a pod's vLLM API servers: one writer per pod vs a port each.
+
+Issue 36: a multi-node replica runs several vLLM API servers per pod, one per data-parallel rank
+on consecutive ports. kube-proxy balances per connection, and prime-rl's orchestrator (httpx or
+aiohttp) keeps a keep-alive pool, so a Service port per API server would pin each connection to
+the server it met at connect. The writer instead fronts every local API server and chooses per
+request (fewest in flight, ties round robin).
+
+One fake vLLM process serves 4 API servers (``--api-servers 4``); generations take a seeded
+random time (``x-fake-delay``, exponential around ``--delay-ms``, the same sequence in every
+round) so that requests overlap as generations do. A client with a keep-alive pool of
+``--connections`` K sends ``--requests`` N requests, K at a time, in two ways, alternating:
+
+- **pinned** (the baseline): straight at the API servers, each of the K connections to one
+  server chosen at random when it connects (a new seed each round): what per-connection
+  balancing gives;
+- **writer**: through one ``payloadrun writer`` process with ``--upstream`` listing the 4.
+
+Per round: requests per API server (from the ``x-fake-server`` header each answer carries, checked
+against the servers' own ``/fake/stats``), max/min and the coefficient of variation (population
+standard deviation / mean). Goal: through the writer, max/min <= 1.10 in every round.
+
+``--compare-writer DIR`` adds the single-upstream hot path: a writer from another checkout
+(``DIR/sidecars`` on its PYTHONPATH: the code before this change, from ``git archive``) and this
+one, each in front of one API server, in alternating rounds of N requests at K at a time with no
+generation delay; the median of each round's p50 latency, new / old (goal <= 1.05), and
+throughput. Bounded: a fixed number of requests, loopback only. Run under the machine lock:
+``flock /tmp/payloadrun-machine.lock python bench/spread.py`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+import report
+from payloadrun.testing import processes
+from payloadrun.testing.fakevllm import SERVER_HEADER
+
+PATH = "/v1/completions"
+BODY = json.dumps({"prompt": "spread", "max_tokens": 4}).encode()
+API_SERVERS = 4
+
+
+@dataclass(frozen=True)
+class Round:
+    mode: str
+    counts: list[int]  # per API server, in port order
+    seconds: float
+    p50_ms: float
+
+    @property
+    def max_min(self) -> float:
+        return max(self.counts) / max(min(self.counts), 1)
+
+    @property
+    def cv(self) -> float:
+        mean = statistics.fmean(self.counts)
+        return statistics.pstdev(self.counts) / mean if mean else 0.0
+
+
+def delays(count: int, mean_ms: float, seed: int = 36) -> list[float]:
+    """Seeded generation times (seconds): exponential around ``mean_ms``, at most 5x it."""
+    rng = random.Random(seed)
+    return [min(rng.expovariate(1.0 / mean_ms), 5 * mean_ms) / 1000 for _ in range(count)]
+
+
+async def drive(urls: list[str], times: list[float], connections: int) -> tuple[Counter, list]:
+    """Every request of ``times`` over ``connections`` keep-alive connections, one worker each:
+    ``urls[w]`` for worker ``w`` (its own pool of one: a pinned connection) or, with one URL,
+    one shared pool of ``connections``. The ``x-fake-server`` of each answer, and latencies."""
+    queue = list(enumerate(times))
+    queue.reverse()
+    served: Counter = Counter()
+    latencies: list[float] = []
+    shared = len(urls) == 1
+    sessions = [
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections if shared else 1))
+        for _ in range(1 if shared else connections)
+    ]
+
+    async def worker(w: int) -> None:
+        session = sessions[0 if shared else w]
+        url = (urls[0] if shared else urls[w]) + PATH
+        while queue:
+            _, delay = queue.pop()
+            headers = {"Content-Type": "application/json"}
+            if delay:
+                headers["x-fake-delay"] = f"{delay:.5f}"
+            started = time.perf_counter()
+            async with session.post(url, data=BODY, headers=headers) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} answered {resp.status}")
+                served[resp.headers[SERVER_HEADER]] += 1
+            latencies.append(time.perf_counter() - started)
+
+    try:
+        await asyncio.gather(*(worker(w) for w in range(connections)))
+    finally:
+        for session in sessions:
+            await session.close()
+    return served, latencies
+
+
+def stats_of(urls: list[str]) -> list[int]:
+    """Requests each API server counted on its own (``/fake/stats``)."""
+    out = []
+    for url in urls:
+        with urllib.request.urlopen(url + "/fake/stats", timeout=10) as resp:
+            out.append(int(json.loads(resp.read()).get(PATH, 0)))
+    return out
+
+
+def one_round(mode: str, targets: list[str], servers: list[str], times, k: int) -> Round:
+    before = stats_of(servers)
+    started = time.perf_counter()
+    served, latencies = asyncio.run(drive(targets, times, k))
+    seconds = time.perf_counter() - started
+    after = stats_of(servers)
+    counts = [served[url.rsplit(":", 1)[1]] for url in servers]
+    seen = [a - b for a, b in zip(after, before, strict=True)]
+    if counts != seen:
+        raise RuntimeError(f"headers counted {counts}, the servers' stats {seen}")
+    return Round(mode, counts, seconds, statistics.median(latencies) * 1000)
+
+
+def print_rounds(rounds: list[Round], servers: list[str]) -> None:
+    ports = [u.rsplit(":", 1)[1] for u in servers]
+    head = f"{'round':<12}" + "".join(f"{':' + p:>8}" for p in ports)
+    head += f"{'max/min':>9}{'CV':>7}{'req/s':>8}{'p50 ms':>8}"
+    print(head)
+    print("-" * len(head))
+    for i, r in enumerate(rounds):
+        cells = "".join(f"{c:>8}" for c in r.counts)
+        rate = sum(r.counts) / r.seconds
+        print(
+            f"{r.mode + ' ' + str(i // 2 + 1):<12}{cells}{r.max_min:>9.2f}{r.cv:>7.3f}"
+            f"{rate:>8.0f}{r.p50_ms:>8.1f}"
+        )
+
+
+def spread(args: argparse.Namespace, tmp: Path) -> list[report.Goal]:
+    times = delays(args.requests, args.delay_ms)
+    with processes.fake_vllm(api_servers=API_SERVERS) as fake:
+        servers = fake.urls
+        with processes.writer(",".join(servers), tmp / "payloads") as writer:
+            print(
+                f"{args.requests} requests a round, {args.connections} keep-alive connections, "
+                f"generations {args.delay_ms:g} ms on average (exponential, seeded); "
+                f"{API_SERVERS} API servers on ports {servers[0].rsplit(':', 1)[1]}+\n"
+            )
+            rounds = []
+            for i in range(args.rounds):
+                rng = random.Random(1000 + i)
+                pinned = [rng.choice(servers) for _ in range(args.connections)]
+                rounds.append(one_round("pinned", pinned, servers, times, args.connections))
+                rounds.append(one_round("writer", [writer.url], servers, times, args.connections))
+            print_rounds(rounds, servers)
+    pinned_r = [r for r in rounds if r.mode == "pinned"]
+    writer_r = [r for r in rounds if r.mode == "writer"]
+    pinned_cv = statistics.fmean(r.cv for r in pinned_r)
+    writer_cv = statistics.fmean(r.cv for r in writer_r)
+    print(
+        f"\nmean over {args.rounds} rounds: pinned max/min "
+        f"{statistics.fmean(r.max_min for r in pinned_r):.2f} (worst "
+        f"{max(r.max_min for r in pinned_r):.2f}), CV {pinned_cv:.3f}; writer max/min "
+        f"{statistics.fmean(r.max_min for r in writer_r):.2f} (worst "
+        f"{max(r.max_min for r in writer_r):.2f}), CV {writer_cv:.3f}; "
+        f"CV pinned / writer {pinned_cv / writer_cv if writer_cv else float('inf'):.1f}x\n"
+    )
+    return [
+        report.Goal.at_most("writer max/min, worst round", max(r.max_min for r in writer_r), 1.10),
+        report.Goal(
+            "pinned max/min, worst round (baseline)",
+            max(r.max_min for r in pinned_r),
+            "-",
+            True,
+        ),
+    ]
+
+
+def hot_path(args: argparse.Namespace, tmp: Path) -> list[report.Goal]:
+    """This writer against another checkout's, each in front of one API server."""
+    old_path = Path(args.compare_writer).resolve() / "sidecars"
+    if not (old_path / "payloadrun" / "writer").is_dir():
+        sys.exit(f"--compare-writer {args.compare_writer}: no sidecars/payloadrun/writer there")
+    env = {"PYTHONPATH": os.pathsep.join([str(old_path), os.environ.get("PYTHONPATH", "")])}
+    times = [0.0] * args.requests
+    with (
+        processes.fake_vllm() as fake,
+        processes.writer(fake.url, tmp / "new") as new,
+        processes.writer(fake.url, tmp / "old", env=env) as old,
+    ):
+        rounds: dict[str, list[Round]] = {"old": [], "new": []}
+        for _ in range(args.rounds):
+            for name, w in (("old", old), ("new", new)):
+                rounds[name].append(one_round(name, [w.url], [fake.url], times, args.connections))
+    p50 = {name: statistics.median(r.p50_ms for r in rs) for name, rs in rounds.items()}
+    rate = {
+        name: statistics.median(sum(r.counts) / r.seconds for r in rs)
+        for name, rs in rounds.items()
+    }
+    print(
+        f"single upstream, {args.requests} requests at {args.connections} at a time, no "
+        f"generation delay, {args.rounds} alternating rounds each (medians of rounds):\n"
+        f"  old writer ({args.compare_writer}): p50 {p50['old']:.2f} ms, {rate['old']:.0f} req/s\n"
+        f"  this writer: p50 {p50['new']:.2f} ms, {rate['new']:.0f} req/s\n"
+        f"  p50 new / old {p50['new'] / p50['old']:.3f}, throughput new / old "
+        f"{rate['new'] / rate['old']:.3f}\n"
+    )
+    return [
+        report.Goal.at_most("single upstream p50, new / old", p50["new"] / p50["old"], 1.05),
+        report.Goal.at_least("single upstream req/s, new / old", rate["new"] / rate["old"], 0.95),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000, help="requests a round")
+    parser.add_argument("--connections", type=int, default=8, help="the client's keep-alive pool")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each kind")
+    parser.add_argument("--delay-ms", type=float, default=10.0, help="mean generation time")
+    parser.add_argument(
+        "--compare-writer",
+        metavar="DIR",
+        help="a checkout of the writer before this change: also compare the single-upstream hot "
+        "path, old against new",
+    )
+    args = parser.parse_args()
+    if not 0 < args.requests <= 20_000 or not 0 < args.connections <= 64:
+        sys.exit("--requests must be 1 to 20000 and --connections 1 to 64 (a bounded benchmark)")
+    report.print_load("start")
+    with tempfile.TemporaryDirectory(prefix="payloadrun-spread-") as tmp:
+        goals = spread(args, Path(tmp))
+        if args.compare_writer:
+            goals += hot_path(args, Path(tmp))
+    report.print_goals(goals, "{:.3f}".format)
+    report.print_load("end")
+    return 0 if all(g.met for g in goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
