@@ -26,9 +26,13 @@ percent apart where the work is even). Goals, through the writer in every round:
 ``--compare-writer DIR`` adds the single-upstream hot path: a writer from another checkout
 (``DIR/sidecars`` on its PYTHONPATH: the code before this change, from ``git archive``) and this
 one, each in front of one API server, in alternating rounds of N requests at K at a time with no
-generation delay; the median of each round's p50 latency, new / old (goal <= 1.05), and
-throughput. Bounded: a fixed number of requests, loopback only. Run under the machine lock:
-``flock /tmp/payloadrun-machine.lock python bench/spread.py`` (about a minute).
+generation delay; new / old of the medians over rounds of the writer's CPU seconds per request
+(its ``process_cpu_seconds_total``: the steadiest figure on a shared machine), of each round's
+p50 latency (goal <= 1.05 for both) and of throughput (goal >= 0.95).
+
+Bounded: a fixed number of requests, loopback only. Run under the machine lock:
+``flock /tmp/payloadrun-machine.lock python bench/spread.py --compare-writer DIR`` (about two
+minutes).
 """
 
 from __future__ import annotations
@@ -233,23 +237,31 @@ def hot_path(args: argparse.Namespace, tmp: Path) -> list[report.Goal]:
         processes.writer(fake.url, tmp / "old", env=env) as old,
     ):
         rounds: dict[str, list[Round]] = {"old": [], "new": []}
+        cpu: dict[str, list[float]] = {"old": [], "new": []}  # writer CPU µs per request
         for _ in range(args.rounds):
             for name, w in (("old", old), ("new", new)):
+                before = report.value(report.scrape(w.metrics_url), "process_cpu_seconds_total")
                 rounds[name].append(one_round(name, [w.url], [fake.url], times, args.connections))
+                after = report.value(report.scrape(w.metrics_url), "process_cpu_seconds_total")
+                cpu[name].append((after - before) / args.requests * 1e6)
     p50 = {name: statistics.median(r.p50_ms for r in rs) for name, rs in rounds.items()}
     rate = {
         name: statistics.median(sum(r.counts) / r.seconds for r in rs)
         for name, rs in rounds.items()
     }
+    us = {name: statistics.median(values) for name, values in cpu.items()}
     print(
         f"single upstream, {args.requests} requests at {args.connections} at a time, no "
         f"generation delay, {args.rounds} alternating rounds each (medians of rounds):\n"
-        f"  old writer ({args.compare_writer}): p50 {p50['old']:.2f} ms, {rate['old']:.0f} req/s\n"
-        f"  this writer: p50 {p50['new']:.2f} ms, {rate['new']:.0f} req/s\n"
-        f"  p50 new / old {p50['new'] / p50['old']:.3f}, throughput new / old "
-        f"{rate['new'] / rate['old']:.3f}\n"
+        f"  old writer ({args.compare_writer}): p50 {p50['old']:.2f} ms, {rate['old']:.0f} "
+        f"req/s, {us['old']:.0f} µs of writer CPU per request\n"
+        f"  this writer: p50 {p50['new']:.2f} ms, {rate['new']:.0f} req/s, {us['new']:.0f} µs "
+        "of writer CPU per request\n"
+        f"  new / old: p50 {p50['new'] / p50['old']:.3f}, throughput "
+        f"{rate['new'] / rate['old']:.3f}, CPU per request {us['new'] / us['old']:.3f}\n"
     )
     return [
+        report.Goal.at_most("single upstream CPU/request, new / old", us["new"] / us["old"], 1.05),
         report.Goal.at_most("single upstream p50, new / old", p50["new"] / p50["old"], 1.05),
         report.Goal.at_least("single upstream req/s, new / old", rate["new"] / rate["old"], 0.95),
     ]
