@@ -5,7 +5,9 @@ wheel and the sidecar image because the end-to-end pods run three of its modules
 
 - :mod:`~payloadrun.testing.fakevllm`: an upstream that speaks vLLM's wire format with
   deterministic routed experts and sampling masks
-  (``python -m payloadrun.testing.fakevllm``, the end-to-end tests' inference container).
+  (``python -m payloadrun.testing.fakevllm``, the end-to-end tests' inference container), with
+  several API servers per process and a multi-node group's leader and workers
+  (:mod:`~payloadrun.testing.fakegroup`).
 - :mod:`~payloadrun.testing.roles`: the orchestrator and trainer stand-ins of those pods
   (``python -m payloadrun.testing.roles COMMAND``).
 - :mod:`~payloadrun.testing.bootstrap`: NCCL's bootstrap pattern (prime-rl's NCCL weight

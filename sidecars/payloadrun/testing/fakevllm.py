@@ -23,8 +23,8 @@ shared with the writer). This one reproduces, from vLLM 0.33.0's source
 - ``stream: true``: Server-Sent Events ``data: {...}\\n\\n`` ending with ``data: [DONE]\\n\\n``,
   event by event as vLLM writes them (:func:`stream_chunks`): the generate stream carries
   ``routed_experts`` on a choice's final event and ``sampling_mask`` rows with their tokens.
-- ``GET /health`` (empty 200), ``GET /v1/models``, errors as ``{"error": {message, type,
-  param, code}}``.
+- ``GET /health`` (empty 200; in a group, see below), ``GET /v1/models``, errors as
+  ``{"error": {message, type, param, code}}``.
 - prime-rl's admin routes (``src/prime_rl/inference/vllm/server.py``), which its orchestrator
   calls on every replica: ``POST /pause`` (``?mode=keep&clear_cache=false``), ``POST
   /update_weights`` (``{"weight_dir": ...}``: the directory must exist, as the real server
@@ -55,12 +55,26 @@ knobs, with the bytes prepared for that one, without generating again; the last
 answer until ``N`` are held, then send them all at the same instant, as when a batch of
 generations finishes together). ``GET /fake/stats`` counts the requests received per path (and
 ``aborted``: answers whose client went away before they were sent, streams cut short included).
+
+Several API servers and multi-node groups, as vLLM runs them on a LeaderWorkerSet (issue 36):
+``--api-servers N`` serves N API servers from one process (one event loop, one listener each) on
+``--port`` to ``--port + N - 1``, each with its own counters and ``/fake/stats``; every answer of
+every server names the port that served it in an ``x-fake-server`` header. ``--group-size``,
+``--worker-index`` and ``--leader-address`` (by default LeaderWorkerSet's ``LWS_GROUP_SIZE``,
+``LWS_WORKER_INDEX``, ``LWS_LEADER_ADDRESS``) make the process a group's leader (index 0) or a
+worker (:mod:`payloadrun.testing.fakegroup`): a worker joins its leader with ``POST /fake/join``
+and keeps sending heartbeats; the leader's ``/health`` answers 503, with a JSON body saying how
+many workers joined and which are missing or lost, until every worker has joined and as soon as
+one misses its heartbeats for ``--heartbeat-timeout``; a worker's own API servers answer
+``/health`` 200 only while joined, and ``--no-http`` makes a worker that serves nothing (only
+the leader serves). ``GET /fake/group`` reports the group on any server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -72,6 +86,7 @@ import zlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +96,15 @@ from payloadrun import serving
 from payloadrun.codec import encode_npy_base64
 from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.settings import VLLM_PORT
+from payloadrun.testing.fakegroup import (
+    GROUP_PATH,
+    GROUP_SIZE_ENV,
+    JOIN_PATH,
+    LEADER_ADDRESS_ENV,
+    WORKER_INDEX_ENV,
+    Group,
+    split_leader_address,
+)
 from payloadrun.vllm import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -300,8 +324,9 @@ def _b64(arr: np.ndarray | None) -> str | None:
 class FakeVLLM:
     """The handlers; ``config`` may be changed between requests by in-process tests."""
 
-    def __init__(self, config: FakeConfig | None = None) -> None:
+    def __init__(self, config: FakeConfig | None = None, group: Group | None = None) -> None:
         self.config = config or FakeConfig()
+        self.group = group or Group()
         # x-fake-cache: request key -> its answer's bytes (a future: identical requests that
         # arrive together wait for the first one's answer rather than each generating it)
         self._cache: dict[bytes, asyncio.Future[bytes]] = {}
@@ -612,6 +637,9 @@ class FakeVLLM:
 
     async def health(self, _request: web.Request) -> web.Response:
         self.config.stats[HEALTH_PATH] += 1
+        status, body = self.group.health()
+        if status != 200:  # a group not whole: what is missing, as JSON
+            return web.json_response(body, status=status)
         return web.Response(status=self.config.health_status)
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -835,14 +863,27 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
 
 FAKE_KEY = web.AppKey("fake", FakeVLLM)
 ADMIN_KEY = web.AppKey("admin", AdminRoutes)
+# Every answer of every API server names the port that served it, so tests and benchmarks see
+# which of a pod's API servers took a request (through the writer too: an end-to-end header).
+SERVER_HEADER = "x-fake-server"
 
 
-def build_app(config: FakeConfig | None = None) -> web.Application:
-    """The fake server; ``app[FAKE_KEY]`` is its :class:`FakeVLLM`, ``app[ADMIN_KEY]`` its
-    prime-rl admin routes."""
-    fake = FakeVLLM(config)
+async def _name_the_server(request: web.Request, response: web.StreamResponse) -> None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if sockname:
+        response.headers[SERVER_HEADER] = str(sockname[1])
+
+
+def build_app(config: FakeConfig | None = None, group: Group | None = None) -> web.Application:
+    """One fake API server; ``app[FAKE_KEY]`` is its :class:`FakeVLLM`, ``app[ADMIN_KEY]`` its
+    prime-rl admin routes; ``group`` the process's multi-node group (shared by its API servers;
+    alone by default)."""
+    fake = FakeVLLM(config, group)
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[FAKE_KEY] = fake
+    app.on_response_prepare.append(_name_the_server)
+    app.router.add_post(JOIN_PATH, fake.group.join)
+    app.router.add_get(GROUP_PATH, fake.group.report)
     for path in (*GENERATE_PATHS, COMPLETIONS_PATH, CHAT_PATH):
         app.router.add_post(path, fake.handle)
     app.router.add_get(HEALTH_PATH, fake.health)
@@ -929,10 +970,118 @@ def build_parser() -> argparse.ArgumentParser:
         "--delay", type=non_negative_float, default=0.0, help="seconds before each answer"
     )
     p.add_argument("--created", type=int, help="fixed 'created' timestamp (byte-stable output)")
+    g = p.add_argument_group(
+        "API servers and multi-node groups",
+        "Several API servers in one process, each with its own counters (as vLLM runs one per "
+        "data-parallel rank on consecutive ports); a LeaderWorkerSet group's leader and workers "
+        "(the flags' defaults are the variables LeaderWorkerSet's webhook injects).",
+    )
+    g.add_argument(
+        "--api-servers",
+        type=int_in(1, 64),
+        default=1,
+        help="API servers on --port, --port + 1, ...; every answer names its port in the "
+        "x-fake-server header, and each has its own /fake/stats (default 1)",
+    )
+    g.add_argument(
+        "--group-size",
+        type=int_in(1),
+        default=_env_int(GROUP_SIZE_ENV, 1),
+        help=f"pods in the group, leader included (default: {GROUP_SIZE_ENV}, else 1)",
+    )
+    g.add_argument(
+        "--worker-index",
+        type=int_in(0),
+        default=_env_int(WORKER_INDEX_ENV, 0),
+        help=f"this pod's index in its group, 0 for the leader (default: {WORKER_INDEX_ENV}, "
+        "else 0)",
+    )
+    g.add_argument(
+        "--leader-address",
+        default=os.environ.get(LEADER_ADDRESS_ENV),
+        metavar="HOST[:PORT]",
+        help="where a worker joins its leader (the leader's first API server; the port "
+        f"defaults to --port) (default: {LEADER_ADDRESS_ENV})",
+    )
+    g.add_argument(
+        "--no-http",
+        action="store_true",
+        help="a worker that serves no API server (only the leader serves): it joins its leader "
+        "and stays alive",
+    )
+    g.add_argument(
+        "--heartbeat-interval",
+        type=positive_float,
+        default=1.0,
+        help="seconds between a worker's heartbeats to its leader (default 1)",
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=positive_float,
+        default=5.0,
+        help="seconds without a heartbeat after which the leader counts a worker lost and its "
+        "/health answers 503 (default 5)",
+    )
+    g.add_argument(
+        "--joined-file",
+        type=Path,
+        help="a worker writes this file while its leader takes its heartbeats, and removes it "
+        "when not (a liveness or readiness probe for a worker without HTTP)",
+    )
     return p
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else default
+
+
+def positive_float(raw: str) -> float:
+    value = non_negative_float(raw)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0, got 0")
+    return value
+
+
+def group_of(args: argparse.Namespace) -> Group:
+    """The process's group from its flags; a usage error that says what is wrong."""
+    leader = None
+    if args.leader_address:
+        leader = split_leader_address(args.leader_address, args.port)
+    group = Group(
+        size=args.group_size,
+        index=args.worker_index,
+        leader=leader,
+        interval=args.heartbeat_interval,
+        timeout=args.heartbeat_timeout,
+        joined_file=args.joined_file,
+    )
+    if args.no_http and not group.is_worker:
+        raise ValueError("--no-http is for a worker (index 1 or more): a leader serves")
+    return group
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.api_servers > 1 and args.port == 0:
+        print(
+            f"{COMMAND}: --api-servers {args.api_servers} serve consecutive ports from --port: "
+            "give a port, not 0",
+            file=sys.stderr,
+        )
+        return 2
+    if args.port + args.api_servers - 1 > 65535:
+        print(
+            f"{COMMAND}: ports {args.port} to {args.port + args.api_servers - 1} do not all "
+            "exist: lower --port or --api-servers",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        group = group_of(args)
+    except ValueError as exc:
+        print(f"{COMMAND}: {exc}", file=sys.stderr)
+        return 2
+    serving.configure_logging("INFO")  # a group's joins and losses, one line each
     config = FakeConfig(
         model=args.model,
         layers=args.layers,
@@ -946,11 +1095,35 @@ def run(args: argparse.Namespace) -> int:
         created=args.created,
     )
 
-    def started(urls: dict[str, str]) -> None:
-        print(f"fake vLLM {VLLM_VERSION} wire format on {urls['api']}", flush=True)
+    listeners = []
+    for n in range(0 if args.no_http else args.api_servers):
+        own = dataclasses.replace(config, stats=Counter())  # each API server counts its own
+        name = "api" if n == 0 else f"api-{n}"
+        app = build_app(own, group)
+        listeners.append(serving.Listener(name, app, args.host, args.port + n, serving.PORT_FLAG))
 
-    listener = serving.Listener("api", build_app(config), args.host, args.port, serving.PORT_FLAG)
-    return serving.run_sidecar(COMMAND, serving.serve([listener], started=started))
+    def started(urls: dict[str, str]) -> None:
+        where = ", ".join(urls.values()) or "no API server (--no-http)"
+        role = ""
+        if group.size > 1:
+            role = f" as {'the leader' if group.index == 0 else f'worker {group.index}'} of a "
+            role += f"group of {group.size}"
+        print(f"fake vLLM {VLLM_VERSION} wire format on {where}{role}", flush=True)
+
+    return serving.run_sidecar(COMMAND, _serve(listeners, group, started))
+
+
+async def _serve(listeners: list[serving.Listener], group: Group, started: Any) -> None:
+    """Serve the API servers; a worker joins its leader meanwhile (and keeps its heartbeats)."""
+    joining = asyncio.create_task(group.keep_joining()) if group.is_worker else None
+
+    async def stopped() -> None:
+        if joining is not None:
+            joining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await joining
+
+    await serving.serve(listeners, started=started, stopped=stopped)
 
 
 def main(argv: list[str] | None = None) -> int:

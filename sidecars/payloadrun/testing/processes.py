@@ -1,8 +1,9 @@
 """Commands as child processes on loopback: for tests, benchmarks and the demo.
 
 :class:`PayloadrunProcess` is a :class:`~payloadrun.children.ChildProcess` that serves HTTP and
-is ready when a URL answers; :func:`fake_vllm` and :func:`writer` are the two everyone starts,
-:class:`VLLMServer` a real vLLM. The retention sidecar, :class:`SidecarProcess`, lives in the
+is ready when a URL answers; :func:`fake_vllm` (one API server or several on consecutive ports,
+:func:`free_ports`) and :func:`writer` are the two everyone starts, :class:`FakeWorker` a fake
+vLLM group's worker that serves no HTTP, :class:`VLLMServer` a real vLLM. The retention sidecar, :class:`SidecarProcess`, lives in the
 product (``payloadrun simulate`` starts one) and is re-exported here. Every process is stopped
 with SIGTERM (then SIGKILL) when its block ends.
 """
@@ -22,12 +23,14 @@ from payloadrun.children import COMMAND_MODULE, ChildProcess, SidecarProcess, St
 __all__ = [
     "FAKE_VLLM_MODULE",
     "ChildProcess",
+    "FakeWorker",
     "PayloadrunProcess",
     "SidecarProcess",
     "StartError",
     "VLLMServer",
     "fake_vllm",
     "free_port",
+    "free_ports",
     "wait_http",
     "writer",
 ]
@@ -38,6 +41,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 right now (the fake vLLM's
+    ``--api-servers``, as vLLM's API servers of one pod take consecutive ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise OSError(f"found no {count} consecutive free ports on 127.0.0.1 in 50 tries")
 
 
 def wait_http(
@@ -80,6 +105,7 @@ class PayloadrunProcess(ChildProcess):
         self.module = module
         self.what = f"payloadrun {args[0]}" if module == COMMAND_MODULE else module
         self.url = url
+        self.urls = [url]  # every API server of a fake vLLM with --api-servers
         self.health_url = url + health_path
         self.metrics_url: str | None = None
 
@@ -169,16 +195,61 @@ class VLLMServer(PayloadrunProcess):
 FAKE_VLLM_MODULE = "payloadrun.testing.fakevllm"
 
 
-def fake_vllm(*args: str, port: int | None = None, **kwargs) -> PayloadrunProcess:
-    """The fake vLLM on a free loopback port (``args``: its flags)."""
-    port = port or free_port()
-    return PayloadrunProcess(
-        ["--port", str(port), *args],
-        f"http://127.0.0.1:{port}",
-        "/health",
+def fake_vllm(
+    *args: str,
+    port: int | None = None,
+    api_servers: int = 1,
+    ready_path: str = "/health",
+    **kwargs,
+) -> PayloadrunProcess:
+    """The fake vLLM on a free loopback port (``args``: its flags); with ``api_servers``, that
+    many API servers on consecutive free ports, listed in ``urls`` (``url`` is the first).
+
+    Started when ``ready_path`` answers on the last of them (they bind in order); a group's
+    leader answers ``/health`` only once its workers joined, so start one with
+    ``ready_path=GROUP_PATH`` (:mod:`~payloadrun.testing.fakegroup`).
+    """
+    port = port or (free_ports(api_servers) if api_servers > 1 else free_port())
+    servers = ["--api-servers", str(api_servers)] if api_servers > 1 else []
+    urls = [f"http://127.0.0.1:{port + n}" for n in range(api_servers)]
+    process = PayloadrunProcess(
+        ["--port", str(port), *servers, *args],
+        urls[0],
+        ready_path,
         module=FAKE_VLLM_MODULE,
         **kwargs,
     )
+    process.health_url = urls[-1] + ready_path
+    process.urls = urls
+    return process
+
+
+class FakeWorker(ChildProcess):
+    """A fake vLLM worker that serves no HTTP (``--no-http``: only its leader serves): it joins
+    its leader at ``leader`` (``HOST:PORT``) as worker ``index`` of ``group_size``. Started once
+    spawned: its leader's ``GET /fake/group`` (or ``joined_file``) says when it has joined."""
+
+    what = "fake vLLM worker"
+    module = FAKE_VLLM_MODULE
+
+    def __init__(self, leader: str, index: int, group_size: int, *args: str, **kwargs) -> None:
+        super().__init__(
+            [
+                "--no-http",
+                "--leader-address",
+                leader,
+                "--worker-index",
+                str(index),
+                "--group-size",
+                str(group_size),
+                *args,
+            ],
+            **kwargs,
+        )
+
+    def start(self) -> FakeWorker:
+        self.spawn(self.args)
+        return self
 
 
 def writer(

@@ -28,11 +28,24 @@ from payloadrun.settings import (
     parse_int,
     setting,
 )
+from payloadrun.writer.upstreams import parse_upstreams
 
 # The subcommand that runs the writer (``payloadrun writer``); the operator's builders start the
 # sidecar with it.
 COMMAND = "writer"
 LISTEN_FLAG_DEPRECATED = "--listen"
+
+
+def upstream_list(value: str, where: str | None = None) -> str:
+    """``--upstream`` checked (each URL, see :func:`~payloadrun.writer.upstreams.parse_upstreams`)
+    and written back as given; ``where`` prefixes the error of a config built in code."""
+    try:
+        parse_upstreams(value)
+    except ValueError as exc:
+        if where is None:
+            raise
+        raise settings.SettingsError(f"{where}: {exc}") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -41,9 +54,14 @@ class WriterConfig:
 
     upstream: str = setting(
         f"http://127.0.0.1:{VLLM_PORT}",
-        help="vLLM's base URL",
+        help="vLLM's base URL, or the base URLs of every vLLM API server of the pod, "
+        "comma-separated (http://127.0.0.1:8000,http://127.0.0.1:8001): each request goes to "
+        "the one with the fewest requests in flight, ties taking turns; /readyz is ready when "
+        "every one is healthy",
         flag="--upstream",
         env=Env.WRITER_UPSTREAM,
+        parse=upstream_list,
+        metavar="URL[,URL...]",
     )
     payload_root: str | None = setting(
         None,
@@ -140,6 +158,12 @@ class WriterConfig:
 
     def __post_init__(self) -> None:
         settings.validate(self)
+        upstream_list(self.upstream, where="upstream (--upstream / " + Env.WRITER_UPSTREAM + ")")
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """The base URLs of ``upstream``, in order (one, or every API server of the pod)."""
+        return parse_upstreams(self.upstream)
 
 
 def split_listen(value: str) -> tuple[str, int]:

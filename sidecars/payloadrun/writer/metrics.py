@@ -4,10 +4,13 @@ Every metric lives in the registry the app is built with (one per app), so tests
 can run several writers in one process. Labels are bounded: ``mode`` is one of
 :class:`~payloadrun.writer.plan.Mode`, ``code`` the HTTP status code, ``field`` one of the
 two payload fields, ``reason`` one of the fallback reasons, ``kind`` one of three upstream
-failures.
+failures, ``upstream`` one of the base URLs ``--upstream`` lists (the pod's local vLLM API
+servers: a handful).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -15,6 +18,7 @@ from payloadrun import process_metrics
 from payloadrun.reasons import Fallback
 from payloadrun.segments import ROUTED_EXPERTS, SAMPLING_MASK
 from payloadrun.writer.plan import Mode
+from payloadrun.writer.upstreams import Upstream
 
 PREFIX = "payloadrun_writer_"
 UPSTREAM_FAILURES = ("unreachable", "timeout", "broken")
@@ -167,6 +171,29 @@ class WriterMetrics:
             ["outcome"],
             registry=r,
         )
+        self.upstream_requests = Counter(
+            PREFIX + "upstream_requests",
+            "Requests each vLLM API server answered (to the end of its answer), by upstream: "
+            "its base URL as --upstream lists it.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_in_flight = Gauge(
+            PREFIX + "upstream_requests_in_flight",
+            "Requests sent to each vLLM API server whose answers have not ended, by upstream.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_connect_failures = Counter(
+            PREFIX + "upstream_connect_failures",
+            "Connections to each vLLM API server that failed (refused, or not accepted within "
+            "--connect-timeout), by upstream; the request went on to another upstream if one "
+            "was left.",
+            ["upstream"],
+            registry=r,
+        )
+        self._answered: dict[str, Counter] = {}
+        self._refused: dict[str, Counter] = {}
         for outcome in LATE_WRITE_OUTCOMES:
             self.late_writes.labels(outcome=outcome)
         for name in (ROUTED_EXPERTS, SAMPLING_MASK):
@@ -181,6 +208,21 @@ class WriterMetrics:
             self.response_work_seconds.labels(mode=mode.value)
             # from 0, so that the share of answers sent inline (an alert) counts the first ones
             self.requests.labels(mode=mode.value, code="200")
+
+    def track_upstreams(self, upstreams: Sequence[Upstream]) -> None:
+        """Series for each upstream from 0; its in-flight gauge reads its count when scraped
+        (nothing on the request path)."""
+        for up in upstreams:
+            self._answered[up.url] = self.upstream_requests.labels(upstream=up.url)
+            self._refused[up.url] = self.upstream_connect_failures.labels(upstream=up.url)
+            gauge = self.upstream_in_flight.labels(upstream=up.url)
+            gauge.set_function(lambda up=up: up.in_flight)
+
+    def upstream_answered(self, url: str) -> None:
+        self._answered[url].inc()
+
+    def upstream_connect_failed(self, url: str) -> None:
+        self._refused[url].inc()
 
     def request(self, mode: Mode, status: int) -> None:
         self.requests.labels(mode=mode.value, code=str(status)).inc()

@@ -74,6 +74,7 @@ from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.payload_root import StoreHolder, probe_root
 from payloadrun.writer.plan import Endpoint, Mode, RequestError, RequestPlan, endpoint_of
 from payloadrun.writer.root_monitor import RootHealth, RootMonitor
+from payloadrun.writer.upstreams import Upstream, Upstreams
 from payloadrun.writer.write_threads import HeldThreads, WriteThreads
 
 log = logging.getLogger("payloadrun.writer")
@@ -113,7 +114,8 @@ class Writer:
         self.metrics.write_threads_cap.set(config.write_threads)
         self.metrics.write_deadline.set(config.write_deadline or 0)
         self._breaker_changed()
-        self.upstream = URL(config.upstream.rstrip("/"))
+        self.upstreams = Upstreams(config.upstreams)
+        self.metrics.track_upstreams(self.upstreams.all)
         self.session: aiohttp.ClientSession | None = None
         self.executor: ThreadPoolExecutor | None = None
         budget = config.in_flight_budget or default_budget(container_memory_limit())
@@ -195,24 +197,39 @@ class Writer:
         return self.monitor.health.describe()
 
     async def _upstream_problem(self) -> str | None:
+        """None when every upstream answers its health check; else what each that does not
+        said, in ``--upstream``'s order (checked at the same time)."""
+        ups = self.upstreams.all
+        if len(ups) == 1:
+            return await self._health_problem(ups[0])
+        problems = await asyncio.gather(*(self._health_problem(up) for up in ups))
+        found = [problem for problem in problems if problem is not None]
+        return "; ".join(found) if found else None
+
+    async def _health_problem(self, upstream: Upstream) -> str | None:
+        """What is wrong with one upstream's ``/health``, or None when it answered 200 (which
+        also puts it back up for requests, see :mod:`~payloadrun.writer.upstreams`)."""
         assert self.session is not None
-        url = self.upstream / VLLM_HEALTH_PATH.lstrip("/")
+        url = URL(upstream.url + VLLM_HEALTH_PATH, encoded=True)
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
             async with self.session.get(url, timeout=timeout) as resp:
                 await resp.read()
                 if resp.status != 200:
                     return (
-                        f"vLLM at {self.upstream} is not healthy: {VLLM_HEALTH_PATH} answered "
+                        f"vLLM at {upstream.url} is not healthy: {VLLM_HEALTH_PATH} answered "
                         f"{resp.status}"
                     )
         except TimeoutError:
             return (
-                f"vLLM at {self.upstream} did not answer {VLLM_HEALTH_PATH} within "
+                f"vLLM at {upstream.url} did not answer {VLLM_HEALTH_PATH} within "
                 f"{self.config.health_timeout} s"
             )
         except aiohttp.ClientError as exc:
-            return f"vLLM at {self.upstream} is unreachable: {exc}"
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                self.upstreams.connect_failed(upstream, time.monotonic())
+            return f"vLLM at {upstream.url} is unreachable: {exc}"
+        self.upstreams.answered(upstream)
         return None
 
     # --- the proxy ---
@@ -347,30 +364,55 @@ class Writer:
 
     # --- upstream ---
 
-    def _upstream_url(self, request: web.Request) -> URL:
-        return URL(str(self.upstream) + request.raw_path, encoded=True)
-
     async def _send_upstream(
         self, request: web.Request, body: bytes, *, by_handle: bool
-    ) -> aiohttp.ClientResponse | web.Response:
-        """vLLM's response (headers read), or the 502/504 to send instead."""
-        assert self.session is not None
-        try:
-            return await self.session.request(
-                request.method,
-                self._upstream_url(request),
-                headers=request_headers(request.headers, by_handle=by_handle),
-                data=body if body else None,
-                allow_redirects=False,
-            )
-        except Exception as exc:  # every failure becomes a clear 502/504
-            return self._upstream_error(exc, "sending the request")
+    ) -> Exchange | web.Response:
+        """vLLM's response (headers read) with the upstream that sent it, or the 502/504 to
+        send instead.
 
-    def _upstream_error(self, exc: BaseException, during: str) -> web.Response:
+        The upstream is chosen per request (:mod:`~payloadrun.writer.upstreams`); one that
+        fails to connect is marked down and the request goes to the next it has not tried
+        (nothing was sent, so nothing runs twice), until none is left.
+        """
+        assert self.session is not None
+        headers = request_headers(request.headers, by_handle=by_handle)
+        tried: list[Upstream] = []
+        failure: BaseException | None = None
+        while True:
+            upstream = self.upstreams.take(time.monotonic(), tried)
+            if upstream is None:  # every upstream refused: the last failure is the answer
+                assert failure is not None
+                return self._upstream_error(failure, "sending the request", tried[-1])
+            tried.append(upstream)
+            try:
+                response = await self.session.request(
+                    request.method,
+                    URL(upstream.url + request.raw_path, encoded=True),
+                    headers=headers,
+                    data=body if body else None,
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                self.upstreams.release(upstream)
+                self.upstreams.connect_failed(upstream, time.monotonic())
+                self.metrics.upstream_connect_failed(upstream.url)
+                if len(self.upstreams.all) > 1:  # with one, the 502's own line says it
+                    log.warning("vLLM at %s did not take a connection: %s", upstream.url, exc)
+                failure = exc
+                continue
+            except BaseException as exc:
+                self.upstreams.release(upstream)
+                if not isinstance(exc, Exception):  # cancelled: the client went away
+                    raise
+                return self._upstream_error(exc, "sending the request", upstream)
+            self.upstreams.answered(upstream)
+            return Exchange(self, upstream, response)
+
+    def _upstream_error(self, exc: BaseException, during: str, upstream: Upstream) -> web.Response:
         if isinstance(exc, TimeoutError):
             kind, status = "timeout", 504
             message = (
-                f"vLLM at {self.upstream} did not answer in time while {during} "
+                f"vLLM at {upstream.url} did not answer in time while {during} "
                 f"(connect timeout {self.config.connect_timeout} s, read timeout "
                 f"{self.config.read_timeout} s): check that vLLM is not overloaded or stuck, "
                 "or raise --read-timeout"
@@ -378,12 +420,14 @@ class Writer:
         elif isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
             kind, status = "unreachable", 502
             message = (
-                f"vLLM at {self.upstream} is unreachable ({exc}): check that vLLM is running "
+                f"vLLM at {upstream.url} is unreachable ({exc}): check that vLLM is running "
                 "and that --upstream names its address"
             )
+            if len(self.upstreams.all) > 1:
+                message += f" (and every other upstream of {self.config.upstream} refused too)"
         elif isinstance(exc, aiohttp.ClientError | OSError):
             kind, status = "broken", 502
-            message = f"vLLM at {self.upstream} failed while {during}: {type(exc).__name__}: {exc}"
+            message = f"vLLM at {upstream.url} failed while {during}: {type(exc).__name__}: {exc}"
         else:
             raise exc
         self.metrics.upstream_failures.labels(kind=kind).inc()
@@ -392,16 +436,16 @@ class Writer:
         return error_response(status, message)
 
     async def _passthrough(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        upstream = await self._send_upstream(request, body, by_handle=False)
-        if isinstance(upstream, web.Response):
-            return upstream
-        async with upstream:
-            return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
+        exchange = await self._send_upstream(request, body, by_handle=False)
+        if isinstance(exchange, web.Response):
+            return exchange
+        async with exchange:
+            return await self._stream_back(request, exchange, Mode.PASSTHROUGH)
 
     async def _stream_back(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        exchange: Exchange,
         mode: Mode,
         extra_headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
@@ -411,6 +455,7 @@ class Writer:
         off is counted here, logged in one line, and the client's connection is closed so that
         the client sees a cut body, not a complete one.
         """
+        upstream = exchange.response
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -430,7 +475,10 @@ class Writer:
                 self.metrics.request(mode, upstream.status)
                 self.metrics.sent(mode, sent)
                 log.warning(
-                    "vLLM at %s broke off a response after %d bytes: %r", self.upstream, sent, exc
+                    "vLLM at %s broke off a response after %d bytes: %r",
+                    exchange.upstream.url,
+                    sent,
+                    exc,
                 )
                 if request.transport is not None:
                     request.transport.close()
@@ -454,18 +502,19 @@ class Writer:
         plan: RequestPlan,
         skip: Fallback | None = None,
     ) -> web.StreamResponse:
-        upstream = await self._send_upstream(request, body, by_handle=True)
-        if isinstance(upstream, web.Response):
-            return upstream
-        async with upstream:
+        exchange = await self._send_upstream(request, body, by_handle=True)
+        if isinstance(exchange, web.Response):
+            return exchange
+        async with exchange:
+            upstream = exchange.response
             if upstream.status != 200:
                 # vLLM's errors carry no arrays: relayed unchanged.
-                return await self._stream_back(request, upstream, Mode.PASSTHROUGH)
+                return await self._stream_back(request, exchange, Mode.PASSTHROUGH)
             if upstream.content_type != "application/json":
                 reason = Fallback.BAD_RESPONSE
                 self._count_fallback(reason, f"the answer is {upstream.content_type}, not JSON")
                 fallback = {MODE_HEADER: Mode.INLINE.value, FALLBACK_HEADER: reason.value}
-                return await self._stream_back(request, upstream, Mode.INLINE, fallback)
+                return await self._stream_back(request, exchange, Mode.INLINE, fallback)
             cost = response_cost(
                 None if is_chunked(upstream.headers) else upstream.content_length,
                 bool(content_coding.codings(upstream.headers.get("Content-Encoding"))),
@@ -475,7 +524,7 @@ class Writer:
                 try:
                     answer = await read_answer(upstream)
                 except Exception as exc:
-                    return self._upstream_error(exc, "reading the response")
+                    return self._upstream_error(exc, "reading the response", exchange.upstream)
                 result = await self._rewrite(store, plan, answer, skip)
                 return await self._send_result(request, answer, result)
 
@@ -606,6 +655,28 @@ class Writer:
         m.request(result.mode, 200)
         m.sent(result.mode, len(result.body))
         return resp
+
+
+class Exchange:
+    """vLLM's response to one request and the upstream that sent it; ``async with`` it to
+    release both: the connection (as the response's own ``async with`` does) and the upstream's
+    count of requests in flight, which lasts to the end of the answer, streamed or not."""
+
+    __slots__ = ("_writer", "response", "upstream")
+
+    def __init__(self, writer: Writer, upstream: Upstream, response: aiohttp.ClientResponse):
+        self._writer = writer
+        self.upstream = upstream
+        self.response = response
+
+    async def __aenter__(self) -> Exchange:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._writer.upstreams.release(self.upstream)
+        self._writer.metrics.upstream_answered(self.upstream.url)
+        self.response.release()
+        await self.response.wait_for_close()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
