@@ -609,7 +609,7 @@ def inference_service_selector(ctx: RunContext) -> dict[str, str]:
     ``Leader`` layout a group's leaders only, which LWS labels worker-index 0)."""
     selected = selector(ctx, INFERENCE)
     shape = ctx.inference_shape
-    if shape.groups and shape.api_servers is ApiServerLayout.LEADER:
+    if shape.groups and shape.api_servers == ApiServerLayout.LEADER:
         selected[names.LWS_WORKER_INDEX_LABEL] = "0"
     return selected
 

@@ -137,7 +137,7 @@ def group_env(ctx: RunContext, pod: str) -> list[Manifest]:
         {"name": Env.INFERENCE_DP_SIZE, "value": str(shape.servers_per_replica)},
     ]
     if shape.serves(pod):
-        if shape.api_servers is ApiServerLayout.LEADER:
+        if shape.api_servers == ApiServerLayout.LEADER:
             env.append({"name": Env.INFERENCE_DP_START_RANK, "value": "0"})
         elif shape.api_servers_per_pod == 1:
             env.append(

@@ -60,11 +60,11 @@ class InferenceShape:
 
     def serves(self, pod: str) -> bool:
         """Whether ``pod`` (SINGLE, LEADER or WORKER) runs API servers (and so a writer)."""
-        return pod != WORKER or self.api_servers is ApiServerLayout.EVERY_POD
+        return pod != WORKER or self.api_servers == ApiServerLayout.EVERY_POD
 
     @property
     def serving_pods_per_replica(self) -> int:
-        return self.pods_per_replica if self.api_servers is ApiServerLayout.EVERY_POD else 1
+        return self.pods_per_replica if self.api_servers == ApiServerLayout.EVERY_POD else 1
 
     @property
     def servers_per_replica(self) -> int:
