@@ -493,3 +493,16 @@ def test_the_layout_fields_at_their_defaults_build_exactly_what_a_run_without_th
         env = env_of(container(children[("Job", job)]["spec"]["template"], name))
         assert "PAYLOADRUN_INFERENCE_WORLD_SIZE" not in env  # as before the field existed
     assert "inferenceWorldSize" not in children[("ConfigMap", "run1-settings")]["data"]
+
+
+def test_a_change_of_the_inference_gpus_moves_the_inputs_of_those_told_the_world_size():
+    """The orchestrator and the trainers are built again when the world size they are told
+    changes; runs of one-server replicas are not told it, and their inputs stay."""
+    eight, four = group_spec(), group_spec(resources={"limits": {"nvidia.com/gpu": 4}})
+    for component in ("orchestrator", "trainer"):
+        assert context(eight).inputs(component) != context(four).inputs(component)
+    single_eight, single_four = run_spec(), run_spec()
+    single_eight["inference"]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
+    single_four["inference"]["resources"] = {"limits": {"nvidia.com/gpu": 4}}
+    for component in ("orchestrator", "trainer"):
+        assert context(single_eight).inputs(component) == context(single_four).inputs(component)

@@ -10,7 +10,8 @@ from payloadrun_operator.api import names
 from payloadrun_operator.api.models import ApiServerLayout, EnvVar
 from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
 from payloadrun_operator.desired.context import RunContext
-from payloadrun_operator.desired.shape import admin_urls, vllm_gpus, world_size
+from payloadrun_operator.desired.shape import admin_urls
+from payloadrun_operator.desired.shape import inference_world_size as shape_world_size
 from payloadrun_operator.desired.templates import Manifest
 
 
@@ -102,11 +103,7 @@ def inference_admin_urls(ctx: RunContext) -> str:
 def inference_world_size(ctx: RunContext) -> str | None:
     """The inference world size (:func:`shape.world_size`), for the orchestrator and the
     trainers; None where it is not given."""
-    inference = ctx.spec.inference
-    short = None if inference.resources is None else inference.resources.model_dump(by_alias=True)
-    leader = vllm_gpus(inference.template, short)
-    worker = vllm_gpus(inference.worker_template or inference.template, short)
-    size = world_size(ctx.inference_shape, leader, worker)
+    size = shape_world_size(ctx.spec.inference)
     return None if size is None else str(size)
 
 

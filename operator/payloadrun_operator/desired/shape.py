@@ -180,3 +180,12 @@ def port_errors(
                 "the replica's head: choose another port"
             )
     return errors
+
+
+def inference_world_size(inference: Inference) -> int | None:
+    """:func:`world_size` of ``spec.inference``: the leader's GPUs from its template (or the
+    short ``resources``), the workers' from the worker template (default: the leader's)."""
+    short = None if inference.resources is None else inference.resources.model_dump(by_alias=True)
+    leader = vllm_gpus(inference.template, short)
+    worker = vllm_gpus(inference.worker_template or inference.template, short)
+    return world_size(InferenceShape.of(inference), leader, worker)
