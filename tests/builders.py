@@ -89,6 +89,27 @@ def pod_of(spec: dict[str, Any] | None, component: str, **context_args: Any) -> 
     return children_of(spec, **context_args)[(kind, f"{name}-{component}")]["spec"]["template"]
 
 
+def group_spec(**inference: Any) -> dict[str, Any]:
+    """:data:`SPEC` with replicas of two pods each, every pod running two API servers on 8100
+    and 8101 (the writer keeps 8001), eight GPUs a pod; ``inference`` overrides."""
+    spec = run_spec()
+    spec["inference"] |= {
+        "podsPerReplica": 2,
+        "apiServersPerPod": 2,
+        "port": 8100,
+        "resources": {"limits": {"nvidia.com/gpu": 8}},
+    } | copy.deepcopy(inference)
+    return spec
+
+
+def group_templates(spec: dict[str, Any], **context_args: Any) -> tuple[dict, dict]:
+    """The leader's and the worker's pod templates of the LeaderWorkerSet built for ``spec``."""
+    name = context_args.get("name", NAME)
+    lws = children_of(spec, **context_args)[("LeaderWorkerSet", f"{name}-vllm")]
+    templates = lws["spec"]["leaderWorkerTemplate"]
+    return templates["leaderTemplate"], templates["workerTemplate"]
+
+
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
     """The one main container called ``name`` of a pod (or a pod template's ``spec``)."""
     spec = pod.get("spec", pod)

@@ -41,7 +41,19 @@ class Env:
     TRAINER_HOST = "PAYLOADRUN_TRAINER_HOST"
     # the orchestrator (and the retention sidecar for the step bounds)
     INFERENCE_URL = "PAYLOADRUN_INFERENCE_URL"
-    INFERENCE_ADMIN_URLS = "PAYLOADRUN_INFERENCE_ADMIN_URLS"  # each replica's vLLM
+    INFERENCE_ADMIN_URLS = "PAYLOADRUN_INFERENCE_ADMIN_URLS"  # each API server's vLLM
+    # the orchestrator and the trainers, where a replica has more than one API server or pod:
+    # the inference GPUs (the weight broadcast's inference ranks)
+    INFERENCE_WORLD_SIZE = "PAYLOADRUN_INFERENCE_WORLD_SIZE"
+    # the vLLM containers of a replica that spans pods (a LeaderWorkerSet group), beside the
+    # LWS_* variables LeaderWorkerSet's webhook injects (docs/operator.md#multi-node-replicas)
+    INFERENCE_REPLICA_INDEX = "PAYLOADRUN_INFERENCE_REPLICA_INDEX"  # the group's index
+    INFERENCE_POD_INDEX = "PAYLOADRUN_INFERENCE_POD_INDEX"  # this pod's in its group (leader 0)
+    INFERENCE_HEAD_ADDRESS = "PAYLOADRUN_INFERENCE_HEAD_ADDRESS"  # the group's leader
+    INFERENCE_DP_SIZE = "PAYLOADRUN_INFERENCE_DP_SIZE"  # API servers (DP ranks) per replica
+    INFERENCE_DP_START_RANK = "PAYLOADRUN_INFERENCE_DP_START_RANK"  # this pod's first DP rank
+    INFERENCE_API_SERVERS_PER_POD = "PAYLOADRUN_INFERENCE_API_SERVERS_PER_POD"
+    INFERENCE_DP_RPC_PORT = "PAYLOADRUN_INFERENCE_DP_RPC_PORT"  # on the head
     RETENTION_URL = "PAYLOADRUN_RETENTION_URL"
     MAX_OFF_POLICY_STEPS = "PAYLOADRUN_MAX_OFF_POLICY_STEPS"
     MAX_STEPS = "PAYLOADRUN_MAX_STEPS"

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from builders import context
+from builders import context, group_spec
 from payloadrun_operator.api import names
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.shape import inference_world_size
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 SECTION = "## What every pod learns"
@@ -31,13 +32,40 @@ CONTAINERS = (
     names.RETENTION_CONTAINER,
     names.CLEANUP_CONTAINER,
 )
-# The table's conditions, as facts of the spec the pods are built from.
-CONDITIONS: dict[str, Callable[[RunContext], bool]] = {
-    "by handle": lambda ctx: ctx.by_handle,
-    "with `runDirectory`": lambda ctx: ctx.spec.run_directory is not None,
-    "with `maxSteps`": lambda ctx: ctx.spec.max_steps is not None,
-    "with `processesPerNode: 1`": lambda ctx: ctx.spec.trainer.processes_per_node == 1,
+# The pods a container can be in: each workload's, and a LeaderWorkerSet's two templates.
+LEADER, WORKER, OTHER = "leader", "worker", "other"
+
+
+def exact_start_rank(ctx: RunContext) -> bool:
+    shape = ctx.inference_shape
+    return shape.api_servers == "Leader" or shape.api_servers_per_pod == 1
+
+
+# The table's conditions, as facts of the spec the pods are built from and of the pod (OTHER:
+# not a group's).
+CONDITIONS: dict[str, Callable[[RunContext, str], bool]] = {
+    "by handle": lambda ctx, pod: ctx.by_handle,
+    "with `runDirectory`": lambda ctx, pod: ctx.spec.run_directory is not None,
+    "with `maxSteps`": lambda ctx, pod: ctx.spec.max_steps is not None,
+    "with `processesPerNode: 1`": lambda ctx, pod: ctx.spec.trainer.processes_per_node == 1,
+    "with several API servers a replica, and GPUs": lambda ctx, pod: (
+        inference_world_size(ctx.spec.inference) is not None
+    ),
+    "in a group": lambda ctx, pod: pod in (LEADER, WORKER),
+    "in a group's serving pods": lambda ctx, pod: (
+        pod in (LEADER, WORKER) and ctx.inference_shape.serves(pod)
+    ),
+    "in a group's serving pods, where exact": lambda ctx, pod: (
+        pod in (LEADER, WORKER) and ctx.inference_shape.serves(pod) and exact_start_rank(ctx)
+    ),
 }
+# The conditions of the rows about a run's pods, which a run of one-pod replicas meets.
+RUN_CONDITIONS = (
+    "by handle",
+    "with `runDirectory`",
+    "with `maxSteps`",
+    "with `processesPerNode: 1`",
+)
 ROW_CONTAINERS = re.compile(r"(?P<containers>[^()]+?)(?: \((?P<condition>[^()]+)\))?")
 
 
@@ -62,35 +90,47 @@ def table_rows() -> Iterator[tuple[set[str], set[str], str | None]]:
         yield plain | expanded, containers, match["condition"]
 
 
-def documented(ctx: RunContext) -> dict[str, set[str]]:
-    """Container -> the variables the table gives it, for the run ``ctx`` describes."""
+def documented(ctx: RunContext, pod: str = OTHER) -> dict[str, set[str]]:
+    """Container -> the variables the table gives it, for the run ``ctx`` describes, in a pod
+    of the kind ``pod`` says."""
     env: dict[str, set[str]] = {c: set() for c in CONTAINERS}
     for variables, containers, condition in table_rows():
         if condition is not None:
             assert condition in CONDITIONS, (
                 f"docs/operator.md: a condition this test does not know: {condition!r}"
             )
-            if not CONDITIONS[condition](ctx):
+            if not CONDITIONS[condition](ctx, pod):
                 continue
         for container in containers:
             env[container] |= variables
     return env
 
 
-def built(ctx: RunContext) -> dict[str, set[str]]:
-    """Container -> the variables the operator gives it, in every pod it builds for ``ctx``."""
+def pod_templates(child: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(kind of pod, pod spec) of each pod template of a child."""
+    spec = child.get("spec") or {}
+    if child["kind"] == "LeaderWorkerSet":
+        templates = spec["leaderWorkerTemplate"]
+        yield LEADER, templates["leaderTemplate"]["spec"]
+        yield WORKER, templates["workerTemplate"]["spec"]
+    elif spec.get("template") is not None:
+        yield OTHER, spec["template"]["spec"]
+
+
+def built(ctx: RunContext, kind: str = OTHER) -> dict[str, set[str]]:
+    """Container -> the variables the operator gives it, in every pod of the kind ``kind`` says
+    that it builds for ``ctx``."""
     children = build_children(ctx)
     if ctx.by_handle:
         children.append(build_cleanup(ctx))
     env: dict[str, set[str]] = {}
     for child in children:
-        template = (child.get("spec") or {}).get("template")
-        if template is None:
-            continue
-        pod = template["spec"]
-        for container in [*pod.get("initContainers", []), *pod["containers"]]:
-            assert container["name"] not in env, f"{container['name']} in two pods"
-            env[container["name"]] = {e["name"] for e in container.get("env", [])}
+        for pod_kind, pod in pod_templates(child):
+            if pod_kind != kind:
+                continue
+            for container in [*pod.get("initContainers", []), *pod["containers"]]:
+                assert container["name"] not in env, f"{container['name']} in two pods"
+                env[container["name"]] = {e["name"] for e in container.get("env", [])}
     return env
 
 
@@ -107,10 +147,50 @@ def test_every_container_of_a_by_handle_run_has_exactly_the_documented_env(spec_
     spec = copy.deepcopy(spec_dict)
     spec |= {"maxSteps": 100, "runDirectory": {"mountPath": "/data"}}
     ctx = context(spec)
-    assert ctx.by_handle and all(holds(ctx) for holds in CONDITIONS.values())
+    assert all(CONDITIONS[condition](ctx, OTHER) for condition in RUN_CONDITIONS)
     env = built(ctx)
     assert set(env) == set(CONTAINERS)
     assert env == documented(ctx)
+
+
+@pytest.mark.parametrize(
+    ("layout", "servers"), [("EveryPod", 1), ("EveryPod", 2), ("Leader", 2), ("Leader", 1)]
+)
+@pytest.mark.parametrize("mode", ["ByHandle", "Inline"])
+def test_every_container_of_a_group_run_has_exactly_the_documented_env(layout, servers, mode):
+    """Every group's leader and worker, and the run's other pods, in both layouts: each row's
+    condition holds for some of them."""
+    spec = group_spec(apiServers=layout, apiServersPerPod=servers)
+    spec |= {"maxSteps": 100, "runDirectory": {"mountPath": "/data"}, "payloads": {"mode": mode}}
+    ctx = context(spec)
+    assert all(CONDITIONS[condition](ctx, OTHER) for condition in RUN_CONDITIONS[1:])
+    others = built(ctx)
+    assert others == {c: v for c, v in documented(ctx).items() if c in others}
+    assert names.VLLM_CONTAINER not in others
+    for pod in (LEADER, WORKER):
+        env = built(ctx, pod)
+        serves = ctx.inference_shape.serves(pod)
+        with_writer = mode == "ByHandle" and serves
+        assert set(env) == {names.VLLM_CONTAINER} | (
+            {names.WRITER_CONTAINER} if with_writer else set()
+        )
+        assert env == {c: v for c, v in documented(ctx, pod).items() if c in env}, pod
+
+
+def test_every_condition_of_the_table_holds_for_some_pod_of_the_runs_above():
+    """So that no row goes untested: each condition holds in a pod the tests above check."""
+    runs = [
+        group_spec(apiServers=layout, apiServersPerPod=servers)
+        for layout, servers in (("EveryPod", 1), ("Leader", 2))
+    ]
+    held = {
+        condition
+        for spec in runs
+        for pod in (LEADER, WORKER, OTHER)
+        for condition, holds in CONDITIONS.items()
+        if holds(context(spec | {"maxSteps": 1, "runDirectory": {"mountPath": "/d"}}), pod)
+    }
+    assert held == set(CONDITIONS)
 
 
 @pytest.mark.parametrize("processes", [1, 8])

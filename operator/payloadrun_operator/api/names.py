@@ -53,6 +53,14 @@ HEADLESS_SUFFIX = "-headless"
 # <run>-inference: LWS names its leader StatefulSet and its headless Service after itself, and
 # reuses (without DNS for its pods) a Service of that name that exists already.
 INFERENCE_GROUPS_SUFFIX = "-vllm"
+# LeaderWorkerSet's own labels on the pods (and, from v0.10.0, the StatefulSets) it makes.
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"  # the replica
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # 0: the leader
+LWS_LABEL_PREFIX = "leaderworkerset.sigs.k8s.io/"
+# The variables LeaderWorkerSet's pod webhook puts first in every container's env.
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_ENV = (LWS_LEADER_ADDRESS, "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 
 # Containers.
 VLLM_CONTAINER = "vllm"

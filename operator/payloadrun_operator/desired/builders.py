@@ -38,8 +38,10 @@ from typing import Any
 
 from payloadrun.settings import Env
 from payloadrun_operator.api import names
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.api.models import (
     KIND,
+    ApiServerLayout,
     Inference,
     Orchestrator,
     PayloadAccess,
@@ -52,7 +54,7 @@ from payloadrun_operator.api.names import (
     VOLUME_NAME,
 )
 from payloadrun_operator.desired import networkpolicy as netpol
-from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.context import WORKER_TEMPLATE_PATH, RunContext
 from payloadrun_operator.desired.decisions import (
     DEFAULT_CLAIM_SIZE,
     claim_owned_by_run,
@@ -61,9 +63,11 @@ from payloadrun_operator.desired.decisions import (
 )
 from payloadrun_operator.desired.env import (
     env_list,
+    group_env,
     identity_env,
     inference_admin_urls,
     inference_url,
+    inference_world_size,
     main_env,
     rendezvous_env,
     retention_url,
@@ -71,6 +75,7 @@ from payloadrun_operator.desired.env import (
     step_env,
     user_env,
 )
+from payloadrun_operator.desired.shape import LEADER, SINGLE, WORKER, port_errors
 from payloadrun_operator.desired.sidecars import (
     cleanup_container,
     resources,
@@ -164,7 +169,7 @@ def fs_group(ctx: RunContext) -> int | None:
     """The run's fsGroup, by handle (the sidecars write as this group): see run_fs_group."""
     if not ctx.by_handle:
         return None
-    return run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[0]
+    return run_fs_group(ctx.template_sources(), ctx.settings.sidecar_uid)[0]
 
 
 # A StatefulSet's pods restart in place; a Job's are replaced (and counted) instead.
@@ -195,24 +200,58 @@ def common_parts(ctx: RunContext, component: str) -> dict[str, Any]:
     }
 
 
-def inference_parts(ctx: RunContext) -> Parts:
+def writer_ports(ctx: RunContext) -> dict[int, str]:
+    """The writer's ports, by the field that sets each (by handle: inline runs have no writer)."""
+    writer = ctx.spec.inference.writer
+    if not ctx.by_handle:
+        return {}
+    return {
+        writer.port: "spec.inference.writer.port",
+        writer.metrics_port: "spec.inference.writer.metricsPort",
+    }
+
+
+def inference_parts(ctx: RunContext, pod: str = SINGLE) -> Parts:
+    """What the operator adds to an inference pod: ``pod`` is the StatefulSet's one pod
+    (SINGLE), or a LeaderWorkerSet group's LEADER or WORKER template. A pod that serves (every
+    pod but a worker in the ``Leader`` layout) declares its API servers' ports and, by handle,
+    has the writer in front of them, with the payload volume."""
     inference, writer = ctx.spec.inference, ctx.spec.inference.writer
-    by_handle = ctx.by_handle
+    shape = ctx.inference_shape
+    serves = shape.serves(pod)
+    by_handle = ctx.by_handle and serves
+    env = main_env(ctx, env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT}))
+    common = common_parts(ctx, INFERENCE)
+    if pod != SINGLE:
+        env = (*env, *group_env(ctx, pod))
+        common["volumes"] = tuple(
+            run_volumes(ctx, payloads=by_handle or run_dir_on_payload_volume(ctx.spec))
+        )
+        common["pod"] = {**common["pod"], "subdomain": names.inference_groups_name(ctx.name)}
+        uses = f"LeaderWorkerSet (the pods of {names.inference_groups_name(ctx.name)})"
+        extra: dict[str, Any] = {
+            "pod_names": "<run>-vllm-<replica> and <run>-vllm-<replica>-<pod>",
+            "refused_env": {name: "LeaderWorkerSet's pod webhook" for name in names.LWS_ENV},
+            "refused_label_prefixes": {names.LWS_LABEL_PREFIX: uses},
+        }
+        if pod == WORKER and inference.worker_template is not None:
+            extra["template_path"] = WORKER_TEMPLATE_PATH
+    else:
+        extra = {}
+    ports = tuple(
+        {"name": shape.port_name(d), "containerPort": port} for d, port in enumerate(shape.ports)
+    )
+    reserved = {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
     return Parts(
         main=names.VLLM_CONTAINER,
-        env=main_env(
-            ctx, env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT})
-        ),
-        ports=({"name": names.HTTP_PORT_NAME, "containerPort": inference.port},),
+        env=env,
+        ports=ports if serves else (),
         sidecars=(writer_container(ctx),) if by_handle else (),
         shm=True,
         shm_size=None if inference.shm_size is None else str(inference.shm_size),
-        reserved_ports=(
-            {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
-            if by_handle
-            else {}
-        ),
-        **common_parts(ctx, INFERENCE),
+        reserved_ports=reserved if by_handle else {},
+        **common,
+        **extra,
     )
 
 
@@ -222,6 +261,7 @@ def orchestrator_parts(ctx: RunContext) -> Parts:
         **run_env(ctx),
         Env.INFERENCE_URL: inference_url(ctx),
         Env.INFERENCE_ADMIN_URLS: inference_admin_urls(ctx),
+        Env.INFERENCE_WORLD_SIZE: inference_world_size(ctx),
         Env.RETENTION_URL: retention_url(ctx),
         Env.TRAINER_HOST: ctx.host(TRAINER),
         **step_env(ctx),
@@ -247,7 +287,11 @@ def trainer_parts(ctx: RunContext) -> Parts:
         common["mounts"] = (*common["mounts"], volume_mount(ctx, read_only=read_only))
     return Parts(
         main=names.TRAINER_CONTAINER,
-        env=main_env(ctx, env_list(run_env(ctx)) + rendezvous_env(ctx)),
+        env=main_env(
+            ctx,
+            env_list({**run_env(ctx), Env.INFERENCE_WORLD_SIZE: inference_world_size(ctx)})
+            + rendezvous_env(ctx),
+        ),
         ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
         shm=True,
         shm_size=None if trainer.shm_size is None else str(trainer.shm_size),
@@ -256,10 +300,19 @@ def trainer_parts(ctx: RunContext) -> Parts:
 
 
 ROLE_PARTS = {INFERENCE: inference_parts, ORCHESTRATOR: orchestrator_parts, TRAINER: trainer_parts}
+# The key of a group run's worker template in BuiltRun.pods (its leader's is INFERENCE's).
+INFERENCE_WORKER = "inference-worker"
 
 
 def pod_template(ctx: RunContext, component: str) -> Manifest:
-    """``component``'s pod template; raises :class:`TemplateConflict` on a collision."""
+    """``component``'s pod template (a group run's inference: its leader's, and
+    INFERENCE_WORKER its workers'); raises :class:`TemplateConflict` on a collision."""
+    if component == INFERENCE_WORKER:
+        inference = ctx.spec.inference
+        template = inference.worker_template or inference.template
+        return compose(template, inference_parts(ctx, WORKER))
+    if component == INFERENCE and ctx.inference_shape.groups:
+        return compose(ctx.spec.inference.template, inference_parts(ctx, LEADER))
     parts = ROLE_PARTS[component](ctx)
     template = ctx.templates()[component]
     pod = compose(template, parts)
@@ -277,16 +330,24 @@ def pod_template(ctx: RunContext, component: str) -> Manifest:
 COMPONENTS = (INFERENCE, ORCHESTRATOR, TRAINER)
 
 
+def pod_keys(ctx: RunContext) -> tuple[str, ...]:
+    """The pod templates a run has: one per role, and a group run's workers'."""
+    if ctx.inference_shape.groups:
+        return (INFERENCE, INFERENCE_WORKER, ORCHESTRATOR, TRAINER)
+    return COMPONENTS
+
+
 def compose_pods(ctx: RunContext) -> tuple[dict[str, Manifest], list[str]]:
-    """Each role's pod template, composed once, and every collision of every role (a role that
-    collides has no template here)."""
+    """Each pod template, composed once, and every collision of every template (a template that
+    collides has no entry here). A group's workers that use the leader's template can repeat
+    its collisions: each is said once."""
     pods: dict[str, Manifest] = {}
     errors: list[str] = []
-    for component in COMPONENTS:
+    for key in pod_keys(ctx):
         try:
-            pods[component] = pod_template(ctx, component)
+            pods[key] = pod_template(ctx, key)
         except TemplateConflict as conflict:
-            errors += conflict.errors
+            errors += [e for e in conflict.errors if e not in errors]
     return pods, errors
 
 
@@ -307,7 +368,9 @@ def rule_errors(ctx: RunContext) -> list[str]:
             "payload volume the run directory"
         )
     if ctx.by_handle or ctx.spec.run_directory is not None:  # pods that share a volume
-        errors += run_fs_group(ctx.templates(), ctx.settings.sidecar_uid)[1]
+        errors += run_fs_group(ctx.template_sources(), ctx.settings.sidecar_uid)[1]
+    inference = ctx.spec.inference
+    errors += port_errors(ctx.inference_shape, writer_ports(ctx), inference.data_parallel_rpc_port)
     return errors
 
 
@@ -326,14 +389,19 @@ class BuiltRun:
     errors: tuple[str, ...] = ()
 
     def workload(self, component: str) -> Manifest:
-        """``component``'s StatefulSet or Job."""
-        name = self.ctx.child_name(component)
-        (found,) = [
-            c
-            for c in self.children
-            if c["kind"] in ("StatefulSet", "Job") and c["metadata"]["name"] == name
-        ]
+        """``component``'s StatefulSet, LeaderWorkerSet or Job."""
+        kind, name = workload_of(self.ctx, component)
+        (found,) = [c for c in self.children if c["kind"] == kind and c["metadata"]["name"] == name]
         return found
+
+
+def workload_of(ctx: RunContext, component: str) -> tuple[str, str]:
+    """The kind and name of ``component``'s workload: a StatefulSet or a Job named
+    ``<run>-<component>``, except a group run's inference: its LeaderWorkerSet, ``<run>-vllm``."""
+    if component == INFERENCE and ctx.inference_shape.groups:
+        return LEADER_WORKER_SET.kind, names.inference_groups_name(ctx.name)
+    kind = next(kind for _, kind, c in names.WORKLOADS if c == component)
+    return kind, ctx.child_name(component)
 
 
 def build_run(ctx: RunContext) -> BuiltRun:
@@ -417,6 +485,7 @@ def effective_settings(ctx: RunContext) -> dict[str, str]:
         "samplingMaskCapture": str(spec.sampling_mask_capture).lower(),
         "inferenceUrl": inference_url(ctx),
         "inferenceAdminUrls": inference_admin_urls(ctx),
+        "inferenceWorldSize": inference_world_size(ctx),
         "retentionUrl": retention_url(ctx),
         "orchestratorHost": ctx.host(ORCHESTRATOR),
         "trainerHost": ctx.host(TRAINER),
@@ -497,8 +566,12 @@ def inference_service_port(ctx: RunContext) -> int:
     return inference.writer.port if ctx.by_handle else inference.port
 
 
-def build_inference(ctx: RunContext, pod: Manifest) -> list[Manifest]:
-    """The inference Services and StatefulSet around ``pod`` (its composed template)."""
+def build_inference(
+    ctx: RunContext, pod: Manifest, worker: Manifest | None = None
+) -> list[Manifest]:
+    """The inference Services and workload around ``pod`` (its composed template): a
+    StatefulSet, or for a group run a LeaderWorkerSet whose leaders run ``pod`` and workers
+    ``worker``."""
     inference = ctx.spec.inference
     front_port = inference_service_port(ctx)
     ports = [{"name": names.HTTP_PORT_NAME, "port": front_port, "targetPort": front_port}]
@@ -514,8 +587,13 @@ def build_inference(ctx: RunContext, pod: Manifest) -> list[Manifest]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(ctx, ctx.child_name(INFERENCE), INFERENCE),
-        "spec": {"selector": selector(ctx, INFERENCE), "ports": ports},
+        "spec": {"selector": inference_service_selector(ctx), "ports": ports},
     }
+    if ctx.inference_shape.groups:
+        # Each pod's DNS name comes from LWS's own headless Service, <run>-vllm (its pods'
+        # subdomain), which LWS creates; a second one would give them none.
+        assert worker is not None
+        return [service, leader_worker_set(ctx, pod, worker)]
     # The headless Service names each replica (the admin URLs); by handle it also lists vLLM's
     # own port, which the admin calls use.
     vllm = [{"name": names.VLLM_PORT_NAME, "port": inference.port, "targetPort": inference.port}]
@@ -524,6 +602,57 @@ def build_inference(ctx: RunContext, pod: Manifest) -> list[Manifest]:
         service,
         stateful_set(ctx, INFERENCE, inference.replicas, pod),
     ]
+
+
+def inference_service_selector(ctx: RunContext) -> dict[str, str]:
+    """The pods the load-balanced Service reaches: every inference pod that serves (in the
+    ``Leader`` layout a group's leaders only, which LWS labels worker-index 0)."""
+    selected = selector(ctx, INFERENCE)
+    shape = ctx.inference_shape
+    if shape.groups and shape.api_servers == ApiServerLayout.LEADER:
+        selected[names.LWS_WORKER_INDEX_LABEL] = "0"
+    return selected
+
+
+# LeaderWorkerSet's group semantics for a run's replicas (docs/operator.md#multi-node-replicas):
+# - RecreateGroupOnPodRestart: a restarted container or a lost pod anywhere in a group
+#   recreates the whole group (a vLLM rank that comes back alone would join collectives its
+#   peers have left), and the other replicas keep serving. The writer sidecar's restarts count
+#   too (LWS reads init containers' restart counts): accepted, since the writer no longer
+#   restarts on volume trouble (it answers inline, its readiness does not read the volume),
+#   so a writer restart means its process died, and a group restart is LWS's one mechanism
+#   for vLLM's own failures anyway (None would leave a hung group to the operator).
+# - LeaderCreated: workers are created with their leader, not once it is ready: vLLM's head is
+#   ready only after its workers joined (LeaderReady would never start them).
+GROUP_RESTART_POLICY = "RecreateGroupOnPodRestart"
+GROUP_STARTUP_POLICY = "LeaderCreated"
+
+
+def leader_worker_set(ctx: RunContext, leader: Manifest, worker: Manifest) -> Manifest:
+    """The run's LeaderWorkerSet, ``<run>-vllm``: ``replicas`` groups of ``podsPerReplica``
+    pods. Its labels are the run's inference labels (the operator's watches find it by them;
+    LWS v0.10.0 copies them onto the StatefulSets it makes, which also carry
+    ``leaderworkerset.sigs.k8s.io/name``); its pods carry the run's pod labels, so the Services
+    and network policies select them as they select a StatefulSet's."""
+    inference = ctx.spec.inference
+    meta = metadata(ctx, names.inference_groups_name(ctx.name), INFERENCE)
+    meta["annotations"] = {names.INPUTS_ANNOTATION: ctx.inputs(INFERENCE)}
+    return {
+        "apiVersion": LEADER_WORKER_SET.api_version,
+        "kind": LEADER_WORKER_SET.kind,
+        "metadata": meta,
+        "spec": {
+            "replicas": inference.replicas if ctx.active else 0,
+            "startupPolicy": GROUP_STARTUP_POLICY,
+            "networkConfig": {"subdomainPolicy": "Shared"},  # <run>-vllm names every pod
+            "leaderWorkerTemplate": {
+                "size": inference.pods_per_replica,
+                "restartPolicy": GROUP_RESTART_POLICY,
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
 
 
 def build_orchestrator(ctx: RunContext, pod: Manifest) -> list[Manifest]:
@@ -596,7 +725,7 @@ def assemble(
         *([claim] if claim else []),
         build_config_map(ctx),
         *policies,
-        *build_inference(ctx, pods[INFERENCE]),
+        *build_inference(ctx, pods[INFERENCE], pods.get(INFERENCE_WORKER)),
         *build_orchestrator(ctx, pods[ORCHESTRATOR]),
         *build_trainer(ctx, pods[TRAINER]),
     ]

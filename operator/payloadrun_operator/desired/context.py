@@ -23,7 +23,10 @@ from payloadrun_operator.desired.decisions import (
     payload_mount_path,
     payload_root,
 )
+from payloadrun_operator.desired.shape import InferenceShape
 from payloadrun_operator.platform.settings import OperatorSettings
+
+WORKER_TEMPLATE_PATH = "spec.inference.workerTemplate"
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class RunContext:
         return claim_name(self.spec, self.name)
 
     @property
+    def inference_shape(self) -> InferenceShape:
+        return InferenceShape.of(self.spec.inference)
+
+    @property
     def payload_mount_path(self) -> str:
         return payload_mount_path(self.spec)
 
@@ -92,6 +99,15 @@ class RunContext:
             ORCHESTRATOR: spec.orchestrator.template,
             TRAINER: spec.trainer.template,
         }
+
+    def template_sources(self) -> dict[str, dict[str, Any] | None]:
+        """Each pod template of the run, by its field's path (the inference workers' only where
+        a replica spans pods, and only when set: it defaults to the leader's)."""
+        sources = {f"spec.{role}.template": t for role, t in self.templates().items()}
+        worker = self.spec.inference.worker_template
+        if self.inference_shape.groups and worker is not None:
+            sources[WORKER_TEMPLATE_PATH] = worker
+        return dict(sorted(sources.items()))
 
     def inputs(self, component: str) -> str:
         pin = {**pinning.pin_of(self.settings), "podLayout": self.layout.version}

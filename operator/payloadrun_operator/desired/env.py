@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from payloadrun.settings import Env
 from payloadrun_operator.api import names
-from payloadrun_operator.api.models import EnvVar
+from payloadrun_operator.api.models import ApiServerLayout, EnvVar
 from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
 from payloadrun_operator.desired.context import RunContext
+from payloadrun_operator.desired.shape import admin_urls
+from payloadrun_operator.desired.shape import inference_world_size as shape_world_size
 from payloadrun_operator.desired.templates import Manifest
 
 
@@ -85,18 +87,67 @@ def inference_url(ctx: RunContext) -> str:
 
 
 def inference_admin_urls(ctx: RunContext) -> str:
-    """Every inference replica's own vLLM, ``http://<pod DNS name>:<port>/v1``, space-separated.
+    """Every inference API server's own vLLM, ``http://<pod DNS name>:<port>/v1``, space-separated,
+    in order: replica, pod, API server (:func:`shape.admin_urls`); with one pod and one API
+    server per replica, one URL per replica.
 
-    Admin calls (pause, weight updates, resume, NCCL setup, metrics) must reach every replica,
-    not one behind the load-balanced Service, and they go to vLLM itself, not through the writer:
-    they carry no payloads, the writer's health must not block a weight update, and the same
-    addresses then serve an inline run. Space-separated, as prime-rl's SLURM template passes
+    Admin calls (pause, weight updates, resume, NCCL setup, metrics) must reach every API
+    server, not one behind the load-balanced Service, and they go to vLLM itself, not through the
+    writer: they carry no payloads, the writer's health must not block a weight update, and the
+    same addresses then serve an inline run. Space-separated, as prime-rl's SLURM template passes
     them: ``--model.client.admin-base-url $PAYLOADRUN_INFERENCE_ADMIN_URLS`` in a shell command
-    gives one argument per replica."""
-    port = ctx.spec.inference.port
-    return " ".join(
-        f"http://{ctx.host(INFERENCE, i)}:{port}/v1" for i in range(ctx.spec.inference.replicas)
-    )
+    gives one argument per API server."""
+    return " ".join(admin_urls(ctx.inference_shape, ctx.name, ctx.namespace))
+
+
+def inference_world_size(ctx: RunContext) -> str | None:
+    """The inference world size (:func:`shape.world_size`), for the orchestrator and the
+    trainers; None where it is not given."""
+    size = shape_world_size(ctx.spec.inference)
+    return None if size is None else str(size)
+
+
+def group_env(ctx: RunContext, pod: str) -> list[Manifest]:
+    """What the vllm container of a pod of a LeaderWorkerSet group learns (``pod``: LEADER or
+    WORKER), after LWS's own ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE`` and ``LWS_WORKER_INDEX``:
+
+    - the replica's and this pod's index, read from the labels LWS gives its pods (the
+      downward API: the worker template is one for every worker);
+    - the head's address, ``$(LWS_LEADER_ADDRESS)``: LWS's pod webhook puts its variables first
+      in every container's env (``addEnvVarsIfNotExists``, pkg/utils/pod/pod_utils.go of
+      sigs.k8s.io/lws v0.9.0 and v0.10.0), so a later entry can refer to them;
+    - the replica's data-parallel size and RPC port, and on a pod that serves its API servers'
+      count and its first DP rank where an env value can say it exactly: ``pod x
+      apiServersPerPod`` needs arithmetic, which env values cannot do, so with more than one API
+      server per pod only the pod index is given (``$((POD_INDEX * API_SERVERS_PER_POD))`` in a
+      shell); in ``Leader`` the leader's first rank is 0."""
+    shape = ctx.inference_shape
+    inference = ctx.spec.inference
+
+    def label(key: str) -> Manifest:
+        return {"fieldRef": {"fieldPath": f"metadata.labels['{key}']"}}
+
+    env: list[Manifest] = [
+        {"name": Env.INFERENCE_REPLICA_INDEX, "valueFrom": label(names.LWS_GROUP_INDEX_LABEL)},
+        {"name": Env.INFERENCE_POD_INDEX, "valueFrom": label(names.LWS_WORKER_INDEX_LABEL)},
+        {"name": Env.INFERENCE_HEAD_ADDRESS, "value": f"$({names.LWS_LEADER_ADDRESS})"},
+        {"name": Env.INFERENCE_DP_SIZE, "value": str(shape.servers_per_replica)},
+    ]
+    if shape.serves(pod):
+        if shape.api_servers == ApiServerLayout.LEADER:
+            env.append({"name": Env.INFERENCE_DP_START_RANK, "value": "0"})
+        elif shape.api_servers_per_pod == 1:
+            env.append(
+                {
+                    "name": Env.INFERENCE_DP_START_RANK,
+                    "valueFrom": label(names.LWS_WORKER_INDEX_LABEL),
+                }
+            )
+        env.append(
+            {"name": Env.INFERENCE_API_SERVERS_PER_POD, "value": str(shape.api_servers_per_pod)}
+        )
+    env.append({"name": Env.INFERENCE_DP_RPC_PORT, "value": str(inference.data_parallel_rpc_port)})
+    return env
 
 
 def retention_url(ctx: RunContext) -> str | None:

@@ -38,6 +38,7 @@ from payloadrun_operator.api.names import (
     TRAINER,
 )
 from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.desired.shape import inference_world_size
 from payloadrun_operator.platform.settings import OperatorSettings
 
 # The layout of the pods the operator builds today (PodLayout says what each one has).
@@ -176,7 +177,9 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
     """What ``component``'s template is built from, hashed: the run-wide spec, the payload mode
     (which inference.disaggregated alone can change), the component's own section and, by
     handle, the pinned settings it uses; the orchestrator also the inference ports it calls and
-    (layout 2) the number of replicas its admin URLs list. Neither suspend, the failure policy
+    (layout 2) the number of replicas its admin URLs list; the orchestrator and the trainers the
+    inference world size, where they are told it (replicas of more than one API server or pod:
+    the other layout fields are fixed for a run's life). Neither suspend, the failure policy
     nor inference.clients (its NetworkPolicy's) is part of any template. A layout-1 run's
     inputs leave out the fields added since while they are unset (:data:`LAYOUT_2_FIELDS`), so
     they hash as they did then, and every run's leave out :data:`LATER_FIELDS` while unset."""
@@ -204,6 +207,9 @@ def inputs_hash(spec: PayloadRunSpec, component: str, pin: Mapping[str, Any]) ->
         inputs["inferencePorts"] = [inference["port"], inference["writer"]["port"]]
         if layout.has_addresses:
             inputs["inferenceReplicas"] = inference["replicas"]
+    world_size = inference_world_size(spec.inference)  # None for one-server replicas
+    if component in (ORCHESTRATOR, TRAINER) and world_size is not None:
+        inputs["inferenceWorldSize"] = world_size
     if layout.in_inputs:
         inputs["podLayout"] = layout.version
     encoded = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()

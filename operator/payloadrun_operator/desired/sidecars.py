@@ -5,6 +5,7 @@ shape for all three (:func:`sidecar_container`): the sidecars' image and user, P
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from payloadrun import serving, wipe
@@ -15,13 +16,14 @@ from payloadrun_operator.api import names
 from payloadrun_operator.api.models import Resources
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.env import env_list, identity_env, step_env
+from payloadrun_operator.desired.shape import upstreams
 from payloadrun_operator.desired.templates import Manifest
 from payloadrun_operator.desired.volumes import volume_mount
 
 
 def resources(res: Resources | None, default: dict[str, Any] | None = None) -> Manifest:
-    if res is None:
-        return dict(default or {})
+    if res is None:  # a copy of its own: pods of one run do not share the settings' dicts
+        return copy.deepcopy(dict(default or {}))
     return res.model_dump(by_alias=True, exclude_none=True)
 
 
@@ -116,7 +118,8 @@ def sidecar_container(
 
 
 def writer_container(ctx: RunContext) -> Manifest:
-    """The writer, beside vLLM: it takes the inference Service's traffic and writes payloads."""
+    """The writer, beside vLLM: it takes the inference Service's traffic and writes payloads.
+    One per pod that serves, in front of every API server of its pod (its upstreams)."""
     inference = ctx.spec.inference
     writer = inference.writer
     return sidecar_container(
@@ -125,7 +128,7 @@ def writer_container(ctx: RunContext) -> Manifest:
         image=writer.image,
         args=[writer_config.COMMAND, *writer.args],
         env={
-            Env.WRITER_UPSTREAM: f"http://127.0.0.1:{inference.port}",
+            Env.WRITER_UPSTREAM: upstreams(ctx.inference_shape),
             Env.WRITER_HOST: "0.0.0.0",
             Env.WRITER_PORT: str(writer.port),
             Env.WRITER_METRICS_HOST: "0.0.0.0",

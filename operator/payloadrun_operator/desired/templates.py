@@ -67,6 +67,14 @@ class Parts:
     shm: bool = False  # a memory-backed /dev/shm, unless the template has its own
     shm_size: str | None = None  # its size limit (default: the main container's memory limit)
     reserved_ports: Mapping[int, str] = field(default_factory=dict)  # port -> what uses it
+    template_path: str = ""  # the template's field, default spec.<role>.template
+    pod_names: str = ""  # how the pods are named, for errors; default <run>-<role>-<index>
+    refused_env: Mapping[str, str] = field(default_factory=dict)  # name -> who sets it instead
+    refused_label_prefixes: Mapping[str, str] = field(default_factory=dict)  # prefix -> who
+
+    @property
+    def where(self) -> str:
+        return self.template_path or f"spec.{self.role}.template"
 
 
 def containers_of(pod: Mapping[str, Any]) -> list[Manifest]:
@@ -75,7 +83,7 @@ def containers_of(pod: Mapping[str, Any]) -> list[Manifest]:
 
 def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
     """The pod template of ``parts.role``; raises :class:`TemplateConflict` on a collision."""
-    where = f"spec.{parts.role}.template"
+    where = parts.where
     tpl = copy.deepcopy(dict(template or {}))
     meta = tpl.get("metadata") or {}
     pod = tpl.get("spec") or {}
@@ -93,6 +101,7 @@ def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
         index = 0
     main = dict(containers[index])
     errors += _fill_main(main, parts, f"{where}.spec.containers[{parts.main}]")
+    errors += _refused_env(pod, parts, where)
     containers = [
         c if i == index else with_identity(c, parts.identity) for i, c in enumerate(containers)
     ]
@@ -105,7 +114,7 @@ def compose(template: Mapping[str, Any] | None, parts: Parts) -> Manifest:
         if key in pod:
             errors.append(
                 f"{where}.spec.{key} is set, but the operator names the {parts.role} pods (their "
-                f"DNS names are <run>-{parts.role}-<index>): remove it"
+                f"DNS names are {parts.pod_names or f'<run>-{parts.role}-<index>'}): remove it"
             )
     for key, value in parts.pod.items():
         if key in pod and pod[key] != value:
@@ -158,9 +167,30 @@ def with_identity(container: Manifest, identity: Iterable[Manifest]) -> Manifest
     return {**container, "env": [*added, *own]}
 
 
+def _refused_env(pod: Mapping[str, Any], parts: Parts, where: str) -> list[str]:
+    """Env names another component sets in every container (LeaderWorkerSet's webhook), which
+    would replace the template's value silently."""
+    errors = []
+    for container in containers_of(pod):
+        for entry in container.get("env") or []:
+            who = parts.refused_env.get(entry.get("name"))
+            if who:
+                errors.append(
+                    f"{where}: container {container.get('name')} sets env {entry['name']}, "
+                    f"which {who} sets in every container, replacing yours: remove it"
+                )
+    return errors
+
+
 def _labels(meta: Mapping[str, Any], parts: Parts, where: str) -> tuple[dict[str, str], list[str]]:
     """The template's labels with the operator's (a key set both ways must agree)."""
     labels, errors = dict(meta.get("labels") or {}), []
+    for key in sorted(labels):
+        for prefix, who in parts.refused_label_prefixes.items():
+            if key.startswith(prefix):
+                errors.append(
+                    f"{where}.metadata.labels sets {key}, a label {who} sets on its pods: remove it"
+                )
     for key, value in parts.labels.items():
         if key in labels and labels[key] != value:
             errors.append(
@@ -318,7 +348,7 @@ def has_shm(pod: Mapping[str, Any], main: Mapping[str, Any]) -> bool:
 
 
 def template_fs_groups(templates: Mapping[str, Mapping[str, Any] | None]) -> dict[str, int]:
-    """The fsGroup each role's template sets, by role."""
+    """The fsGroup each template sets, by its key (the template's field path)."""
     found = {}
     for role, template in templates.items():
         security = ((template or {}).get("spec") or {}).get("securityContext") or {}
@@ -330,14 +360,15 @@ def template_fs_groups(templates: Mapping[str, Mapping[str, Any] | None]) -> dic
 def run_fs_group(
     templates: Mapping[str, Mapping[str, Any] | None], default: int
 ) -> tuple[int, list[str]]:
-    """The one fsGroup of a by-handle run's pods: the templates' (all that set one must agree)
-    or ``default`` (the sidecars' uid). The volume's group is changed to a pod's fsGroup when the
+    """The one fsGroup of a by-handle run's pods: the templates' (``templates``: by field path,
+    :meth:`RunContext.template_sources`; all that set one must agree) or ``default`` (the
+    sidecars' uid). The volume's group is changed to a pod's fsGroup when the
     pod starts (on volumes whose driver manages ownership): pods of one run that disagree would
     change it back and forth on a volume they share."""
     found = template_fs_groups(templates)
     values = sorted(set(found.values()))
     if len(values) > 1:
-        which = ", ".join(f"spec.{role}.template {gid}" for role, gid in sorted(found.items()))
+        which = ", ".join(f"{path} {gid}" for path, gid in sorted(found.items()))
         return default, [
             f"the pod templates set different securityContext.fsGroup values ({which}): the "
             "pods of a run share its payload volume, whose group each pod would change at its "
