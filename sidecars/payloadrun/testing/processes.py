@@ -3,9 +3,9 @@
 :class:`PayloadrunProcess` is a :class:`~payloadrun.children.ChildProcess` that serves HTTP and
 is ready when a URL answers; :func:`fake_vllm` (one API server or several on consecutive ports,
 :func:`free_ports`) and :func:`writer` are the two everyone starts, :class:`FakeWorker` a fake
-vLLM group's worker that serves no HTTP, :class:`VLLMServer` a real vLLM. The retention sidecar, :class:`SidecarProcess`, lives in the
-product (``payloadrun simulate`` starts one) and is re-exported here. Every process is stopped
-with SIGTERM (then SIGKILL) when its block ends.
+vLLM group's worker that serves no HTTP, :class:`VLLMServer` a real vLLM. The retention
+sidecar, :class:`SidecarProcess`, lives in the product (``payloadrun simulate`` starts one) and
+is re-exported here. Every process is stopped with SIGTERM (then SIGKILL) when its block ends.
 """
 
 from __future__ import annotations

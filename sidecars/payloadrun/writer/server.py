@@ -525,6 +525,7 @@ class Writer:
                     answer = await read_answer(upstream)
                 except Exception as exc:
                     return self._upstream_error(exc, "reading the response", exchange.upstream)
+                exchange.finished()  # vLLM is done with it: the write is the writer's own work
                 result = await self._rewrite(store, plan, answer, skip)
                 return await self._send_result(request, answer, result)
 
@@ -660,21 +661,29 @@ class Writer:
 class Exchange:
     """vLLM's response to one request and the upstream that sent it; ``async with`` it to
     release both: the connection (as the response's own ``async with`` does) and the upstream's
-    count of requests in flight, which lasts to the end of the answer, streamed or not."""
+    count of requests in flight, which lasts to the end of vLLM's answer, streamed or not
+    (:meth:`finished` ends it early: a by-handle answer read whole, before the writer's work)."""
 
-    __slots__ = ("_writer", "response", "upstream")
+    __slots__ = ("_done", "_writer", "response", "upstream")
 
     def __init__(self, writer: Writer, upstream: Upstream, response: aiohttp.ClientResponse):
         self._writer = writer
         self.upstream = upstream
         self.response = response
+        self._done = False
+
+    def finished(self) -> None:
+        """vLLM's part is over: the upstream's in-flight count given back, its answer counted."""
+        if not self._done:
+            self._done = True
+            self._writer.upstreams.release(self.upstream)
+            self._writer.metrics.upstream_answered(self.upstream.url)
 
     async def __aenter__(self) -> Exchange:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        self._writer.upstreams.release(self.upstream)
-        self._writer.metrics.upstream_answered(self.upstream.url)
+        self.finished()
         self.response.release()
         await self.response.wait_for_close()
 
