@@ -8,6 +8,7 @@ tests/integration/test_one_pass.py."""
 
 import pytest
 
+from builders import group_spec
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -61,3 +62,15 @@ def test_a_refused_run_is_composed_once_and_has_every_roles_errors(spec_dict, co
     assert any("RANK" in e for e in verdict.errors)
     assert any("PAYLOADRUN_RUN" in e for e in verdict.errors)
     assert compositions == ONCE_EACH
+
+
+def test_a_group_run_composes_its_leaders_and_its_workers_template_once_each(compositions):
+    """Two inference templates (the leader's and the workers'), each composed once, and the
+    LeaderWorkerSet carries them."""
+    verdict = admit(run_doc(group_spec()), SETTINGS)
+    assert verdict.built is not None and verdict.errors == []
+    assert compositions == {**ONCE_EACH, "inference": 2}
+    built = verdict.built
+    groups = built.workload("inference")["spec"]["leaderWorkerTemplate"]
+    assert groups["leaderTemplate"] is built.pods["inference"]
+    assert groups["workerTemplate"] is built.pods["inference-worker"]

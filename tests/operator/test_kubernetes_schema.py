@@ -24,9 +24,10 @@ import jsonschema
 import pytest
 import referencing
 import referencing.jsonschema
+import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
-from builders import context
+from builders import context, group_spec
 from payloadrun_devcluster.binaries import cache_dir, read_versions
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.crd import build_crd
@@ -67,6 +68,70 @@ def validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
+# LeaderWorkerSet is no Kubernetes kind: its pod templates are checked against Kubernetes' own
+# PodTemplateSpec (strict), the rest against the CRD of the pinned LWS that cluster/build.sh
+# copies beside its manager, made as strict (an unknown field is refused), when it is there.
+LWS_API_VERSION, LWS_KIND = "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"
+DEFINITIONS = "/api/_definitions.json#/$defs/"
+
+
+def lws_crd_spec_schema() -> dict[str, Any] | None:
+    """The pinned LeaderWorkerSet CRD's schema of ``spec``, strict, or None without its build."""
+    version = read_versions().get("LWS_VERSION", "")
+    crd_file = (
+        cache_dir()
+        / "bin"
+        / f"lws-{version}"
+        / "config"
+        / "crd"
+        / "bases"
+        / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    )
+    if not version or not crd_file.is_file():
+        return None
+    crd = yaml.safe_load(crd_file.read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return strict(served["schema"]["openAPIV3Schema"]["properties"]["spec"])
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema that refuses unknown fields, as the strict Kubernetes ones do."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+@functools.cache
+def lws_validator() -> jsonschema.protocols.Validator:
+    pod_template = {"$ref": DEFINITIONS + "io.k8s.api.core.v1.PodTemplateSpec"}
+    spec = lws_crd_spec_schema() or {
+        "type": "object",
+        "properties": {"leaderWorkerTemplate": {"type": "object", "properties": {}}},
+    }
+    group = spec["properties"]["leaderWorkerTemplate"]
+    group["properties"] |= {"leaderTemplate": pod_template, "workerTemplate": pod_template}
+    schema = {
+        "$id": "https://kubernetes.io/api/leaderworkerset-v1.json",  # refs resolve beside it
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": LWS_API_VERSION},
+            "kind": {"const": LWS_KIND},
+            "metadata": {"$ref": DEFINITIONS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"},
+            "spec": spec,
+        },
+        "additionalProperties": False,
+    }
+    definitions = referencing.Resource.from_contents(schema_file("_definitions.json"))
+    registry = definitions @ referencing.Registry()
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
 def where(path) -> str:
     out = ""
     for part in path:
@@ -76,7 +141,10 @@ def where(path) -> str:
 
 def schema_errors(manifest: dict[str, Any]) -> list[str]:
     """Every way ``manifest`` breaks the Kubernetes schema, as ``path: message``."""
-    found = validator(manifest["apiVersion"], manifest["kind"]).iter_errors(manifest)
+    if (manifest["apiVersion"], manifest["kind"]) == (LWS_API_VERSION, LWS_KIND):
+        found = lws_validator().iter_errors(manifest)
+    else:
+        found = validator(manifest["apiVersion"], manifest["kind"]).iter_errors(manifest)
     return sorted(f"{where(e.absolute_path)}: {e.message}" for e in found)
 
 
@@ -205,6 +273,16 @@ RUNS = {
     "inline, single node": {"deploymentType": "SingleNode"},
     "inline, disaggregated": {"inference": {"image": "vllm/vllm:1", "disaggregated": True}},
     "inline, no per-token payloads": {"routerReplay": False},
+    "by-handle, replicas of two pods, every pod serving": {
+        "inference": {
+            **group_spec()["inference"],
+            "workerTemplate": {"spec": {"priorityClassName": "w"}},
+        }
+    },
+    "inline, replicas of three pods, the leader serving": {
+        "payloads": {"mode": "Inline"},
+        "inference": group_spec(apiServers="Leader", podsPerReplica=3)["inference"],
+    },
 }
 
 
@@ -218,7 +296,8 @@ def test_every_child_matches_the_kubernetes_schema(spec_dict, run):
     for child in children:
         assert_valid(child)
     kinds = {c["kind"] for c in children}
-    assert {"ConfigMap", "Service", "StatefulSet", "Job"} <= kinds
+    assert {"ConfigMap", "Service", "Job"} <= kinds
+    assert len(kinds & {"StatefulSet", "LeaderWorkerSet"}) == 1
 
 
 @pytest.mark.parametrize("run", [r for r in RUNS if r.startswith("by-handle")])
@@ -239,6 +318,7 @@ def test_every_kind_the_operator_builds_is_checked(spec_dict):
         ("apps/v1", "StatefulSet"),
         ("batch/v1", "Job"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
     }
 
 
@@ -295,6 +375,26 @@ def test_a_wrong_type_deep_in_a_probe_is_caught(spec_dict):
     assert errors[1].startswith(
         "spec.template.spec.initContainers[0].startupProbe.periodSeconds: '5' is not of type"
     )
+
+
+def test_a_leader_worker_sets_mistakes_are_caught_in_its_templates_and_its_own_fields():
+    (lws,) = [c for c in build_children(context(group_spec())) if c["kind"] == "LeaderWorkerSet"]
+    assert schema_errors(lws) == []
+    broken = copy.deepcopy(lws)
+    broken["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["subdomian"] = "x"
+    assert schema_errors(broken) == [
+        "spec.leaderWorkerTemplate.workerTemplate.spec: Additional properties are not allowed "
+        "('subdomian' was unexpected)"
+    ]
+    if lws_crd_spec_schema() is None:
+        skip_or_fail("LeaderWorkerSet's CRD is not built (bash cluster/build.sh)")
+    broken = copy.deepcopy(lws)
+    broken["spec"]["startupPolicy"] = "LeaderStarted"
+    broken["spec"]["leaderWorkerTemplate"]["restartPolicie"] = "None"
+    errors = schema_errors(broken)
+    assert len(errors) == 2, errors
+    assert errors[0].startswith("spec.leaderWorkerTemplate: Additional properties are not allowed")
+    assert errors[1].startswith("spec.startupPolicy: 'LeaderStarted' is not one of")
 
 
 # --- the schemas are the control plane's API ----------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_kubernetes_schema import assert_valid
 
-from builders import run_body
+from builders import group_spec, run_body
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.platform.settings import OperatorSettings
 from payloadrun_operator.render import PLACEHOLDER_UID
@@ -50,8 +50,29 @@ def test_every_example_renders_to_children_kubernetes_accepts(example):
         )
     # in apply order: the claim before the pods that mount it
     kinds = [c["kind"] for c in children]
+    (inference,) = [i for i, k in enumerate(kinds) if k in ("StatefulSet", "LeaderWorkerSet")]
     if "PersistentVolumeClaim" in kinds:
-        assert kinds.index("PersistentVolumeClaim") < kinds.index("StatefulSet")
+        assert kinds.index("PersistentVolumeClaim") < inference
+
+
+def test_a_run_whose_replicas_span_pods_renders_its_leader_worker_set():
+    run = run_body("moe", group_spec(), namespace="ml")
+    result = render("-f", "-", input=json.dumps(run))
+    assert result.returncode == 0, result.stderr
+    assert "&id" not in result.stdout  # no YAML anchors: each template has its own objects
+    children = documents(result.stdout)
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert ("LeaderWorkerSet", "moe-vllm") in kinds
+    assert not any(kind == "StatefulSet" for kind, _ in kinds)
+    assert kinds.index(("PersistentVolumeClaim", "moe-payloads")) < kinds.index(
+        ("LeaderWorkerSet", "moe-vllm")
+    )
+    for child in children:
+        assert_valid(child)
+    operator_builds = admit(
+        {**run, "metadata": {**run["metadata"], "uid": PLACEHOLDER_UID}}, OperatorSettings()
+    )
+    assert children == list(operator_builds.built.children)
 
 
 def test_the_refused_example_says_why_and_exits_1():
