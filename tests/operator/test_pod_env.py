@@ -48,7 +48,7 @@ CONDITIONS: dict[str, Callable[[RunContext, str], bool]] = {
     "with `runDirectory`": lambda ctx, pod: ctx.spec.run_directory is not None,
     "with `maxSteps`": lambda ctx, pod: ctx.spec.max_steps is not None,
     "with `processesPerNode: 1`": lambda ctx, pod: ctx.spec.trainer.processes_per_node == 1,
-    "with several API servers a replica, and GPUs": lambda ctx, pod: (
+    "with more than one pod or API server a replica, and GPUs": lambda ctx, pod: (
         inference_world_size(ctx.spec.inference) is not None
     ),
     "in a group": lambda ctx, pod: pod in (LEADER, WORKER),
