@@ -4,8 +4,11 @@
 - without LeaderWorkerSet's API, such a run gets Applied/Ready ``LeaderWorkerSetMissing`` and a
   Warning event, and nothing of it is created; once the API is installed and the operator
   started again (it learns at start which APIs the cluster serves), the same run is applied;
-- with the API, the run's readiness follows its LeaderWorkerSet's ``status.readyReplicas``
-  (written here through the status subresource, as LeaderWorkerSet's controller would);
+- with the API, the operator follows the run's LeaderWorkerSet: a group counted out of its
+  ``status.readyReplicas`` (written here through the status subresource, as LeaderWorkerSet's
+  controller would) with a pod of the group whose container failed (its status written as the
+  kubelet would) gives the run's status and a Warning event naming the replica, the pod and the
+  exit code, and the groups' readiness follows ``readyReplicas``;
 - StatefulSets a LeaderWorkerSet makes carry the run's labels (v0.10.0 copies them) and are never
   taken for the run's children.
 
@@ -47,8 +50,8 @@ LWS_GROUP, LWS_VERSION = LEADER_WORKER_SET.api_version.split("/")
 LWS_CRD = f"{LEADER_WORKER_SET.plural}.{LWS_GROUP}"
 DISCOVERY = f"/apis/{LEADER_WORKER_SET.api_version}"
 PODS_PER_REPLICA = 2
-TOUCH_ANNOTATION = "test.payloadrun.dev/touch"  # a change of the run that builds no child anew
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # LeaderWorkerSet's own, on what it makes
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 def eventually(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -139,21 +142,6 @@ def has_condition(api, namespace: str, name: str, ctype: str, reason: str) -> Ca
         return run if found and found["reason"] == reason else (found or {}).get("reason", "")
 
     return probe
-
-
-def touched_ready_message(api, namespace: str, name: str, touch: int) -> str:
-    """The Ready condition's message as the reconcile of a change to the run's annotations
-    writes it (once its ``observedDigest``, kopf's record of the change, is written)."""
-    before = get_run(api, namespace, name)["status"].get("observedDigest")
-    patch = {"metadata": {"annotations": {TOUCH_ANNOTATION: str(touch)}}}
-    api["custom"].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
-
-    def reconciled() -> Any:
-        run = get_run(api, namespace, name)
-        return [run] if run["status"].get("observedDigest") != before else ""
-
-    (run,) = eventually("the touch reconciled", reconciled)
-    return (condition(run, "Ready") or {}).get("message", "")
 
 
 def run_children(api, namespace: str, name: str) -> list[tuple[str, str]]:
@@ -266,6 +254,45 @@ def set_ready_groups(api, namespace: str, lws: dict[str, Any], ready: int) -> No
     )
 
 
+def failed_group_pod(api, namespace: str, lws_name: str, group: int, exit_code: int) -> str:
+    """A pod of group ``group`` (LeaderWorkerSet's labels) whose vllm container ended with
+    ``exit_code`` and was restarted, as the kubelet writes it (no node runs here)."""
+    name = f"{lws_name}-{group}-1"
+    api["core"].create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {LWS_NAME_LABEL: lws_name, LWS_GROUP_INDEX_LABEL: str(group)},
+            },
+            "spec": {"containers": [{"name": "vllm", "image": "payloadrun:test"}]},
+        },
+    )
+    ended = {
+        "exitCode": exit_code,
+        "reason": "Error",
+        "startedAt": "2026-12-04T10:00:00Z",
+        "finishedAt": "2026-12-04T10:05:00Z",
+    }
+    status = {
+        "containerStatuses": [
+            {
+                "name": "vllm",
+                "image": "payloadrun:test",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": ended},
+            }
+        ]
+    }
+    api["core"].patch_namespaced_pod_status(name, namespace, {"status": status})
+    return name
+
+
 def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
     kube_cluster, crd, api, namespace, lws_api, tmp_path
 ):
@@ -316,35 +343,38 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         ):
             assert child in made
         lws = the_runs_lws(api, namespace, run)
-        # A condition's message alone is not worth a write (status.status_update): the
-        # reconcile a touch of the run's annotations starts writes the Ready condition as the
-        # operator's cache has it (handlers.reconcile: readiness.cached_status).
-        touches = iter(range(1, 1000))
-
-        def ready_after_a_touch(wanted: Callable[[str], bool]) -> Callable[[], Any]:
-            def probe() -> Any:
-                message = touched_ready_message(api, namespace, name, next(touches))
-                return [message] if wanted(message) else message
-
-            return probe
-
-        eventually(
-            "the LeaderWorkerSet's groups in the Ready condition",
-            ready_after_a_touch(lambda m: f"{lws_name} 0/2 groups ready" in m),
+        # a pod of group 1 fails (its container's end written as the kubelet writes it), then
+        # LeaderWorkerSet counts the group out: the run's status and a Warning event say which
+        failed = failed_group_pod(api, namespace, lws_name, group=1, exit_code=3)
+        set_ready_groups(api, namespace, lws, ready=1)
+        (run,) = eventually(
+            "the group's failure in the status",
+            lambda: (
+                [r]
+                if (r := get_run(api, namespace, name))["status"].get("lastInferenceGroupRestart")
+                else ""
+            ),
         )
-        set_ready_groups(api, namespace, lws, ready=2)
-        # every group ready: the LeaderWorkerSet is no longer waited for (the Jobs' pods are:
-        # this control plane runs no node)
-        (message,) = eventually(
-            "the groups ready",
-            ready_after_a_touch(lambda m: bool(m) and lws_name not in m),
+        last = run["status"]["lastInferenceGroupRestart"]
+        assert (last["replica"], last["pod"], last["container"], last["exitCode"]) == (
+            1,
+            failed,
+            "vllm",
+            3,
         )
-        assert f"{name}-orchestrator" in message
-        set_ready_groups(api, namespace, lws, ready=1)  # a group recreated: waited for again
-        eventually(
-            "a group not ready",
-            ready_after_a_touch(lambda m: f"{lws_name} 1/2 groups ready" in m),
-        )
+        assert run["status"]["inferenceGroupRestarts"] == 1
+        # written with the pass's conditions: Ready as the LeaderWorkerSet's status says
+        assert f"{lws_name} 1/2 groups ready" in condition(run, "Ready")["message"]
+        selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
+
+        def restarted() -> Any:  # posted once the status holds the failure
+            events = api["core"].list_namespaced_event(namespace, field_selector=selector).items
+            return [e for e in events if e.reason == "InferenceGroupRestarted"]
+
+        (event,) = eventually("the Warning event", restarted)
+        assert event.type == "Warning"
+        said = f"replica 1 of {lws_name}: container vllm of pod {failed} exited with code 3"
+        assert said in event.message
     finally:
         operator.stop()
 

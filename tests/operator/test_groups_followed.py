@@ -15,9 +15,11 @@ from payloadrun_operator.api.conditions import (
     StatusField,
 )
 from payloadrun_operator.api.kinds import LEADER_WORKER_SET, STATEFUL_SET
+from payloadrun_operator.api.models import PayloadRunStatus
+from payloadrun_operator.observed import groups
 from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
 from payloadrun_operator.observed.prerequisites import missing_checks
-from payloadrun_operator.observed.readiness import Observed, run_status
+from payloadrun_operator.observed.readiness import GROUP_PODS, Observed, run_status
 from payloadrun_operator.observed.status import status_update, workload_ready
 from payloadrun_operator.platform.discovery import Discovery, served_by
 from payloadrun_operator.platform.kube import KubeClient
@@ -273,3 +275,98 @@ def test_the_run_is_ready_when_its_leaderworkerset_is_and_never_on_lws_statefuls
     done = run_status(group_run(), Observed(cached(lws(ready=2), *others, *jobs)), NOW)
     assert done.checks[ConditionType.READY].reason == ReadyReason.WORKLOADS_READY
     assert StatusField.FAILURE not in done.fields
+
+
+# --- a group's failure ------------------------------------------------------------------------
+
+
+def group_pod(
+    group: int, worker: int, uid: str, *, exit_code: int = 1, restarts: int = 1, at: str = NOW
+) -> dict:
+    """A pod of the run's LeaderWorkerSet whose vllm container ended (and was restarted)."""
+    name = f"{NAME}-vllm-{group}" + (f"-{worker}" if worker else "")
+    terminated = {"exitCode": exit_code, "reason": "Error", "finishedAt": at}
+    return {
+        "metadata": {
+            "name": name,
+            "uid": uid,
+            "labels": {
+                groups.LWS_NAME_LABEL: f"{NAME}-vllm",
+                groups.LWS_GROUP_INDEX_LABEL: str(group),
+            },
+        },
+        "status": {
+            "containerStatuses": [
+                {"name": "payload-writer", "restartCount": 0, "state": {"running": {}}},
+                {
+                    "name": "vllm",
+                    "restartCount": restarts,
+                    "state": {"running": {}},
+                    "lastState": {"terminated": terminated},
+                },
+            ]
+        },
+    }
+
+
+def healthy_pod(group: int, uid: str) -> dict:
+    pod = group_pod(group, 0, uid)
+    pod["status"]["containerStatuses"] = [{"name": "vllm", "restartCount": 0, "state": {}}]
+    return pod
+
+
+def test_a_groups_failure_names_the_replica_the_pod_and_the_exit_code():
+    earlier = group_pod(0, 1, "u-old", exit_code=137, at="2026-12-04T10:59:00Z")
+    failure = groups.last_failure(
+        [healthy_pod(0, "u0"), earlier, group_pod(1, 1, "u-new", exit_code=3)], "big-vllm"
+    )
+    assert failure is not None
+    assert (failure["replica"], failure["pod"], failure["container"], failure["exitCode"]) == (
+        1,
+        "big-vllm-1-1",
+        "vllm",
+        3,
+    )
+    assert failure["message"].startswith(
+        "replica 1 of big-vllm: container vllm of pod big-vllm-1-1 exited with code 3 (Error)"
+    )
+    assert groups.last_failure([healthy_pod(0, "u0")], "big-vllm") is None
+    # an init container that completed is no failure
+    done = healthy_pod(0, "u1")
+    done["status"]["initContainerStatuses"] = [
+        {"name": "init", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}
+    ]
+    assert groups.last_failure([done], "big-vllm") is None
+
+
+def test_a_failure_is_recorded_once_and_counted():
+    failure = groups.last_failure([group_pod(1, 1, "u1")], "big-vllm")
+    fields = groups.restart_fields({}, failure)
+    assert fields[StatusField.INFERENCE_GROUP_RESTARTS] == 1
+    recorded = {str(k): v for k, v in fields.items()}
+    assert groups.restart_fields(recorded, failure) == {}  # the same failure, seen again
+    again = groups.last_failure([group_pod(1, 1, "u2", at="2026-12-04T11:05:00Z")], "big-vllm")
+    assert groups.restart_fields(recorded, again)[StatusField.INFERENCE_GROUP_RESTARTS] == 2
+    PayloadRunStatus.model_validate(recorded)  # the model's shape
+
+
+def test_a_pass_lists_the_groups_pods_only_while_a_group_is_short_of_ready():
+    jobs = (job("orchestrator"), job("trainer"))
+    run = group_run()
+    ready = run_status(run, Observed(cached(lws(ready=2), *jobs)), NOW)
+    assert GROUP_PODS not in ready.wants  # every group ready: nothing listed
+    short = run_status(run, Observed(cached(lws(ready=1), *jobs)), NOW)
+    assert GROUP_PODS in short.wants
+    listed = Observed(cached(lws(ready=1), *jobs), group_pods=[group_pod(1, 0, "u1", exit_code=2)])
+    found = run_status(run, listed, NOW)
+    assert not found.wants
+    last = found.fields[StatusField.LAST_INFERENCE_GROUP_RESTART]
+    assert (last["replica"], last["pod"], last["exitCode"]) == (1, "big-vllm-1", 2)
+    # written with the pass's conditions (one write), and no second time
+    update = status_update(run["status"], 1, found.checks, found.fields, NOW)
+    assert update.fields is not None
+    after = {**run, "status": {**run["status"], **update.fields}}
+    assert run_status(after, listed, NOW).fields == {}
+    # a suspended run's groups are stopped on purpose: nothing listed
+    stopped = {**run, "spec": {**run["spec"], "suspend": True}}
+    assert GROUP_PODS not in run_status(stopped, Observed(cached(lws(ready=0), *jobs)), NOW).wants

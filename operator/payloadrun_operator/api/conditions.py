@@ -192,4 +192,6 @@ class StatusField(StrEnum):
     FAILURE = "failure"
     TRAINER_RESTARTS = "trainerRestarts"
     LAST_TRAINER_RESTART = "lastTrainerRestart"
+    INFERENCE_GROUP_RESTARTS = "inferenceGroupRestarts"
+    LAST_INFERENCE_GROUP_RESTART = "lastInferenceGroupRestart"
     CONDITIONS = "conditions"
