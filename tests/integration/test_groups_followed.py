@@ -106,7 +106,11 @@ def lws_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
 
     yield install
     if installed and not there_before:
-        kube_cluster.kubectl("delete", "crd", LWS_CRD, "--wait=false")
+        # gone before the next module's operator starts: one that found the API would watch a
+        # resource about to vanish
+        deleted = kube_cluster.kubectl("delete", "crd", LWS_CRD, "--wait=true", "--timeout=60s")
+        assert deleted.returncode == 0, deleted.stderr
+        eventually("LeaderWorkerSet's API gone", lambda: not lws_served(kube_cluster))
 
 
 def local_operator(kube_cluster, namespace: str, log: Path) -> LocalOperator:
