@@ -107,7 +107,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     # (bench/operator.py: RSS after 1,050 runs). A worker is cheap to start again.
     kopf_settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Resources are discovered once at start (the chart installs the CRD first): no watch on
-    # CustomResourceDefinitions or Namespaces, so the RBAC needs neither.
+    # CustomResourceDefinitions or Namespaces, so the RBAC needs neither. LeaderWorkerSet's API
+    # too: one installed later is followed after a restart (platform/discovery.py).
     kopf_settings.scanning.disabled = True
 
 
