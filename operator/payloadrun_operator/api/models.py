@@ -825,6 +825,21 @@ class TrainerRestart(Model):
     message: str = Field(description="What happened, in words.")
 
 
+class InferenceGroupRestart(Model):
+    """The last failure seen in an inference replica that is a LeaderWorkerSet group (spec.
+    inference.podsPerReplica above 1): LeaderWorkerSet recreates the failed pod's whole group,
+    and the other replicas keep serving."""
+
+    time: AwareDatetime = Field(description="When the failed container ended.")
+    replica: int | None = Field(default=None, description="The replica (the group's index).")
+    pod: str = Field(description="The pod whose container failed.")
+    pod_uid: str = Field(description="That pod's uid.")
+    container: str = Field(description="The container that failed.")
+    exit_code: int | None = Field(default=None, description="Its exit code.")
+    reason: str | None = Field(default=None, description="The kubelet's reason (Error, ...).")
+    message: str = Field(description="What happened, in words.")
+
+
 class PayloadRunStatus(Model):
     """What the operator observed of the run: its payload mode, volume and readiness (written by
     the operator only, through the status subresource)."""
@@ -890,6 +905,14 @@ class PayloadRunStatus(Model):
     )
     last_trainer_restart: TrainerRestart | None = Field(
         default=None, description=TrainerRestart.__doc__
+    )
+    inference_group_restarts: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Failures seen in the inference replicas' LeaderWorkerSet groups (each "
+        "recreates its group; the run goes on).",
+    )
+    last_inference_group_restart: InferenceGroupRestart | None = Field(
+        default=None, description=InferenceGroupRestart.__doc__
     )
     conditions: list[Condition] = Field(
         default_factory=list,

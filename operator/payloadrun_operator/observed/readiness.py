@@ -36,6 +36,7 @@ from payloadrun_operator.api.conditions import (
     ReadyReason,
     StatusField,
 )
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.api.models import KIND, FailurePolicy
 from payloadrun_operator.api.names import (
     API_VERSION,
@@ -43,13 +44,12 @@ from payloadrun_operator.api.names import (
     ORCHESTRATOR_CONTAINER,
     TRAINER,
     TRAINER_CONTAINER,
-    WORKLOADS,
     child_name,
 )
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.pinning import PodLayout
-from payloadrun_operator.observed import finishing, outcome, restarts
+from payloadrun_operator.observed import finishing, groups, outcome, restarts
 from payloadrun_operator.observed.status import (
     Check,
     StatusUpdate,
@@ -65,6 +65,7 @@ log = logging.getLogger("payloadrun.readiness")
 CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
 FINISHED = Check(False, ReadyReason.FINISHED, "the run has finished: its workloads have no pods")
 LAST_STEP = "last step"  # what RunStatus.wants besides a Job's name (its pods)
+GROUP_PODS = "group pods"  # and the pods of the run's LeaderWorkerSet's groups
 Pods = list[dict[str, Any]]
 
 
@@ -91,6 +92,7 @@ class Observed:
     last_step: int | None = None
     last_step_read: bool = False
     released: Check | None = None
+    group_pods: Pods | None = None  # the LeaderWorkerSet's pods, once listed (groups.py)
 
 
 @dataclass(frozen=True)
@@ -143,14 +145,20 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
 
     suspend = bool((run.get("spec") or {}).get("suspend", False))
     claim_name = status.get(StatusField.CLAIM_NAME)
-    workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
+    expected = finishing.workloads_of(run)
+    workloads = [children.get((ns, kind, child)) for _, kind, child in expected]
     active = context.runs_pods(suspend, status.get(StatusField.PHASE))
+    fields: dict[str, Any] = {}
+    if expected[0][1] == LEADER_WORKER_SET.kind and active:
+        want_pods, fields = groups.group_status(status, workloads[0], observed.group_pods)
+        wants |= {GROUP_PODS} if want_pods else set()
     checks = {
         ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
-        ConditionType.READY: outcome.ready_check(active, workloads_check(workloads)),
+        ConditionType.READY: outcome.ready_check(
+            active, workloads_check(workloads, [child for _, _, child in expected])
+        ),
         **outcome.suspend_check(suspend, status),
     }
-    fields: dict[str, Any] = {}
     listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
     deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
@@ -275,9 +283,13 @@ async def observe_wanted(
     """``observed`` with what :func:`run_status` asked for read: Jobs' pods, the last step."""
     ns = run["metadata"]["namespace"]
     pods = dict(observed.pods)
-    for job_name in sorted(wants - {LAST_STEP}):
+    for job_name in sorted(wants - {LAST_STEP, GROUP_PODS}):
         pods[job_name] = await finishing.job_pods(op, ns, job_name)
     observed = replace(observed, pods=pods)
+    if GROUP_PODS in wants:
+        lws_name = finishing.workloads_of(run)[0][2]
+        listed = await op.client.list_objects("v1", "Pod", ns, groups.pods_selector(lws_name))
+        observed = replace(observed, group_pods=listed)
     if LAST_STEP in wants:  # before its pod stops
         observed = replace(
             observed, last_step=await finishing.last_step(op, run), last_step_read=True
@@ -300,6 +312,11 @@ async def refresh_run(
     update = status_update(status, meta.get("generation"), computed.checks, computed.fields, now)
     if await write_status(op, run, update, now) is Write.CONFLICT:
         return Refreshed(False)  # the run changed since it was read: its event follows
+    group_restart = computed.fields.get(StatusField.LAST_INFERENCE_GROUP_RESTART)
+    if group_restart is not None:  # recorded: said once, as a Warning
+        await client.post_event(
+            run, "Warning", groups.GROUP_RESTARTED, group_restart["message"], now
+        )
     if computed.restart is not None:  # recorded: now the failed Job goes, and its pods with it
         plan, job = computed.restart
         if restarts.ACTIONS[plan].record:
