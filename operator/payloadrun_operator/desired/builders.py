@@ -398,10 +398,13 @@ class BuiltRun:
 def workload_of(ctx: RunContext, component: str) -> tuple[str, str]:
     """The kind and name of ``component``'s workload: a StatefulSet or a Job named
     ``<run>-<component>``, except a group run's inference: its LeaderWorkerSet, ``<run>-vllm``."""
-    if component == INFERENCE and ctx.inference_shape.groups:
-        return LEADER_WORKER_SET.kind, names.inference_groups_name(ctx.name)
-    kind = next(kind for _, kind, c in names.WORKLOADS if c == component)
-    return kind, ctx.child_name(component)
+    workloads = names.run_workloads(ctx.name, ctx.spec.inference.pods_per_replica)
+    (found,) = [
+        (kind, name)
+        for (_, kind, name), (_, _, c) in zip(workloads, names.WORKLOADS, strict=True)
+        if c == component
+    ]
+    return found
 
 
 def build_run(ctx: RunContext) -> BuiltRun:
