@@ -103,6 +103,12 @@ def lws_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
         installed.append(True)
         kube_cluster.wait_established(LWS_CRD)
         eventually("LeaderWorkerSet's API in discovery", lambda: lws_served(kube_cluster))
+        # and its storage ready: a list answers 429 "storage is (re)initializing" for a moment
+        # after a CRD is established (an operator started then retries, 5 s later)
+        listing = f"{DISCOVERY}/{LEADER_WORKER_SET.plural}?limit=1"
+        eventually(
+            "LeaderWorkerSets listed", lambda: kube_cluster.request("GET", listing)[0] == 200
+        )
 
     yield install
     if installed and not there_before:
