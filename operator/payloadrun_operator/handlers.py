@@ -22,7 +22,7 @@ from payloadrun_operator.api.conditions import (
     StatusField,
     ValidatedReason,
 )
-from payloadrun_operator.api.kinds import FOLLOWED, Kind
+from payloadrun_operator.api.kinds import FOLLOWED, LEADER_WORKER_SET, Kind
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
@@ -33,12 +33,12 @@ from payloadrun_operator.api.names import (
     FINALIZER,
     LABEL_MANAGED_BY,
     MANAGED_SELECTOR,
-    WORKLOADS,
+    run_workloads,
 )
 from payloadrun_operator.desired import context
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import BuiltRun
-from payloadrun_operator.observed import outcome, readiness
+from payloadrun_operator.observed import outcome, prerequisites, readiness
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
@@ -176,6 +176,22 @@ async def reconcile(
     built, pin = admission.built, admission.pin
     ctx = built.ctx
     spec = ctx.spec
+    missing = prerequisites.missing_checks(
+        spec.inference.pods_per_replica, op.discovery.serves(LEADER_WORKER_SET)
+    )
+    if missing:
+        # Valid, and nothing applied: observedGeneration stays behind (the follower leaves the
+        # run alone), and the digest records the spec as handled (kopf calls again on a change
+        # of it, and the operator's next start reconciles every run).
+        logger.warning("not applied: %s", missing[ConditionType.APPLIED].message)
+        await report(
+            op,
+            body,
+            {ConditionType.VALIDATED: SPEC_VALID, **missing},
+            {StatusField.OBSERVED_DIGEST: RECORD.digest(body)},
+        )
+        op.metrics.reconciles.labels("waiting").inc()
+        return
     status = body.get("status") or {}
     final = context.is_final(status.get(StatusField.PHASE))
     decision = ctx.decision
@@ -276,7 +292,10 @@ async def apply_children(
     created again. A refusal raises once its step is done: the first refused child's, in order.
     """
     ctx = built.ctx
-    workload_kinds = {(kind, ctx.child_name(c)) for _, kind, c in WORKLOADS}
+    workload_kinds = {
+        (kind, name)
+        for _, kind, name in run_workloads(ctx.name, ctx.spec.inference.pods_per_replica)
+    }
     children = built.children
     others = [c for c in children if (c["kind"], c["metadata"]["name"]) not in workload_kinds]
     workloads = [c for c in children if (c["kind"], c["metadata"]["name"]) in workload_kinds]
@@ -373,6 +392,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
                 "no credentials: run in a pod with a service account, or set KUBECONFIG"
             )
         op.client.login(info)
+        # Before kopf has credentials, so before its own scan of the cluster's resources:
+        # the add-on APIs the operator uses are ones kopf watches (platform/discovery.py).
+        await op.discovery.discover(op.client)
         return info
 
     @kopf.on.cleanup(registry=registry)

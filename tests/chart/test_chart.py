@@ -125,6 +125,10 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     assert ("apps", "statefulsets", "create") in granted
     assert ("batch", "jobs", "create") in granted
     assert "deployments" not in resources
+    # LeaderWorkerSets: applied (create + patch), read and followed; never deleted (the garbage
+    # collector takes them with their run), no status of theirs written
+    lws = {(r, v) for g, r, v in granted if g == "leaderworkerset.x-k8s.io"}
+    assert lws == {("leaderworkersets", v) for v in ("get", "list", "watch", "create", "patch")}
 
 
 def test_namespaced_install(helm):

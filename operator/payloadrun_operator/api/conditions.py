@@ -36,6 +36,9 @@ class ValidatedReason(StrEnum):
 class AppliedReason(StrEnum):
     CHILDREN_APPLIED = "ChildrenApplied"  # True
     APPLY_FAILED = "ApplyFailed"  # False: the API server refused a child (which, and why)
+    # False (a Warning): the run's replicas are groups and the cluster does not serve
+    # LeaderWorkerSet's API: nothing of the run is applied
+    LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"
 
 
 class VolumeReadyReason(StrEnum):
@@ -51,6 +54,7 @@ class ReadyReason(StrEnum):
     WORKLOADS_NOT_READY = "WorkloadsNotReady"  # False
     APPLY_FAILED = "ApplyFailed"  # False: a child was refused (the Applied condition says which)
     SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
+    LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"  # False: see the Applied condition
     STOPPED = "Stopped"  # False: suspended
     FINISHED = "Finished"  # False: the run has ended
 
@@ -121,8 +125,9 @@ TRUE_REASONS: frozenset[StrEnum] = frozenset(
 MEANINGS: dict[ConditionType, str] = {
     ConditionType.VALIDATED: "the spec was accepted (False: it was refused, the phase is "
     "Rejected and nothing is applied)",
-    ConditionType.APPLIED: "every child was applied (False: the API server refused one; the "
-    "message says which, and why)",
+    ConditionType.APPLIED: "every child was applied (False: the API server refused one, the "
+    "message says which and why; or the run's replicas are LeaderWorkerSet groups and the "
+    "cluster does not serve LeaderWorkerSet's API)",
     ConditionType.VOLUME_READY: "the payload volume's claim is bound, or the run needs none",
     ConditionType.READY: "the accepted spec's workloads have every pod ready (the phase is "
     "then Running)",

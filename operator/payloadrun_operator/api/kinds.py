@@ -1,8 +1,10 @@
 """The Kubernetes kinds the operator touches, in one table: each kind's apiVersion, its plural
-(the API path the client calls) and whether the status follows it (watched, and listed by the
-managed-by label). The client (kube.py), the watches (handlers.py), the follower's cache
-(following.py) and the workloads (names.WORKLOADS) read this table, and a test holds every
-child the builders make to it."""
+(the API path the client calls), whether the status follows it (watched, and listed by the
+managed-by label) and whether a cluster may lack its API (``optional``: an add-on such as
+LeaderWorkerSet, followed only where discovery finds it served). The client (kube.py), the
+watches (handlers.py), the follower's cache (following.py), discovery (platform/discovery.py)
+and the workloads (names.WORKLOADS) read this table, and a test holds every child the builders
+make to it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,14 @@ class Kind:
     kind: str
     plural: str
     followed: bool = False  # the status reads it: watched and listed by the managed-by label
+    # an add-on's API, which a cluster may not serve: the operator learns at start whether it
+    # does (platform/discovery.py), and lists it, and uses it, only where it does
+    optional: bool = False
+
+    @property
+    def group(self) -> str:
+        """The API group ('' for the core group's ``v1``)."""
+        return self.api_version.rpartition("/")[0]
 
 
 RUN = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
@@ -31,7 +41,13 @@ POD = Kind("v1", "Pod", "pods")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 # A run's multi-node inference replicas (spec.inference.podsPerReplica > 1): kubernetes-sigs/lws,
 # installed in the cluster or not (the operator follows it only where its API exists).
-LEADER_WORKER_SET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
+LEADER_WORKER_SET = Kind(
+    "leaderworkerset.x-k8s.io/v1",
+    "LeaderWorkerSet",
+    "leaderworkersets",
+    followed=True,
+    optional=True,
+)
 
 KINDS = (
     RUN,
@@ -51,3 +67,5 @@ PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}
 # managed-by label, and kopf watches each.
 CHILD_KINDS = tuple((k.api_version, k.kind) for k in KINDS if k.followed)
 FOLLOWED = tuple(k for k in KINDS if k.followed)
+# The add-ons' kinds, whose APIs the operator looks for at start.
+OPTIONAL = tuple(k for k in KINDS if k.optional)

@@ -8,7 +8,7 @@ same names), the default ports the CRD's (:mod:`payloadrun.settings`).
 
 from __future__ import annotations
 
-from payloadrun_operator.api.kinds import JOB, STATEFUL_SET
+from payloadrun_operator.api.kinds import JOB, LEADER_WORKER_SET, STATEFUL_SET
 from payloadrun_operator.api.models import GROUP, VERSION
 
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -105,6 +105,23 @@ def inference_groups_name(run: str) -> str:
     Service and its pods: ``<run>-vllm-<replica>`` leaders, ``<run>-vllm-<replica>-<w>``
     workers)."""
     return run + INFERENCE_GROUPS_SUFFIX
+
+
+def run_workloads(run: str, pods_per_replica: int = 1) -> tuple[tuple[str, str, str], ...]:
+    """A run's workloads as ``(apiVersion, kind, name)``, inference first: :data:`WORKLOADS`,
+    whose inference is a LeaderWorkerSet of its own name (:func:`inference_groups_name`) when
+    its replicas span pods (``spec.inference.podsPerReplica`` above 1). Readiness, a run's end
+    and the reconcile's apply plan find them by these names, so an object of another name that
+    carries the run's labels (the StatefulSets LeaderWorkerSet makes, which copy its labels) is
+    never taken for one of them."""
+    found = []
+    for api_version, kind, component in WORKLOADS:
+        if component == INFERENCE and pods_per_replica > 1:
+            lws = LEADER_WORKER_SET
+            found.append((lws.api_version, lws.kind, inference_groups_name(run)))
+        else:
+            found.append((api_version, kind, child_name(run, component)))
+    return tuple(found)
 
 
 def headless_name(run: str, component: str) -> str:

@@ -26,8 +26,8 @@ from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
     ORCHESTRATOR,
-    WORKLOADS,
     child_name,
+    run_workloads,
 )
 from payloadrun_operator.desired import pinning
 from payloadrun_operator.desired.builders import build_cleanup
@@ -45,11 +45,18 @@ POD_RUNNING = "Running"  # a pod's status.phase
 POLICY_STEP = re.compile(rb"^payloadrun_retention_policy_step (\S+)$", re.MULTILINE)
 
 
+def workloads_of(run: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """``run``'s workloads as ``(apiVersion, kind, name)`` (:func:`names.run_workloads`): its
+    inference a LeaderWorkerSet when ``spec.inference.podsPerReplica`` is above 1."""
+    inference = (run.get("spec") or {}).get("inference") or {}
+    return run_workloads(run["metadata"]["name"], int(inference.get("podsPerReplica", 1)))
+
+
 async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None:
     """No pod of a finished run runs on: inference scaled to 0, unfinished Jobs suspended."""
-    ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
-    for api_version, kind, component in WORKLOADS:
-        live = children.get((ns, kind, child_name(name, component)))
+    ns = run["metadata"]["namespace"]
+    for api_version, kind, child in workloads_of(run):
+        live = children.get((ns, kind, child))
         if live is None:
             continue
         stopped = {

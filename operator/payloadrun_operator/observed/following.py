@@ -9,6 +9,12 @@ the run's ``Ready`` condition within milliseconds, and a run whose children did 
 nothing (no call, no write). A run queued again while it is being refreshed is refreshed once more
 afterwards, never twice at once.
 
+Children are known by the managed-by label, and an object that carries it but has a controller
+other than a run is left out (:func:`controlled_elsewhere`): LeaderWorkerSet copies the labels of
+a run's LeaderWorkerSet onto the StatefulSets it makes. LeaderWorkerSets themselves are listed
+and watched only where the cluster served their API when the operator started
+(:mod:`platform.discovery`).
+
 kopf's watch handlers (``on.event``) put no finalizer on anything. The cache holds only what the
 status reads: managed fields and pod templates (a run's and its workloads') are dropped, so
 1,000 runs of 8 children stay small. It is filled by one list of each kind before the workers
@@ -35,7 +41,7 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator.api.kinds import CHILD_KINDS, FOLLOWED, RUN
+from payloadrun_operator.api.kinds import FOLLOWED, RUN
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
@@ -70,10 +76,30 @@ DROPPED_METADATA = frozenset({"managedFields", "ownerReferences"})  # nothing ca
 SHORT = 64  # strings up to this long are interned: keys, label values, phases, reasons
 
 
+# A run's pod templates (each component's ``template``, the inference workers' ``workerTemplate``)
+TEMPLATE_FIELDS = frozenset({"template", "workerTemplate"})
+
+
 def without_template(section: Any) -> Any:
-    if isinstance(section, Mapping) and "template" in section:
-        return {k: v for k, v in section.items() if k != "template"}
+    if isinstance(section, Mapping) and not TEMPLATE_FIELDS.isdisjoint(section):
+        return {k: v for k, v in section.items() if k not in TEMPLATE_FIELDS}
     return section
+
+
+def controlled_elsewhere(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj``'s controller is something other than a PayloadRun. The follower lists
+    and watches children by the managed-by label, and LeaderWorkerSet copies its own labels
+    (the run's) onto the StatefulSets it makes (``<run>-vllm``, its leaders, controlled by the
+    LeaderWorkerSet; ``<run>-vllm-<group>``, each group's workers, controlled by the group's
+    leader pod): those are LeaderWorkerSet's, not the run's, and stay out of the cache. A child
+    with no controller (a managed claim the run keeps, deletionPolicy Retain) is the run's."""
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and (ref.get("apiVersion"), ref.get("kind")) != (
+            API_VERSION,
+            KIND,
+        ):
+            return True
+    return False
 
 
 def compact(value: Any) -> Any:
@@ -149,6 +175,8 @@ class Cache:
         event, or another's."""
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
+        if kind != KIND and controlled_elsewhere(obj):
+            return None  # another controller's object, with the run's labels (not its child)
         store: dict[Any, dict[str, Any]]
         key: Any
         if kind == KIND:
@@ -178,6 +206,8 @@ class Cache:
         listed_keys: set[Any] = set()
         touched: set[RunKey] = set()
         for obj in listed:
+            if kind != KIND and controlled_elsewhere(obj):
+                continue  # not the run's child: see put
             meta = obj["metadata"]
             key = (
                 (meta["namespace"], meta["name"])
@@ -262,7 +292,8 @@ class Follower:
     def live(self, kind: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
         """``(True, the child as cached, or None when it does not exist)`` once the cache is
         synced; ``(False, None)`` before (the caller asks the API server instead). Only the
-        kinds the follower watches (:data:`kinds.CHILD_KINDS`), without pod templates."""
+        kinds the follower watches (:data:`kinds.CHILD_KINDS`), without pod templates. An add-on's
+        kind the cluster does not serve has nothing to cache: (True, None)."""
         if not self.synced.is_set():
             return False, None
         return True, self.cache.children.get((namespace, kind, name))
@@ -302,11 +333,21 @@ class Follower:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
 
+    def followed(self) -> list[tuple[str, str]]:
+        """The kinds of child the follower lists, as (apiVersion, kind): those the status reads
+        (:data:`kinds.CHILD_KINDS`) whose API the cluster served at start (an add-on's may be
+        missing: :mod:`platform.discovery`)."""
+        discovery = self.op.discovery
+        return [(k.api_version, k.kind) for k in FOLLOWED if not k.optional or discovery.serves(k)]
+
     async def _sync(self, namespaces: Sequence[str]) -> None:
         """One list of every kind the status reads, retried until it works."""
         scopes: Sequence[str | None] = namespaces or (None,)
+        # learnt at login, before kopf's scan (done then: this waits for it, or does it when the
+        # follower runs without kopf, as in tests)
+        await self.op.discovery.discover(self.op.client)
         kinds = [(API_VERSION, KIND, "")] + [
-            (api, kind, MANAGED_SELECTOR) for api, kind in CHILD_KINDS
+            (api, kind, MANAGED_SELECTOR) for api, kind in self.followed()
         ]
         while True:
             try:

@@ -43,7 +43,6 @@ from payloadrun_operator.api.names import (
     ORCHESTRATOR_CONTAINER,
     TRAINER,
     TRAINER_CONTAINER,
-    WORKLOADS,
     child_name,
 )
 from payloadrun_operator.desired import context, pinning
@@ -143,11 +142,14 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
 
     suspend = bool((run.get("spec") or {}).get("suspend", False))
     claim_name = status.get(StatusField.CLAIM_NAME)
-    workloads = [children.get((ns, kind, child_name(name, c))) for _, kind, c in WORKLOADS]
+    expected = finishing.workloads_of(run)
+    workloads = [children.get((ns, kind, child)) for _, kind, child in expected]
     active = context.runs_pods(suspend, status.get(StatusField.PHASE))
     checks = {
         ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
-        ConditionType.READY: outcome.ready_check(active, workloads_check(workloads)),
+        ConditionType.READY: outcome.ready_check(
+            active, workloads_check(workloads, [child for _, _, child in expected])
+        ),
         **outcome.suspend_check(suspend, status),
     }
     fields: dict[str, Any] = {}

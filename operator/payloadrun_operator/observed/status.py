@@ -25,6 +25,7 @@ from payloadrun_operator.api.conditions import (
     StatusField,
     VolumeReadyReason,
 )
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
 
 STATUS_FIELDS = frozenset(StatusField)
@@ -209,10 +210,14 @@ def claim_check(claim: dict[str, Any] | None, name: str | None) -> Check:
     )
 
 
-def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
-    """A StatefulSet's or a Job's readiness (every pod it wants ready), and what it waits for."""
-    if obj is None:
-        return False, "not created yet"
+def workload_ready(obj: dict[str, Any] | None, name: str | None = None) -> tuple[bool, str]:
+    """A StatefulSet's, a LeaderWorkerSet's or a Job's readiness, and what it waits for: every
+    pod it wants ready, and a StatefulSet or LeaderWorkerSet at its current generation. A
+    LeaderWorkerSet's ``readyReplicas`` counts its groups whose leader is running and ready and
+    whose workers' StatefulSet is (LeaderWorkerSet v0.9.0, ``updateConditions``): a replica is
+    ready when every pod of its group is."""
+    if obj is None:  # ``name``: the workload's, said of one that does not exist yet
+        return False, f"{name} not created yet" if name else "not created yet"
     name = obj["metadata"]["name"]
     spec = obj.get("spec", {})
     status = obj.get("status", {})
@@ -226,11 +231,17 @@ def workload_ready(obj: dict[str, Any] | None) -> tuple[bool, str]:
     else:
         want, ready = spec.get("replicas", 1), status.get("readyReplicas", 0)
         current = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
-    return current and ready >= want, f"{name} {ready}/{want} ready"
+    unit = " groups" if obj.get("kind") == LEADER_WORKER_SET.kind else ""
+    return current and ready >= want, f"{name} {ready}/{want}{unit} ready"
 
 
-def workloads_check(workloads: Iterable[dict[str, Any] | None]) -> Check:
-    results = [workload_ready(w) for w in workloads]
+def workloads_check(workloads: Iterable[dict[str, Any] | None], names: Iterable[str] = ()) -> Check:
+    """Whether every workload is ready (:func:`workload_ready`); ``names``: theirs, in order,
+    for those that do not exist yet."""
+    named = list(names)
+    results = [
+        workload_ready(w, named[i] if i < len(named) else None) for i, w in enumerate(workloads)
+    ]
     waiting = [msg for ok, msg in results if not ok]
     if waiting:
         return Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting for " + ", ".join(waiting))

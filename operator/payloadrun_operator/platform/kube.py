@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from payloadrun_operator.api.kinds import PLURALS
+from payloadrun_operator.api.kinds import PLURALS, Kind
 from payloadrun_operator.api.names import FIELD_MANAGER
 
 # Refusals worth a second try within one reconcile: the server is busy, restarting, or lost its
@@ -278,4 +278,12 @@ class KubeClient:
             "GET",
             object_path(api_version, kind, namespace, name),
             f"reading {kind} {namespace}/{name}",
+        )
+
+    async def discover(self, kind: Kind) -> dict[str, Any] | None:
+        """The discovery document (``APIResourceList``) of ``kind``'s group and version, or None
+        when the cluster does not serve that group version (404)."""
+        base = "/api" if kind.api_version == "v1" else "/apis"
+        return await self._request(
+            "GET", f"{base}/{kind.api_version}", f"discovering {kind.api_version}"
         )

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from payloadrun import process_metrics
 
-RESULTS = ("applied", "rejected", "error")
+RESULTS = ("applied", "rejected", "error", "waiting")
 UNKNOWN_MODE = "Unknown"  # the mode label of a run not yet accepted (no status.payloadMode)
 
 
@@ -19,7 +19,8 @@ class OperatorMetrics:
         process_metrics.register(self.registry, "operator")
         self.reconciles = Counter(
             "payloadrun_operator_reconciles",
-            "PayloadRun reconciliations by result (applied, rejected, error).",
+            "PayloadRun reconciliations by result (applied, rejected, error, waiting: a "
+            "prerequisite such as LeaderWorkerSet is missing, nothing applied).",
             ["result"],
             registry=self.registry,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from payloadrun_operator.platform.discovery import Discovery
 from payloadrun_operator.platform.election import Heartbeat
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
@@ -21,3 +22,5 @@ class Operator:
     metrics: OperatorMetrics
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # beaten by the event loop
+    # the add-on APIs the cluster served at start (LeaderWorkerSet), learnt at login
+    discovery: Discovery = field(default_factory=Discovery)

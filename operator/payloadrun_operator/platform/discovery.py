@@ -1,0 +1,89 @@
+"""Which add-on APIs the cluster serves (:data:`kinds.OPTIONAL`: LeaderWorkerSet), learnt once,
+at the operator's start, from the API server's discovery documents.
+
+Once at start, not as the cluster changes, because kopf watches only what it found when it
+started: the operator turns kopf's scanning off (``settings.scanning.disabled``), since a
+running scan watches every CustomResourceDefinition in the cluster (and, for a namespaced
+operator, every Namespace), which would need cluster-wide RBAC that nothing else needs. With
+scanning off, kopf resolves each watched resource once, as it starts, and leaves out (with a
+warning in the log) one whose API is missing. So the operator learns the same thing at the same
+moment: :meth:`Discovery.discover` runs in the login handler, which kopf calls before its own
+scan can make a request, so an API that appears between the two is one kopf watches and the
+operator does not use (its runs say so, and a restart mends it), never one it uses unwatched.
+An API installed later is used after the operator's next start (``kubectl rollout restart``):
+runs created meanwhile are reconciled then, as every run is at start.
+
+Discovery documents are readable by every authenticated user (the ``system:discovery``
+ClusterRole): this needs no RBAC of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+import aiohttp
+
+from payloadrun_operator.api.kinds import OPTIONAL, Kind
+from payloadrun_operator.platform.kube import KubeApiError, KubeClient
+
+log = logging.getLogger("payloadrun.discovery")
+RETRY_SECONDS = 2.0  # after a discovery request that failed (the API server unreachable)
+NEEDED_VERBS = frozenset({"list", "watch", "patch"})  # followed (list, watch) and applied
+
+
+def served_by(kind: Kind, resources: dict | None) -> bool:
+    """Whether an ``APIResourceList`` (the answer of ``GET /apis/<group>/<version>``; None: 404)
+    serves ``kind`` as the operator uses it: listed, watched and applied."""
+    if not resources:
+        return False
+    for resource in resources.get("resources") or []:
+        if resource.get("name") == kind.plural:
+            return set(resource.get("verbs") or []) >= NEEDED_VERBS
+    return False
+
+
+class Discovery:
+    """The add-on kinds the cluster serves, as found at the operator's start."""
+
+    def __init__(self, kinds: Iterable[Kind] = OPTIONAL) -> None:
+        self.kinds = tuple(kinds)
+        self._served: frozenset[Kind] = frozenset()
+        self.done = asyncio.Event()
+        self._asking = asyncio.Lock()
+
+    def serves(self, kind: Kind) -> bool:
+        """Whether ``kind``'s API was served when the operator started (False before
+        :meth:`discover`, and for a kind that is not optional: ask only about add-ons)."""
+        return kind in self._served
+
+    def mark(self, served: Iterable[Kind]) -> None:
+        """Record what the cluster serves (tests; :meth:`discover` calls it)."""
+        self._served = frozenset(served)
+        self.done.set()
+
+    async def discover(self, client: KubeClient) -> None:
+        """Ask the API server once which of :attr:`kinds` it serves (retried until it answers);
+        a call while it is asked waits for the answer, and later calls do nothing (kopf's login
+        handler runs again on expired credentials)."""
+        async with self._asking:  # the login handler and the follower's start ask at once
+            if not self.done.is_set():
+                await self._discover(client)
+
+    async def _discover(self, client: KubeClient) -> None:
+        while True:
+            try:
+                served = [k for k in self.kinds if served_by(k, await client.discover(k))]
+                break
+            except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("discovering the cluster's APIs failed (retrying): %s", exc)
+                await asyncio.sleep(RETRY_SECONDS)
+        for kind in self.kinds:
+            log.info(
+                "%s %s: %s",
+                kind.kind,
+                kind.api_version,
+                "served: followed" if kind in served else "not served: runs that need it wait",
+            )
+        self.mark(served)

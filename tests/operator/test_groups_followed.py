@@ -1,0 +1,275 @@
+"""The observed side of a run whose inference replicas are LeaderWorkerSet groups: which APIs the
+cluster serves (discovery), the run that asks for groups where LeaderWorkerSet is missing, the
+follower's cache (LeaderWorkerSet's own StatefulSets left out) and the readiness of groups. The
+same against the real API server: tests/integration/test_groups_followed.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from payloadrun_operator.api import names
+from payloadrun_operator.api.conditions import (
+    AppliedReason,
+    ConditionType,
+    ReadyReason,
+    StatusField,
+)
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET, STATEFUL_SET
+from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
+from payloadrun_operator.observed.prerequisites import missing_checks
+from payloadrun_operator.observed.readiness import Observed, run_status
+from payloadrun_operator.observed.status import status_update, workload_ready
+from payloadrun_operator.platform.discovery import Discovery, served_by
+from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.metrics import OperatorMetrics
+from payloadrun_operator.platform.runtime import Operator
+from payloadrun_operator.platform.settings import OperatorSettings
+
+NS, NAME = "ml", "big"
+NOW = "2026-12-04T11:00:00Z"
+RUN_UID = "run-uid"
+LABELS = {names.LABEL_MANAGED_BY: names.FIELD_MANAGER, names.LABEL_RUN: NAME}
+# v0.9.0's discovery document of leaderworkerset.x-k8s.io/v1, as a kube-apiserver serves it
+LWS_RESOURCES = {
+    "kind": "APIResourceList",
+    "groupVersion": "leaderworkerset.x-k8s.io/v1",
+    "resources": [
+        {
+            "name": "leaderworkersets",
+            "kind": "LeaderWorkerSet",
+            "namespaced": True,
+            "verbs": [
+                *("create", "delete", "deletecollection", "get"),
+                *("list", "patch", "update", "watch"),
+            ],
+        },
+        {"name": "leaderworkersets/status", "verbs": ["get", "patch", "update"]},
+        {"name": "leaderworkersets/scale", "verbs": ["get", "patch", "update"]},
+    ],
+}
+
+
+def run_owner() -> dict:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "PayloadRun",
+        "name": NAME,
+        "uid": RUN_UID,
+        "controller": True,
+    }
+
+
+def lws(ready: int = 0, replicas: int = 2, generation: int = 1, observed: int = 1) -> dict:
+    return {
+        "apiVersion": LEADER_WORKER_SET.api_version,
+        "kind": "LeaderWorkerSet",
+        "metadata": {
+            "name": names.inference_groups_name(NAME),
+            "namespace": NS,
+            "generation": generation,
+            "resourceVersion": "5",
+            "labels": LABELS,
+            "ownerReferences": [run_owner()],
+        },
+        "spec": {
+            "replicas": replicas,
+            "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": []}}},
+        },
+        "status": {"observedGeneration": observed, "readyReplicas": ready, "replicas": replicas},
+    }
+
+
+def lws_statefulset(name: str, owner_kind: str = "LeaderWorkerSet") -> dict:
+    """A StatefulSet LeaderWorkerSet makes: its labels copied from the LeaderWorkerSet (the
+    run's), controlled by the LeaderWorkerSet (leaders) or a leader pod (a group's workers)."""
+    api = LEADER_WORKER_SET.api_version if owner_kind == "LeaderWorkerSet" else "v1"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "resourceVersion": "7",
+            "labels": {**LABELS, "leaderworkerset.sigs.k8s.io/name": f"{NAME}-vllm"},
+            "ownerReferences": [
+                {"apiVersion": api, "kind": owner_kind, "name": "x", "uid": "u", "controller": True}
+            ],
+        },
+        "spec": {"replicas": 2},
+        "status": {"observedGeneration": 1, "readyReplicas": 2},
+    }
+
+
+def job(component: str) -> dict:
+    return {
+        "kind": "Job",
+        "metadata": {"name": f"{NAME}-{component}", "namespace": NS, "labels": LABELS},
+        "spec": {"parallelism": 1},
+        "status": {"ready": 1},
+    }
+
+
+def group_run(pods_per_replica: int = 2) -> dict:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "PayloadRun",
+        "metadata": {"name": NAME, "namespace": NS, "generation": 1, "uid": RUN_UID},
+        "spec": {
+            "inference": {"replicas": 2, "podsPerReplica": pods_per_replica},
+            "failurePolicy": {"backoffLimit": 2},
+        },
+        "status": {
+            "observedGeneration": 1,
+            "phase": "Provisioning",
+            "payloadMode": "Inline",
+            "sidecars": {"podLayout": 2},
+        },
+    }
+
+
+# --- discovery --------------------------------------------------------------------------------
+
+
+def test_discovery_reads_the_served_resource_and_its_verbs():
+    assert served_by(LEADER_WORKER_SET, LWS_RESOURCES)
+    assert not served_by(LEADER_WORKER_SET, None)  # 404: the group version is not served
+    no_watch = {"resources": [{"name": "leaderworkersets", "verbs": ["get", "list", "patch"]}]}
+    assert not served_by(LEADER_WORKER_SET, no_watch)  # kopf could not follow it
+    other = {"resources": [{"name": "disaggregatedsets", "verbs": ["list", "watch", "patch"]}]}
+    assert not served_by(LEADER_WORKER_SET, other)
+
+
+def test_discovery_asks_once_whoever_asks():
+    class Answers(KubeClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked = 0
+
+        async def discover(self, kind):  # type: ignore[no-untyped-def]
+            self.asked += 1
+            await asyncio.sleep(0)  # the other caller comes in meanwhile
+            return LWS_RESOURCES
+
+    async def both() -> tuple[int, bool]:
+        client, discovery = Answers(), Discovery()
+        assert not discovery.serves(LEADER_WORKER_SET)  # not asked yet: unknown is not served
+        await asyncio.gather(discovery.discover(client), discovery.discover(client))
+        await discovery.discover(client)  # a login again, on expired credentials
+        return client.asked, discovery.serves(LEADER_WORKER_SET)
+
+    assert asyncio.run(both()) == (1, True)
+
+
+def test_the_follower_lists_leaderworkersets_only_where_they_are_served():
+    op = Operator(OperatorSettings(), KubeClient(), OperatorMetrics())
+    follower = Follower(op, lambda: NOW)
+    op.discovery.mark([])
+    kinds = {kind for _, kind in follower.followed()}
+    assert "LeaderWorkerSet" not in kinds and {"StatefulSet", "Job"} <= kinds
+    op.discovery.mark([LEADER_WORKER_SET])
+    assert ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") in follower.followed()
+
+
+# --- a run that asks for groups where LeaderWorkerSet is missing ------------------------------
+
+
+def test_a_run_of_groups_without_leaderworkerset_says_so_and_what_to_do():
+    assert missing_checks(1, lws_served=False) == {}  # one-pod replicas need nothing more
+    assert missing_checks(4, lws_served=True) == {}
+    checks = missing_checks(4, lws_served=False)
+    applied, ready = checks[ConditionType.APPLIED], checks[ConditionType.READY]
+    assert (applied.ok, applied.reason, applied.warning) == (
+        False,
+        AppliedReason.LEADER_WORKER_SET_MISSING,
+        True,
+    )
+    assert "podsPerReplica is 4" in applied.message
+    assert "Install LeaderWorkerSet (tested with v0.9.0" in applied.message
+    assert "restart the operator" in applied.message
+    assert ready.reason == ReadyReason.LEADER_WORKER_SET_MISSING and not ready.warning
+    # one Warning event (Applied's), the phase Provisioning: the spec is valid
+    update = status_update({}, 1, checks, {}, NOW)
+    assert [(t, r) for t, r, _ in update.events] == [("Warning", "LeaderWorkerSetMissing")]
+    assert update.phase == "Provisioning"
+
+
+# --- the follower's cache ---------------------------------------------------------------------
+
+
+def test_statefulsets_leaderworkerset_makes_are_not_the_runs_children():
+    leaders = lws_statefulset(names.inference_groups_name(NAME))
+    workers = lws_statefulset(f"{NAME}-vllm-0", owner_kind="Pod")
+    assert controlled_elsewhere(leaders) and controlled_elsewhere(workers)
+    cache = Cache()
+    assert cache.put("StatefulSet", leaders) is None  # no run queued for it
+    assert cache.put("StatefulSet", workers, deleted=True) is None
+    cache.replace("StatefulSet", NS, [leaders, workers])
+    assert cache.children == {}
+    # the run's own children: controlled by the run, or by nothing (a claim it keeps)
+    ours = {**lws(), "metadata": {**lws()["metadata"]}}
+    assert not controlled_elsewhere(ours)
+    kept_claim = {"metadata": {"name": "c", "namespace": NS, "labels": LABELS}}
+    assert not controlled_elsewhere(kept_claim)
+    assert cache.put("LeaderWorkerSet", ours) == (NS, NAME)
+
+
+def test_a_name_collision_cannot_make_a_leaderworkerset_statefulset_the_inference_workload():
+    """Even named as the run's own inference StatefulSet would be, LeaderWorkerSet's
+    StatefulSet stays out of the cache: readiness finds no StatefulSet there."""
+    impostor = lws_statefulset(names.child_name(NAME, names.INFERENCE))
+    cache = Cache()
+    cache.put("StatefulSet", impostor)
+    cache.replace("StatefulSet", NS, [impostor])
+    assert (NS, "StatefulSet", f"{NAME}-inference") not in cache.children
+
+
+def test_the_cache_keeps_no_worker_template():
+    run = group_run()
+    run["spec"]["inference"]["workerTemplate"] = {"spec": {"containers": [{"name": "vllm"}]}}
+    run["spec"]["inference"]["template"] = {"spec": {"containers": [{"name": "vllm"}]}}
+    assert slim(run)["spec"]["inference"] == {"replicas": 2, "podsPerReplica": 2}
+    assert slim(lws())["spec"] == {"replicas": 2}  # a LeaderWorkerSet's: only its replicas
+
+
+# --- readiness of groups ----------------------------------------------------------------------
+
+
+def test_a_leaderworkerset_is_ready_when_every_group_is_at_its_generation():
+    assert workload_ready(lws(ready=2)) == (True, "big-vllm 2/2 groups ready")
+    assert workload_ready(lws(ready=1)) == (False, "big-vllm 1/2 groups ready")
+    # a new spec not yet seen by LeaderWorkerSet's controller: not ready on old counts
+    assert not workload_ready(lws(ready=2, generation=2, observed=1))[0]
+    assert workload_ready(lws(ready=0, replicas=0)) == (True, "big-vllm 0/0 groups ready")
+
+
+def test_the_inference_workload_of_a_run_of_groups_is_its_leaderworkerset():
+    assert names.run_workloads(NAME, 2)[0] == (
+        LEADER_WORKER_SET.api_version,
+        "LeaderWorkerSet",
+        "big-vllm",
+    )
+    statefulset = (STATEFUL_SET.api_version, "StatefulSet", NAME + "-inference")
+    assert names.run_workloads(NAME, 1)[0] == statefulset
+    assert names.run_workloads(NAME, 2)[1:] == names.run_workloads(NAME, 1)[1:]
+
+
+def cached(*objs: dict) -> dict:
+    cache = Cache()
+    for obj in objs:
+        cache.put(obj["kind"], obj)
+    return cache.children
+
+
+def test_the_run_is_ready_when_its_leaderworkerset_is_and_never_on_lws_statefulsets():
+    jobs = (job("orchestrator"), job("trainer"))
+    others = (lws_statefulset("big-vllm"), lws_statefulset("big-vllm-0", owner_kind="Pod"))
+    waiting = run_status(group_run(), Observed(cached(lws(ready=1), *others, *jobs)), NOW)
+    ready = waiting.checks[ConditionType.READY]
+    assert (ready.ok, ready.reason) == (False, ReadyReason.WORKLOADS_NOT_READY)
+    assert "big-vllm 1/2 groups ready" in ready.message
+    # LeaderWorkerSet's StatefulSets all ready, and no LeaderWorkerSet: not ready
+    none = run_status(group_run(), Observed(cached(*others, *jobs)), NOW)
+    assert "big-vllm not created yet" in none.checks[ConditionType.READY].message
+    done = run_status(group_run(), Observed(cached(lws(ready=2), *others, *jobs)), NOW)
+    assert done.checks[ConditionType.READY].reason == ReadyReason.WORKLOADS_READY
+    assert StatusField.FAILURE not in done.fields
