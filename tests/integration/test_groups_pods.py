@@ -59,6 +59,7 @@ PODS_PER_REPLICA = 2
 API_SERVERS_PER_POD = 2
 PORT = 8100  # the API servers' first port (the writer keeps its default, 8001)
 WRITER_PORT = 8001
+WRITER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
 RUN_DIRECTORY = "/data"
 ROOT = f"{RUN_DIRECTORY}/outputs/payloads"
 # The workers wait for this file before they start (the leaders do not): the test sees the
@@ -183,6 +184,9 @@ def group_run() -> dict[str, Any]:
             "port": PORT,
             "image": IMAGE,
             "command": ["sh", "-c", FAKE_VLLM_IN_A_GROUP],
+            # six writers on a node of 2 cores: the operator's default request (500m) each
+            # would leave the third replica's pods unscheduled
+            "writer": {"resources": WRITER_RESOURCES},
         },
         orchestrator={"image": IMAGE, "command": SLEEP},
         trainer={"image": IMAGE, "command": SLEEP},
@@ -360,6 +364,7 @@ def test_groups_of_pods_serve_by_handle_follow_replicas_and_recreate_whole(
         f"{RUN} Running",
         lambda: running_run(cluster, namespace),
         seen=lambda: seen(cluster, namespace, orchestrator),
+        timeout=120,
     )
     print(f"two groups of two pods Running {time.monotonic() - began:.1f} s after the apply")
     ready = {c["type"]: c for c in running["status"]["conditions"]}["Ready"]
