@@ -17,10 +17,17 @@ one test, as each step builds on the one before (one run: the node's pods are th
    exact on a trainer, against the same requests answered inline;
 3. ``PAYLOADRUN_INFERENCE_ADMIN_URLS`` names the 8 API servers in order, each reachable from the
    orchestrator's pod; after ``replicas`` 2 -> 3 the new orchestrator's list has the 12, in order;
-4. a worker pod deleted: LeaderWorkerSet recreates its whole group while the other replicas
-   answer every request sent to their pods meanwhile; the run's Ready condition names the
-   LeaderWorkerSet's groups, and the time from the failure to the group serving again through
-   the Service (its new pods ready endpoints of ``<run>-inference``) is printed.
+4. a worker pod deleted: LeaderWorkerSet recreates its whole group (both pods new, its
+   ``RecreateGroup`` event naming the pod) while the other replicas answer every request sent to
+   their pods meanwhile (none fails); the run's Ready turns False with an event naming the
+   LeaderWorkerSet's groups (``<run>-vllm 2/3 groups ready``), and Running again; the time from
+   the failure to the group serving again through the Service (its new pods ready endpoints of
+   ``<run>-inference``) is printed. The operator does not yet record a group's restart (the
+   replica, the pod and its exit code in the status and a Warning event, as it does for the
+   trainers' restarts): issue 36 item 5 asks for it, and this test holds what exists.
+
+The module runs one test of about 45 s on a warm node (the LeaderWorkerSet controller's install,
+the ``lws`` session fixture, is shared with test_lws.py).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import io
 import json
 import subprocess
 import time
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -323,6 +331,33 @@ def seen(cluster, namespace: str, orchestrator: str) -> dict[str, Any]:
     }
 
 
+def recovery_timeline(pods: dict[tuple[int, int], dict[str, Any]], failed: float) -> str:
+    """When replica 0's new pods were created, their containers started and the pods became
+    ready, in seconds after ``failed`` (the API server's times, to the second)."""
+
+    def after(stamp: str | None) -> str:
+        if not stamp:
+            return "-"
+        return f"+{datetime.fromisoformat(stamp).timestamp() - failed:.0f} s"
+
+    parts = []
+    for i in range(PODS_PER_REPLICA):
+        pod = pods[(0, i)]
+        status = pod.get("status", {})
+        started = {
+            c["name"]: c.get("state", {}).get("running", {}).get("startedAt")
+            for c in (status.get("initContainerStatuses") or [])
+            + (status.get("containerStatuses") or [])
+        }
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        parts.append(
+            f"{pod['metadata']['name']} created {after(pod['metadata']['creationTimestamp'])}, "
+            + ", ".join(f"{name} started {after(at)}" for name, at in started.items())
+            + f", ready {after(ready['lastTransitionTime'])}"
+        )
+    return "; ".join(parts)
+
+
 def test_groups_of_pods_serve_by_handle_follow_replicas_and_recreate_whole(
     lws, operator, namespace
 ):
@@ -500,6 +535,7 @@ def test_groups_of_pods_serve_by_handle_follow_replicas_and_recreate_whole(
             f"replica 0 recreated and serving through {RUN}-inference",
             group_serving_again,
             seen=lambda: serving_endpoints(cluster, namespace),
+            timeout=120,
         )
         recovered, recovered_wall = time.monotonic() - failed_at, time.time()
         prober.stdin.write("stop\n")
@@ -513,6 +549,9 @@ def test_groups_of_pods_serve_by_handle_follow_replicas_and_recreate_whole(
         f"replica 0 serving again through the Service {recovered:.1f} s after its worker pod "
         f"was deleted; meanwhile {summary['sent']} requests to replicas 1 and 2, "
         f"{len(summary['failures'])} failed"
+    )
+    print(
+        f"  replica 0's timeline: {recovery_timeline(group_pods(cluster, namespace), failed_wall)}"
     )
     assert summary["failures"] == [], summary["failures"]
     # the requests went on throughout: from before the failure to after the group was back
