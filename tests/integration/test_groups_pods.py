@@ -553,6 +553,8 @@ def test_groups_of_pods_serve_by_handle_follow_replicas_and_recreate_whole(
     print(
         f"  replica 0's timeline: {recovery_timeline(group_pods(cluster, namespace), failed_wall)}"
     )
+    joins = kubectl(cluster, namespace, "logs", pod_name(0, 1), "-c", "vllm", "--timestamps")
+    print("  its new worker's joins:", [line for line in joins.splitlines() if "worker 1" in line])
     assert summary["failures"] == [], summary["failures"]
     # the requests went on throughout: from before the failure to after the group was back
     assert summary["first"] <= failed_wall and summary["last"] >= recovered_wall, summary
