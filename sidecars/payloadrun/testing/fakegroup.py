@@ -208,7 +208,11 @@ class Group:
         body = {"index": self.index, "group_size": self.size}
         timeout = aiohttp.ClientTimeout(total=max(self.interval, 1.0) * 2)
         said = ""
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        # No DNS cache (aiohttp's keeps an answer 10 s): a recreated group's new leader has a new
+        # address under the same name, and a worker must reach it, not its predecessor's, as
+        # vLLM's workers resolve the head's name afresh when they start.
+        connector = aiohttp.TCPConnector(use_dns_cache=False)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             while True:
                 try:
                     async with session.post(url, json=body) as resp:
