@@ -6,6 +6,7 @@ The hung volume itself is in tests/sharedfs/test_hung_writer.py (a GlusterFS bri
 from __future__ import annotations
 
 import threading
+import weakref
 
 import pytest
 
@@ -127,6 +128,26 @@ def test_calls_beyond_the_cap_wait_for_a_thread_and_a_cancelled_one_never_runs()
         release.set()
     assert {first.result(10), second.result(10), fourth.result(10)} == {"a", "b", "d"}
     assert "c" not in ran
+    threads.shutdown()
+
+
+class _Answer:
+    """Stands for a by-handle answer handed to a write (its body and arrays): weakly referable."""
+
+
+def test_a_thread_lets_go_of_a_call_and_its_arguments_before_its_result_is_out():
+    # A write thread idling with the last answer it wrote still referenced would hold that
+    # answer's tens of MB after its in-flight budget was given back: one answer per idle thread,
+    # which took the bench's peak case from about 830 MiB to 1,250 MiB on a 1 GiB budget.
+    threads = WriteThreads(cap=2, name="test-let-go")
+    answers = [_Answer() for _ in range(3)]
+    refs = [weakref.ref(a) for a in answers]
+    jobs = [threads.submit(id, a) for a in answers]
+    ids = [id(a) for a in answers]
+    del answers
+    assert [job.result(10) for job in jobs] == ids
+    alive = [i for i, ref in enumerate(refs) if ref() is not None]
+    assert alive == [], f"answers {alive} are still referenced after their calls returned"
     threads.shutdown()
 
 

@@ -58,20 +58,35 @@ class WriteThreads:
             self._queue.put(None)
 
     def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, call = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = call()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
+        while self._run_next():
             with self._lock:
                 self._idle += 1
+
+    def _run_next(self) -> bool:
+        """Take one call off the queue and run it; False when told to end.
+
+        The call (and through it its arguments: a by-handle answer's body and decoded arrays,
+        tens of MB) is let go of before its future is resolved, and nothing of it is left in a
+        local while the thread waits for the next one. The in-flight budget is given back once
+        the answer is sent; a thread still holding the last answer it wrote while it idles would
+        keep that memory beyond the budget, one answer per idle thread (``--write-threads``).
+        """
+        item = self._queue.get()
+        if item is None:
+            return False
+        future, call = item
+        del item
+        if not future.set_running_or_notify_cancel():
+            return True
+        try:
+            result = call()
+        except BaseException as exc:
+            del call
+            future.set_exception(exc)
+        else:
+            del call
+            future.set_result(result)
+        return True
 
 
 class HeldThreads:
