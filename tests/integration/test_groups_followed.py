@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import kopf
 import pytest
 from example_runs import example_run
 from kubernetes.client.rest import ApiException
+from test_operator import eventually
 
 from payloadrun_devcluster import BinariesMissing
 from payloadrun_devkit.local_operator import LocalOperator
@@ -52,21 +52,6 @@ DISCOVERY = f"/apis/{LEADER_WORKER_SET.api_version}"
 PODS_PER_REPLICA = 2
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # LeaderWorkerSet's own, on what it makes
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-
-
-def eventually(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail with the last value otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except ApiException as exc:
-            last = f"{exc.status} {exc.reason}"
-        if last and not isinstance(last, str):
-            return last
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
 def lws_served(kube_cluster) -> bool:
