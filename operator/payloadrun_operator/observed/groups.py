@@ -7,8 +7,8 @@ pods of its groups (LeaderWorkerSet's own label, ``leaderworkerset.sigs.k8s.io/n
 no watch) and reads the failure there: a container that ended (``lastState.terminated`` of one
 restarted, or ``state.terminated``), the latest. A group's pods being deleted keep their status
 through their grace period, and the pass runs on the LeaderWorkerSet's own status event, which
-follows the failure: a pods watch would cost a watch of every pod of the watched namespaces
-(kopf filters labels on the client), for what one list reads.
+follows the failure: a pods watch would keep every group pod of every run in the operator's
+memory (and need the watch verb on pods) for what one list reads on the rare failure.
 """
 
 from __future__ import annotations
