@@ -73,3 +73,13 @@ def test_a_new_session_started_in_a_parts_group_stays_in_it():
     finally:
         group.remove()
     assert not group.path.exists()
+
+
+def test_no_two_test_modules_share_a_name():
+    # pytest imports test modules by their basename (rootdir-relative "prepend" mode): a second
+    # module of the same name stops the whole part at collection ("import file mismatch")
+    modules = [p for p in (REPO / "tests").rglob("test_*.py") if "__pycache__" not in p.parts]
+    by_name: dict[str, list[str]] = {}
+    for path in modules:
+        by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {n: p for n, p in by_name.items() if len(p) > 1} == {}

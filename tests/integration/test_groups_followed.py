@@ -14,7 +14,7 @@
 
 LeaderWorkerSet's own CRD (``config/crd/bases`` of the version ``cluster/build.sh`` fetched) is
 applied without its controller; removed at the end if this module installed it. The same unit
-by unit: tests/operator/test_groups_followed.py.
+by unit: tests/operator/test_lws_following.py.
 """
 
 from __future__ import annotations
