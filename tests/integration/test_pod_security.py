@@ -51,6 +51,7 @@ from pod_helpers import (
 )
 
 from payloadrun_operator.api import names
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -65,6 +66,7 @@ ACCEPTED = [
     "disaggregated-inline.yaml",
     "local-node-by-handle.yaml",
     "multinode-by-handle.yaml",
+    "prime-rl-moe-multinode.yaml",
     "prime-rl.yaml",
     "singlenode-inline.yaml",
 ]
@@ -138,10 +140,29 @@ def operator_workloads(run: dict[str, Any], namespace: str) -> dict[str, dict[st
     meta = {**run["metadata"], "namespace": namespace, "uid": str(uuid.uuid4())}
     admission = admit({**run, "metadata": meta, "status": {}}, SETTINGS)
     assert admission.ctx is not None, admission.errors
-    workloads = [c for c in build_children(admission.ctx) if c["kind"] in ("StatefulSet", "Job")]
+    children = build_children(admission.ctx)
+    workloads = [c for c in children if c["kind"] in ("StatefulSet", "Job")]
+    for lws in (c for c in children if c["kind"] == LEADER_WORKER_SET.kind):
+        workloads += group_templates(lws)
     if admission.ctx.by_handle:
         workloads.append(build_cleanup(admission.ctx))
     return {w["metadata"]["name"]: w for w in workloads}
+
+
+def group_templates(lws: dict[str, Any]) -> list[dict[str, Any]]:
+    """A LeaderWorkerSet's two pod templates, each as a workload of its own (``<lws>-leader``,
+    ``<lws>-worker``) that :func:`pod_of` reads; LeaderWorkerSet's CRD is not installed in this
+    part, so only their pods are created."""
+    group = lws["spec"]["leaderWorkerTemplate"]
+    templates = {"leader": group["leaderTemplate"], "worker": group["workerTemplate"]}
+    return [
+        {
+            "kind": LEADER_WORKER_SET.kind,
+            "metadata": {"name": f"{lws['metadata']['name']}-{role}"},
+            "spec": {"template": template},
+        }
+        for role, template in templates.items()
+    ]
 
 
 def operator_pods(run: dict[str, Any], namespace: str) -> dict[str, dict[str, Any]]:
@@ -254,6 +275,9 @@ def test_the_pods_the_operator_builds_are_admitted(kube_api_client, restricted_n
         assert len(sidecars) == 3, sidecars
     for name, pod in pods.items():
         status, message, warnings = dry_run(kube_api_client, restricted_ns, pod)
+        if workloads[name]["kind"] == LEADER_WORKER_SET.kind:  # its pods only (no CRD here)
+            assert (status, message, warnings) == (201, "", ""), name
+            continue
         workload = dry_run(kube_api_client, restricted_ns, workloads[name])
         if name in BEYOND_RESTRICTED:
             assert status == 403 and BEYOND_RESTRICTED[name] in message, message

@@ -72,13 +72,25 @@ class Discovery:
                 await self._discover(client)
 
     async def _discover(self, client: KubeClient) -> None:
+        failed = False  # the first failure is logged, not every retry (a refused connection
+        # and a reset one alternate while an API server starts)
         while True:
             try:
                 served = [k for k in self.kinds if served_by(k, await client.discover(k))]
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.warning("discovering the cluster's APIs failed (retrying): %s", exc)
+                if not failed:
+                    log.warning(
+                        "discovering the cluster's APIs failed: %s; retrying every %g s",
+                        exc,
+                        RETRY_SECONDS,
+                    )
+                    failed = True
+                else:
+                    log.debug("discovering the cluster's APIs failed again: %s", exc)
                 await asyncio.sleep(RETRY_SECONDS)
+        if failed:
+            log.info("discovering the cluster's APIs: the API server answers again")
         for kind in self.kinds:
             log.info(
                 "%s %s: %s",
