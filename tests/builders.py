@@ -22,6 +22,16 @@ from payloadrun_operator.platform.settings import OperatorSettings
 # The operator's settings in the unit tests: a sidecar image that names no real registry.
 SETTINGS = OperatorSettings(sidecar_image="registry.example/payloadrun:test")
 NAME, NAMESPACE, UID = "run1", "ml", "uid-123"
+# The ownerReference every child of the default run carries, written out (not built by the code
+# under test).
+OWNER = {
+    "apiVersion": "payloadrun.dev/v1alpha1",
+    "kind": "PayloadRun",
+    "name": NAME,
+    "uid": UID,
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
 
 # A multi-node router-replay run (by handle): tests change what they study.
 SPEC: dict[str, Any] = {

@@ -1,6 +1,6 @@
 import pytest
 
-from builders import SETTINGS, by_kind, children_of, context, env_of
+from builders import OWNER, SETTINGS, by_kind, children_of, context, env_of
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 
 
@@ -23,14 +23,7 @@ def test_by_handle_children(spec_dict):
     for child in children.values():
         assert child["metadata"]["namespace"] == "ml"
         (owner,) = child["metadata"]["ownerReferences"]
-        assert owner == {
-            "apiVersion": "payloadrun.dev/v1alpha1",
-            "kind": "PayloadRun",
-            "name": "run1",
-            "uid": "uid-123",
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        assert owner == OWNER
         assert child["metadata"]["labels"]["payloadrun.dev/run"] == "run1"
 
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from builders import (
+    OWNER,
     by_kind,
     children_of,
     container,
@@ -53,16 +54,7 @@ def test_a_replica_of_two_pods_is_a_leader_worker_set_not_a_stateful_set():
     meta = lws["metadata"]
     assert meta["namespace"] == "ml"
     assert meta["labels"] == LWS_LABELS
-    assert meta["ownerReferences"] == [
-        {
-            "apiVersion": "payloadrun.dev/v1alpha1",
-            "kind": "PayloadRun",
-            "name": "run1",
-            "uid": "uid-123",
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    assert meta["ownerReferences"] == [OWNER]
     assert list(meta["annotations"]) == ["payloadrun.dev/inputs"]
     spec = lws["spec"]
     assert {k: v for k, v in spec.items() if k != "leaderWorkerTemplate"} == {
