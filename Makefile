@@ -8,7 +8,7 @@ VENV = $(shell bash hack/venv.sh)
 PY = $(VENV)/bin/python
 
 .PHONY: help venv lint format test unit demo bench bench-all cluster-binaries node prometheus images
-.PHONY: dashboard-schema vllm publish
+.PHONY: dashboard-schema vllm publish prepare
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -42,9 +42,13 @@ dashboard-schema: ## Grafana's dashboard schema and tsc, for the dashboards' sch
 vllm: ## a CPU vLLM and a tiny MoE it serves, for the writer's real-vLLM tests (pip, cached)
 	@bash hack/vllm.sh >/dev/null
 
+prepare: ## everything the tests need, the Go builds and the downloads at once (hack/prepare.sh, cached)
+	@bash hack/prepare.sh
+
+# prepare does the work of the targets after it (they find everything cached and take milliseconds).
 # The cluster's half (the node, the control plane, glusterd) and the unit half run at once, as two
 # pytest processes (hack/test.py): the first mostly waits on pods, the second fills the cores.
-test: lint cluster-binaries node prometheus dashboard-schema vllm ## every test: lint, unit, integration, e2e with pods (CI)
+test: prepare lint cluster-binaries node prometheus dashboard-schema vllm ## every test: lint, unit, integration, e2e with pods (CI)
 	@PAYLOADRUN_REQUIRE_CLUSTER=1 $(PY) hack/test.py --durations=30
 
 unit: ## the tests that need no control plane and no GlusterFS (no root)

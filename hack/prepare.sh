@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepares everything `make test` needs, in two lanes at once, so a cold machine spends its
+# downloads while it compiles:
+#
+#   compile  cluster/build.sh: the Go builds (Kubernetes, etcd, helm, CoreDNS, kube-router, crane,
+#            the registry, LeaderWorkerSet), CPU-bound, about half an hour from an empty cache
+#   fetch    the project's venv, vLLM's CPU build, Debian's packages (node, Prometheus, Node.js),
+#            the dashboard schema and the container images, one after another (mostly
+#            network-bound; every apt-get of the project is in this lane, so none waits on
+#            another's dpkg lock)
+#
+# Each lane's progress goes to stderr as its scripts print it (each line names its script). When
+# a lane fails, the other is left to finish (nothing half-written: every script writes its cache
+# entry under a temporary name first), then this names the failed lane and exits 1. Warm, both
+# lanes find everything in the cache and this takes a few seconds.
+#
+#   PAYLOADRUN_CACHE   cache directory (default ~/.cache/payloadrun), as for every script here
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+log() { printf '[%s] prepare.sh: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+compile() {
+  bash cluster/build.sh >/dev/null
+}
+
+fetch() {
+  bash hack/venv.sh >/dev/null
+  bash hack/vllm.sh >/dev/null
+  bash cluster/node-packages.sh
+  bash hack/prometheus.sh >/dev/null
+  bash hack/dashboard-schema.sh >/dev/null
+  if [ "$(id -u)" = 0 ]; then
+    bash hack/images.sh >/dev/null
+  else
+    log "not root, so no images are built and pods will not start (make node says the same)"
+  fi
+}
+
+started=$SECONDS
+compile &
+compile_pid=$!
+fetch &
+fetch_pid=$!
+failed=()
+wait "$compile_pid" || failed+=("compile (cluster/build.sh)")
+wait "$fetch_pid" || failed+=("fetch (venv, vLLM, packages, dashboard schema, images)")
+if (( ${#failed[@]} )); then
+  for lane in "${failed[@]}"; do log "FAILED: $lane; its output is above"; done
+  exit 1
+fi
+log "ready in $((SECONDS - started)) s"
