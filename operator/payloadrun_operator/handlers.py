@@ -7,12 +7,15 @@ settings and metrics passed in.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+import weakref
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+import aiohttp
 import kopf
 
 from payloadrun_operator.api.conditions import (
@@ -22,7 +25,14 @@ from payloadrun_operator.api.conditions import (
     StatusField,
     ValidatedReason,
 )
-from payloadrun_operator.api.kinds import FOLLOWED, LEADER_WORKER_SET, Kind
+from payloadrun_operator.api.kinds import (
+    FOLLOWED,
+    LEADER_WORKER_SET,
+    RESOURCE_FLAVOR,
+    WORKLOAD,
+    WORKLOAD_PRIORITY_CLASS,
+    Kind,
+)
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
@@ -32,13 +42,16 @@ from payloadrun_operator.api.names import (
     FIELD_MANAGER,
     FINALIZER,
     LABEL_MANAGED_BY,
+    LABEL_RUN,
     MANAGED_SELECTOR,
+    PRIORITY_CLASS_LABEL,
+    queue_workload_name,
     run_workloads,
 )
-from payloadrun_operator.desired import context
+from payloadrun_operator.desired import context, queueing
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import BuiltRun
-from payloadrun_operator.observed import outcome, prerequisites, readiness
+from payloadrun_operator.observed import outcome, prerequisites, queue, readiness
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
@@ -49,6 +62,7 @@ from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
 
 T = TypeVar("T")
+log = logging.getLogger("payloadrun.handlers")
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 FOLLOWED_KINDS = frozenset(k.kind for k in FOLLOWED)  # their answers go into the cache
 SPEC_VALID = Check(True, ValidatedReason.SPEC_VALID, "the spec is valid")
@@ -157,7 +171,12 @@ async def reconcile(
         # as controller-runtime's workers wait for their caches: what is applied and written
         # next is decided from the cache, whole from the first reconcile on
         await follower.synced.wait()
-    admission = admit(body, op.settings)
+    meta = body["metadata"]
+    queue_name = queue.queue_name(meta)
+    gate = Gate()
+    if queue_name is not None and op.discovery.serves(WORKLOAD):
+        gate = await queue_gate(op, follower, meta)
+    admission = admit(body, op.settings, queue_admitted=gate.admitted)
     if admission.built is None:
         message = "; ".join(admission.errors)
         logger.warning("rejected: %s", message)
@@ -178,7 +197,10 @@ async def reconcile(
     ctx = built.ctx
     spec = ctx.spec
     missing = prerequisites.missing_checks(
-        spec.inference.pods_per_replica, op.discovery.serves(LEADER_WORKER_SET)
+        spec.inference.pods_per_replica,
+        op.discovery.serves(LEADER_WORKER_SET),
+        queue=queue_name,
+        kueue_served=op.discovery.serves(WORKLOAD),
     )
     if missing:
         # Valid, and nothing applied: observedGeneration stays behind (the follower leaves the
@@ -197,6 +219,8 @@ async def reconcile(
     final = context.is_final(status.get(StatusField.PHASE))
     decision = ctx.decision
     try:
+        if queue_name is not None and not final:
+            built = await bring_queue(op, follower, body, built, queue_name, gate)
         applied, waiting = await apply_children(op, built, final=final, follower=follower)
     except KubeApiError as exc:
         op.metrics.reconciles.labels("error").inc()
@@ -246,6 +270,7 @@ async def reconcile(
             cached = readiness.cached_status(body, follower.cache.children, fields, utc_now())
             if cached is not None:
                 checks = {**cached.checks, **checks}
+                fields |= cached.fields  # a queued run's status.queue
     await report(op, body, checks, fields)
     op.metrics.reconciles.labels("applied").inc()
     op.metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -274,6 +299,89 @@ def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
         f"the API server refused {child}(HTTP {exc.status} {exc.reason}): {exc.message}; the "
         f"operator retries every {retry_seconds} s"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """Whether a run's pods may run as far as Kueue is concerned (a run without a queue: yes),
+    its Workload as it is, and where the admitted flavors put each pod set."""
+
+    admitted: bool = True
+    workload: dict[str, Any] | None = None
+    placements: dict[str, queueing.Placement] = dataclasses.field(default_factory=dict)
+
+
+async def queue_gate(op: Operator, follower: Follower | None, meta: Mapping[str, Any]) -> Gate:
+    """A queued run's :class:`Gate`, from its Workload (the follower's cache, once synced) and
+    the ResourceFlavors its admission names."""
+    ns, name = meta["namespace"], queue_workload_name(meta["name"])
+    workload = await live_object(op, follower, WORKLOAD, ns, name)
+    admission = queue.admission_of(workload)
+    if not admission.runs_pods:
+        return Gate(False, workload)
+    flavors = {}
+    for flavor in queueing.flavor_names(admission.flavors):  # cluster-scoped, a few at most
+        found = await op.client.get(RESOURCE_FLAVOR.api_version, RESOURCE_FLAVOR.kind, "", flavor)
+        flavors[flavor] = found or {}
+    return Gate(True, workload, queueing.placement_of(admission.flavors, flavors))
+
+
+async def priority_of(op: Operator, meta: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The WorkloadPriorityClass a run's ``kueue.x-k8s.io/priority-class`` label names, with its
+    value (Kueue resolves it only for Workloads it makes); None without the label."""
+    name = (meta.get("labels") or {}).get(PRIORITY_CLASS_LABEL)
+    if not name:
+        return None
+    kind = WORKLOAD_PRIORITY_CLASS
+    found = await op.client.get(kind.api_version, kind.kind, "", name)
+    if found is None:
+        raise KubeApiError(
+            404,
+            "NotFound",
+            f"WorkloadPriorityClass {name!r} (the run's {PRIORITY_CLASS_LABEL} label) does not "
+            "exist: create it, or remove the label",
+            f"reading WorkloadPriorityClass {name}",
+        )
+    return name, int(found.get("value", 0))
+
+
+async def bring_queue(
+    op: Operator,
+    follower: Follower | None,
+    body: Mapping[str, Any],
+    built: BuiltRun,
+    queue_name: str,
+    gate: Gate,
+) -> BuiltRun:
+    """Bring a queued run's Workload to what ``built`` needs, and return what to apply: the
+    children placed where Kueue admitted them. A Workload whose pod sets, queue or priority
+    changed is replaced while it holds quota (else changed in place) and queued again: until
+    Kueue admits the new one the run has no pods (built again, stopped)."""
+    meta = body["metadata"]
+    desired = queueing.workload_manifest(built, queue_name, await priority_of(op, meta))
+    live = gate.workload
+    if live is not None and queueing.same_pod_sets(desired, live):
+        return dataclasses.replace(
+            built, children=tuple(queueing.placed(built.children, gate.placements))
+        )
+    if live is not None and queue.admission_of(live).state in queue.HOLDING_QUOTA:
+        await op.client.delete(
+            WORKLOAD.api_version,
+            WORKLOAD.kind,
+            meta["namespace"],
+            desired["metadata"]["name"],
+            "Background",
+            uid=live["metadata"]["uid"],
+        )
+    else:  # a new Workload, or one without quota: Kueue lets its spec change
+        answer = await op.client.apply(desired)
+        if follower is not None:
+            follower.wrote(answer)
+    if not gate.admitted:
+        return built
+    stopped = admit(body, op.settings, queue_admitted=False).built
+    assert stopped is not None  # the same body was just accepted
+    return stopped
 
 
 async def apply_children(
@@ -362,14 +470,22 @@ async def bring_workload(
 async def live_workload(
     op: Operator, follower: Follower | None, child: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """The workload ``child`` as it is (None: it does not exist): the follower's copy once its
-    cache is synced (watch events and the operator's own writes keep it current), else read."""
+    """The workload ``child`` as it is (None: it does not exist): :func:`live_object`."""
     meta = child["metadata"]
+    kind = Kind(child["apiVersion"], child["kind"], "")
+    return await live_object(op, follower, kind, meta["namespace"], meta["name"])
+
+
+async def live_object(
+    op: Operator, follower: Follower | None, kind: Kind, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """A followed child as it is (None: it does not exist): the follower's copy once its cache
+    is synced (watch events and the operator's own writes keep it current), else read."""
     if follower is not None:
-        synced, live = follower.live(child["kind"], meta["namespace"], meta["name"])
+        synced, live = follower.live(kind.kind, namespace, name)
         if synced:
             return live
-    return await op.client.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+    return await op.client.get(kind.api_version, kind.kind, namespace, name)
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
@@ -407,13 +523,16 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     reconciling = asyncio.Semaphore(RECONCILE_CONCURRENCY)
     drain = heap.Drain(heap.malloc_trim())  # a burst's heap given back once it is done
+    locks = RunLocks()  # one reconcile of a run at a time: kopf's, or a Workload's requeue
 
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, logger: Any, **_: Any) -> None:
         with drain.working():
-            async with reconciling:
+            async with locks.hold(run_key(body)), reconciling:
                 await reconcile(op, body, logger, follower)
+
+    requeue = Requeue(op, follower, locks, reconciling, drain)
 
     # Every run found at start (a new leader's, after a restart or a failover) is applied
     # again, a few at a time: the API server's CPU goes to the runs created meanwhile first,
@@ -423,7 +542,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, logger: Any, **_: Any) -> None:
         with drain.working():
-            async with resuming, reconciling:
+            async with resuming, locks.hold(run_key(body)), reconciling:
                 await reconcile(op, body, logger, follower)
 
     beating: list[asyncio.Task[None]] = []
@@ -440,7 +559,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         follower.observe(KIND, event)
 
     for kind in FOLLOWED:  # kopf watches each kind the status reads
-        follow_kind(registry, follower, kind)
+        follow_kind(registry, follower, kind, requeue if kind is WORKLOAD else None)
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
@@ -453,9 +572,15 @@ def watch_selector(kind: Kind) -> tuple[str, ...]:
     return (*kind.api_version.split("/"), kind.plural)
 
 
-def follow_kind(registry: kopf.OperatorRegistry, follower: Follower, kind: Kind) -> None:
+def follow_kind(
+    registry: kopf.OperatorRegistry,
+    follower: Follower,
+    kind: Kind,
+    on_admission: Callable[[tuple[str, str]], None] | None = None,
+) -> None:
     """Feed the follower every event of ``kind`` among the operator's children (the watch
-    itself selects them: :func:`configure_kopf`)."""
+    itself selects them: :func:`configure_kopf`); for a Workload, ``on_admission`` the run
+    whose admission it changed (admitted, evicted, another flavor, gone)."""
 
     @kopf.on.event(
         *watch_selector(kind),
@@ -463,4 +588,77 @@ def follow_kind(registry: kopf.OperatorRegistry, follower: Follower, kind: Kind)
         registry=registry,
     )
     async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
+        obj = event.get("object")
+        if on_admission is None or not isinstance(obj, Mapping) or "metadata" not in obj:
+            follower.observe(kind.kind, event)
+            return
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
+        before = queue.gate_key(follower.cache.children.get(key))
         follower.observe(kind.kind, event)
+        after = queue.gate_key(follower.cache.children.get(key))
+        run = (meta.get("labels") or {}).get(LABEL_RUN)
+        if before != after and run:
+            on_admission((key[0], run))
+
+
+class Requeue:
+    """Reconciles a run again, from the API server's copy, when its Workload's admission
+    changed (admitted, evicted, another flavor, gone), which kopf's handlers of the run never
+    hear of; as they do, one at a time per run, within the reconciles' bound, retried after a
+    temporary failure."""
+
+    def __init__(
+        self,
+        op: Operator,
+        follower: Follower,
+        locks: RunLocks,
+        reconciling: asyncio.Semaphore,
+        drain: heap.Drain,
+    ) -> None:
+        self.op, self.follower, self.locks = op, follower, locks
+        self.reconciling, self.drain = reconciling, drain
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, key: tuple[str, str], delay: float = 0.0) -> None:
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self, key)
+            return
+        task = asyncio.create_task(self._reconcile(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconcile(self, key: tuple[str, str]) -> None:
+        op = self.op
+        logger = logging.LoggerAdapter(log, {"run": f"{key[0]}/{key[1]}"})
+        with self.drain.working():
+            async with self.locks.hold(key), self.reconciling:
+                try:
+                    body = await op.client.get(API_VERSION, KIND, *key)
+                    if body is None or body["metadata"].get("deletionTimestamp"):
+                        return
+                    await reconcile(op, body, logger, self.follower)
+                except kopf.TemporaryError as exc:
+                    self(key, exc.delay or op.settings.apply_retry_seconds)
+                except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.warning("%s/%s: reconcile after the queue's answer failed: %s", *key, exc)
+                    self(key, op.settings.apply_retry_seconds)
+
+
+class RunLocks:
+    """One lock per run, kept only while held or awaited."""
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def hold(self, key: tuple[str, str]) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+
+def run_key(body: Mapping[str, Any]) -> tuple[str, str]:
+    return body["metadata"]["namespace"], body["metadata"]["name"]

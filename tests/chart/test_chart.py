@@ -105,7 +105,9 @@ def test_defaults(helm):
 
 
 def test_rbac_grants_only_what_the_operator_calls(helm):
-    (role,) = by_kind(render(helm))["ClusterRole"]
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(helm))["ClusterRole"]}
+    assert sorted(roles) == ["rel-payloadrun", "rel-payloadrun-kueue"]
+    role = roles["rel-payloadrun"]
     granted = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -117,8 +119,10 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     assert "secrets" not in resources and "*" not in resources
     assert not any(verb in ("deletecollection", "*", "update") for _, _, verb in granted)
     # deletes: only a Job whose template changed (a Job's template is immutable)
+    # and a queued run's Workload whose pod sets changed while it held quota (Kueue refuses to
+    # change them: a new Workload is queued)
     deletes = {(group, resource) for group, resource, verb in granted if verb == "delete"}
-    assert deletes == {("batch", "jobs")}
+    assert deletes == {("batch", "jobs"), ("kueue.x-k8s.io", "workloads")}
     # pods: listed only (a failed Job's exit code, the orchestrator's address)
     assert {verb for _, resource, verb in granted if resource == "pods"} == {"list"}
     assert ("payloadrun.dev", "payloadruns/status", "patch") in granted
@@ -129,6 +133,18 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     # collector takes them with their run), no status of theirs written
     lws = {(r, v) for g, r, v in granted if g == "leaderworkerset.x-k8s.io"}
     assert lws == {("leaderworkersets", v) for v in ("get", "list", "watch", "create", "patch")}
+    # Kueue: the run's Workload applied, followed, replaced; its status patched (the quota back
+    # after an eviction, Finished); the cluster-scoped flavors and priority classes only read
+    kueue = {(r, v) for g, r, v in granted if g == "kueue.x-k8s.io"}
+    verbs = ("get", "list", "watch", "create", "patch", "delete")
+    assert kueue == {("workloads", v) for v in verbs} | {("workloads/status", "patch")}
+    assert roles["rel-payloadrun-kueue"]["rules"] == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["resourceflavors", "workloadpriorityclasses"],
+            "verbs": ["get"],
+        }
+    ]
 
 
 def test_namespaced_install(helm):
@@ -140,7 +156,9 @@ def test_namespaced_install(helm):
             "serviceMonitor.enabled=true",
         )
     )
-    assert "ClusterRoleBinding" not in kinds
+    # cluster-wide only the read of Kueue's cluster-scoped flavors and priority classes
+    (cluster_binding,) = kinds["ClusterRoleBinding"]
+    assert cluster_binding["roleRef"]["name"] == "rel-payloadrun-kueue"
     bindings = {
         b["metadata"]["namespace"]
         for b in kinds["RoleBinding"]

@@ -14,15 +14,15 @@ def names(docs) -> dict[str, set[str]]:
 
 
 def expected_names(fullname: str, *, namespaced: bool) -> dict[str, set[str]]:
-    election = f"{fullname}-leader-election"
+    election, kueue = f"{fullname}-leader-election", f"{fullname}-kueue"
     bindings = (
-        {"RoleBinding": {fullname, election}}
+        {"RoleBinding": {fullname, election}, "ClusterRoleBinding": {kueue}}
         if namespaced
-        else {"ClusterRoleBinding": {fullname}, "RoleBinding": {election}}
+        else {"ClusterRoleBinding": {fullname, kueue}, "RoleBinding": {election}}
     )
     return {
         "ServiceAccount": {fullname},
-        "ClusterRole": {fullname},
+        "ClusterRole": {fullname, kueue},
         "Role": {election},
         **bindings,
         "Deployment": {fullname},
@@ -37,12 +37,13 @@ def assert_consistent(docs, *, name: str) -> None:
     """The references between objects hold, and the labels are the recommended ones."""
     kinds = by_kind(docs)
     (sa,) = kinds["ServiceAccount"]
-    (role,) = kinds["ClusterRole"]
+    roles = {r["metadata"]["name"]: r for r in kinds["ClusterRole"]}
     (deploy,) = kinds["Deployment"]
     (election,) = kinds["Role"]  # the leader election's Lease, in the release's namespace
     assert election["metadata"]["namespace"] == deploy["metadata"]["namespace"]
     for binding in kinds.get("ClusterRoleBinding", []) + kinds.get("RoleBinding", []):
-        granted = election if binding["roleRef"]["kind"] == "Role" else role
+        ref = binding["roleRef"]
+        granted = election if ref["kind"] == "Role" else roles[ref["name"]]
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": granted["kind"],

@@ -72,7 +72,7 @@ def test_the_reference_lists_every_condition_and_reason():
         for ctype, _, true, false in rows
     }
     assert listed == vocabulary()
-    applied = ({"ChildrenApplied"}, {"ApplyFailed", "LeaderWorkerSetMissing"})
+    applied = ({"ChildrenApplied"}, {"ApplyFailed", "LeaderWorkerSetMissing", "KueueMissing"})
     assert {"Applied": applied}.items() <= listed.items()
 
 

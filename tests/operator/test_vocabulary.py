@@ -65,6 +65,7 @@ def test_the_enums_keep_the_strings_of_the_status_and_metrics() -> None:
         "Provisioning",
         "Running",
         "Suspended",
+        "Queued",
         "Succeeded",
         "Failed",
     ]

@@ -26,6 +26,7 @@ class ConditionType(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     PAYLOADS_RELEASED = "PayloadsReleased"
+    ADMITTED = "Admitted"
 
 
 class ValidatedReason(StrEnum):
@@ -39,6 +40,9 @@ class AppliedReason(StrEnum):
     # False (a Warning): the run's replicas are groups and the cluster does not serve
     # LeaderWorkerSet's API: nothing of the run is applied
     LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"
+    # False (a Warning): the run is labelled kueue.x-k8s.io/queue-name and the cluster does not
+    # serve Kueue's API: nothing of the run is applied
+    KUEUE_MISSING = "KueueMissing"
 
 
 class VolumeReadyReason(StrEnum):
@@ -55,6 +59,8 @@ class ReadyReason(StrEnum):
     APPLY_FAILED = "ApplyFailed"  # False: a child was refused (the Applied condition says which)
     SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
     LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"  # False: see the Applied condition
+    KUEUE_MISSING = "KueueMissing"  # False: see the Applied condition
+    QUEUED = "Queued"  # False: Kueue has not admitted the run (the Admitted condition says why)
     STOPPED = "Stopped"  # False: suspended
     FINISHED = "Finished"  # False: the run has ended
 
@@ -82,6 +88,16 @@ class PayloadsReleasedReason(StrEnum):
     CLEANUP_FAILED = "CleanupFailed"  # False (a Warning)
 
 
+class AdmittedReason(StrEnum):
+    """Kueue's verdict on a queued run's Workload (runs without the queue label have none)."""
+
+    ADMITTED = "Admitted"  # True: quota reserved for every pod of the run, which runs
+    PENDING = "Pending"  # False: waiting for quota (Kueue's message says where)
+    INADMISSIBLE = "Inadmissible"  # False (a Warning): Kueue cannot admit it as it is
+    EVICTED = "Evicted"  # False: preempted or evicted: every pod stops, then it waits again
+    FINISHED = "Finished"  # False: the run has ended, and its quota is released
+
+
 Reason = (
     ValidatedReason
     | AppliedReason
@@ -91,6 +107,7 @@ Reason = (
     | CompleteReason
     | FailedReason
     | PayloadsReleasedReason
+    | AdmittedReason
 )
 
 REASONS: dict[ConditionType, type[StrEnum]] = {
@@ -102,6 +119,7 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     ConditionType.COMPLETE: CompleteReason,
     ConditionType.FAILED: FailedReason,
     ConditionType.PAYLOADS_RELEASED: PayloadsReleasedReason,
+    ConditionType.ADMITTED: AdmittedReason,
 }
 
 # Reasons that go with a True status; every other reason goes with False (set_condition checks).
@@ -118,6 +136,7 @@ TRUE_REASONS: frozenset[StrEnum] = frozenset(
         FailedReason.TRAINER_FAILED,
         PayloadsReleasedReason.FILES_DELETED,
         PayloadsReleasedReason.NO_PAYLOAD_FILES,
+        AdmittedReason.ADMITTED,
     }
 )
 
@@ -127,7 +146,8 @@ MEANINGS: dict[ConditionType, str] = {
     "Rejected and nothing is applied)",
     ConditionType.APPLIED: "every child was applied (False: the API server refused one, the "
     "message says which and why; or the run's replicas are LeaderWorkerSet groups and the "
-    "cluster does not serve LeaderWorkerSet's API)",
+    "cluster does not serve LeaderWorkerSet's API, or it is labelled "
+    "kueue.x-k8s.io/queue-name and the cluster does not serve Kueue's)",
     ConditionType.VOLUME_READY: "the payload volume's claim is bound, or the run needs none",
     ConditionType.READY: "the accepted spec's workloads have every pod ready (the phase is "
     "then Running)",
@@ -136,6 +156,9 @@ MEANINGS: dict[ConditionType, str] = {
     ConditionType.COMPLETE: "every trainer exited 0: the phase is Succeeded, for good",
     ConditionType.FAILED: "a component failed beyond spec.failurePolicy: the phase is Failed, "
     "for good",
+    ConditionType.ADMITTED: "Kueue admitted every pod of the run (only on a run labelled "
+    "kueue.x-k8s.io/queue-name; False: waiting for quota, the phase is Queued and no pod runs, "
+    "with Kueue's own message; or evicted, every pod stopping until it is admitted again)",
     ConditionType.PAYLOADS_RELEASED: "a finished run's payload files were deleted, or it had "
     "none (False: being deleted, or kept: deletionPolicy Retain, a failed run, a failed "
     "cleanup Job)",
@@ -155,6 +178,7 @@ class Phase(StrEnum):
     PROVISIONING = "Provisioning"
     RUNNING = "Running"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -194,4 +218,5 @@ class StatusField(StrEnum):
     LAST_TRAINER_RESTART = "lastTrainerRestart"
     INFERENCE_GROUP_RESTARTS = "inferenceGroupRestarts"
     LAST_INFERENCE_GROUP_RESTART = "lastInferenceGroupRestart"
+    QUEUE = "queue"
     CONDITIONS = "conditions"

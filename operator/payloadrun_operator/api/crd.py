@@ -164,7 +164,8 @@ def printer_columns() -> list[dict[str, Any]]:
             "name": "Phase",
             "type": "string",
             "jsonPath": ".status.phase",
-            "description": "Provisioning, Running, Suspended, Succeeded, Failed or Rejected.",
+            "description": "Provisioning, Running, Suspended, Queued, Succeeded, Failed or "
+            "Rejected.",
         },
         {
             "name": "Ready",
@@ -179,6 +180,14 @@ def printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.claimName",
             "description": "The ReadWriteMany claim of the payload volume: by handle, or an "
             "inline run whose run directory is on it (the operator provisions it then too).",
+        },
+        {
+            "name": "Queue",
+            "type": "string",
+            "jsonPath": ".status.queue.name",
+            "description": "The Kueue LocalQueue the run waits in or was admitted through "
+            "(labelled kueue.x-k8s.io/queue-name); the Admitted condition says where it stands.",
+            "priority": 1,
         },
         {
             "name": "Reason",

@@ -49,6 +49,16 @@ LEADER_WORKER_SET = Kind(
     optional=True,
 )
 
+# Kueue (kubernetes-sigs/kueue), for a run labelled kueue.x-k8s.io/queue-name: the run's one
+# Workload (every pod of it, admitted whole), followed like a child; the flavors its admission
+# names and the priority class its label names, read (both cluster-scoped).
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+WORKLOAD = Kind(KUEUE_API_VERSION, "Workload", "workloads", followed=True, optional=True)
+RESOURCE_FLAVOR = Kind(KUEUE_API_VERSION, "ResourceFlavor", "resourceflavors", optional=True)
+WORKLOAD_PRIORITY_CLASS = Kind(
+    KUEUE_API_VERSION, "WorkloadPriorityClass", "workloadpriorityclasses", optional=True
+)
+
 KINDS = (
     RUN,
     CLAIM,
@@ -60,6 +70,9 @@ KINDS = (
     POD,
     NETWORK_POLICY,
     LEADER_WORKER_SET,
+    WORKLOAD,
+    RESOURCE_FLAVOR,
+    WORKLOAD_PRIORITY_CLASS,
 )
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}

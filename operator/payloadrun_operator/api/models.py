@@ -840,6 +840,22 @@ class InferenceGroupRestart(Model):
     message: str = Field(description="What happened, in words.")
 
 
+class QueueStatus(Model):
+    """Where a run labelled kueue.x-k8s.io/queue-name stands in Kueue: its Workload, and once
+    admitted the ClusterQueue and the flavors of each pod set."""
+
+    name: str = Field(description="The LocalQueue (the run's kueue.x-k8s.io/queue-name label).")
+    workload: str = Field(description="The run's Workload (kueue.x-k8s.io), in its namespace.")
+    cluster_queue: str | None = Field(
+        default=None, description="The ClusterQueue that admitted it (while admitted)."
+    )
+    flavors: dict[str, list[str]] | None = Field(
+        default=None,
+        description="Each pod set's admitted ResourceFlavors (inference, inference-workers, "
+        "orchestrator, trainer), while admitted.",
+    )
+
+
 class PayloadRunStatus(Model):
     """What the operator observed of the run: its payload mode, volume and readiness (written by
     the operator only, through the status subresource)."""
@@ -859,7 +875,8 @@ class PayloadRunStatus(Model):
     phase: str | None = Field(
         default=None,
         description="Provisioning (children being applied, or their pods not ready yet), Running "
-        "(the Ready condition is True), Suspended (spec.suspend: no pod runs), Succeeded "
+        "(the Ready condition is True), Suspended (spec.suspend: no pod runs), Queued (labelled "
+        "kueue.x-k8s.io/queue-name and not admitted by Kueue: no pod runs), Succeeded "
         "(every trainer exited 0), Failed (see failure) or Rejected (the spec was refused: see "
         "the Validated condition). Succeeded and Failed are final.",
     )
@@ -914,6 +931,7 @@ class PayloadRunStatus(Model):
     last_inference_group_restart: InferenceGroupRestart | None = Field(
         default=None, description=InferenceGroupRestart.__doc__
     )
+    queue: QueueStatus | None = Field(default=None, description=QueueStatus.__doc__)
     conditions: list[Condition] = Field(
         default_factory=list,
         # crd.py writes what each type means (payloadrun_operator.api.conditions.MEANINGS)

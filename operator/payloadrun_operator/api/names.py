@@ -62,6 +62,20 @@ LWS_LABEL_PREFIX = "leaderworkerset.sigs.k8s.io/"
 LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
 LWS_ENV = (LWS_LEADER_ADDRESS, "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 
+# Kueue: a run labelled with a LocalQueue's name is admitted whole through one Workload of its own,
+# named <WORKLOAD_PREFIX><run>; the priority-class label names a WorkloadPriorityClass. The labels
+# are Kueue's own (as on a Job), read on the run only: no child carries them, so Kueue's Job,
+# StatefulSet and LeaderWorkerSet integrations leave the run's children alone.
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+QUEUE_WORKLOAD_PREFIX = "payloadrun-"
+# Kueue puts it on a Workload that holds quota; the owner of a Workload takes it off.
+KUEUE_FINALIZER = "kueue.x-k8s.io/resource-in-use"
+# On the Workload: the hash of its pod sets (Kueue refuses a change of them: a new Workload).
+POD_SETS_ANNOTATION = f"{GROUP}/pod-sets"
+# On each workload: the hash of the admitted flavors' node labels and tolerations in its pods.
+PLACEMENT_ANNOTATION = f"{GROUP}/placement"
+
 # Containers.
 VLLM_CONTAINER = "vllm"
 WRITER_CONTAINER = "payload-writer"
@@ -122,6 +136,11 @@ def run_workloads(run: str, pods_per_replica: int = 1) -> tuple[tuple[str, str, 
         else:
             found.append((api_version, kind, child_name(run, component)))
     return tuple(found)
+
+
+def queue_workload_name(run: str) -> str:
+    """The name of the Kueue Workload of a run that is queued: ``payloadrun-<run>``."""
+    return QUEUE_WORKLOAD_PREFIX + run
 
 
 def headless_name(run: str, component: str) -> str:

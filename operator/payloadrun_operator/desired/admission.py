@@ -75,10 +75,13 @@ class Admission:
         return None if self.built is None else self.built.ctx
 
 
-def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
+def admit(
+    body: Mapping[str, Any], settings: OperatorSettings, *, queue_admitted: bool = True
+) -> Admission:
     """Check ``body`` (a PayloadRun as the API server has it) and build its children, from its
     context: the sidecars it was started with (unless its rollout annotation asks for the
-    operator's current ones) and whether its workloads run pods."""
+    operator's current ones) and whether its workloads run pods (``queue_admitted``: False for
+    a queued run Kueue has not admitted, :mod:`observed.queue`)."""
     spec, errors = spec_errors(body)
     if errors or spec is None:
         return Admission(None, errors=errors)
@@ -89,7 +92,7 @@ def admit(body: Mapping[str, Any], settings: OperatorSettings) -> Admission:
         meta,
         spec,
         pinning.pinned_settings(settings, pin),
-        active=context.runs_pods(spec.suspend, status.get("phase")),
+        active=context.runs_pods(spec.suspend, status.get("phase")) and queue_admitted,
         layout=pinning.layout_of(pin),
     )
     built = build_run(ctx)

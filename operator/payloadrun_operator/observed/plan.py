@@ -5,6 +5,11 @@ A workload whose inputs' hash (:func:`pinning.inputs_hash`) is unchanged keeps i
 only its activity fields (pods or not, a Job's failure limit) are applied, by a field manager
 of their own. A Job whose inputs changed is deleted first (its template is immutable) and
 recreated once it is gone.
+
+A queued run's workloads also carry the placement Kueue admitted them with (the flavors' node
+labels and tolerations, :mod:`desired.queueing`): a workload about to have pods whose placement
+differs is applied whole. A suspended Job takes a new placement in place (Kubernetes lets a
+suspended Job's scheduling directives change, as Kueue relies on); a running one is recreated.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.api.names import INPUTS_ANNOTATION
+from payloadrun_operator.api.names import INPUTS_ANNOTATION, PLACEMENT_ANNOTATION
 from payloadrun_operator.observed.outcome import job_outcome
 
 
@@ -58,10 +63,23 @@ def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) ->
         return WorkloadPlan.APPLY
     if live["metadata"].get("deletionTimestamp"):
         return WorkloadPlan.WAIT
-    wanted = desired["metadata"].get("annotations", {}).get(INPUTS_ANNOTATION)
-    if (live["metadata"].get("annotations") or {}).get(INPUTS_ANNOTATION) != wanted:
-        return WorkloadPlan.RECREATE if desired["kind"] == "Job" else WorkloadPlan.APPLY
+    wanted = desired["metadata"].get("annotations") or {}
+    have = live["metadata"].get("annotations") or {}
+    is_job = desired["kind"] == "Job"
+    if have.get(INPUTS_ANNOTATION) != wanted.get(INPUTS_ANNOTATION):
+        return WorkloadPlan.RECREATE if is_job else WorkloadPlan.APPLY
+    if has_pods(desired) and have.get(PLACEMENT_ANNOTATION) != wanted.get(PLACEMENT_ANNOTATION):
+        running = is_job and not (live.get("spec") or {}).get("suspend", False)
+        return WorkloadPlan.RECREATE if running else WorkloadPlan.APPLY
     return WorkloadPlan.SCALE if needs_scaling(desired, live) else WorkloadPlan.KEEP
+
+
+def has_pods(manifest: Mapping[str, Any]) -> bool:
+    """Whether the workload ``manifest`` asks for pods (not suspended, replicas above 0)."""
+    activity = activity_of(manifest)
+    if manifest.get("kind") == "Job":
+        return not activity["suspend"]
+    return bool(activity["replicas"])
 
 
 def needs_scaling(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:

@@ -1,22 +1,33 @@
 """What a run needs of the cluster beyond the operator: LeaderWorkerSet's API for a run whose
-inference replicas span pods (``spec.inference.podsPerReplica`` above 1).
+inference replicas span pods (``spec.inference.podsPerReplica`` above 1), Kueue's for a run
+labelled ``kueue.x-k8s.io/queue-name``.
 
 A run whose prerequisite is missing is valid (``Validated`` stays True: its spec is fine, the
 cluster is not) and gets nothing: no claim, no Service, no pod, since half a run holds a volume
 and node capacity while it cannot serve. ``Applied`` says why (a Warning event), ``Ready``
 points there, and the reconcile applies the run once the operator, started again after
-LeaderWorkerSet is installed, finds its API (:mod:`platform.discovery`).
+LeaderWorkerSet (or Kueue) is installed, finds its API (:mod:`platform.discovery`). A queued run
+without Kueue is not run unqueued either: it asked for a quota, and bypassing it is what a
+shared cluster's queue exists to prevent.
 """
 
 from __future__ import annotations
 
 from payloadrun_operator.api.conditions import AppliedReason, ConditionType, ReadyReason
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET, WORKLOAD
+from payloadrun_operator.api.names import QUEUE_NAME_LABEL
 from payloadrun_operator.observed.status import Check
 
 # The LeaderWorkerSet versions the operator's tests ran against (its API: v1).
 LWS_TESTED_VERSIONS = "v0.9.0"
 LWS_INSTALL = "https://lws.sigs.k8s.io/docs/installation/"
+KUEUE_TESTED_VERSIONS = "v0.19.2"
+KUEUE_INSTALL = "https://kueue.sigs.k8s.io/docs/installation/"
+RESTART_HINT = (
+    "restart the operator (kubectl rollout restart deployment of the payloadrun chart): it "
+    "learns which APIs the cluster serves as it starts, and applies this run then. Nothing of "
+    "the run is created until then"
+)
 
 
 def lws_missing_message(pods_per_replica: int) -> str:
@@ -24,26 +35,51 @@ def lws_missing_message(pods_per_replica: int) -> str:
         f"spec.inference.podsPerReplica is {pods_per_replica}: each inference replica is a "
         f"LeaderWorkerSet group, and this cluster did not serve {LEADER_WORKER_SET.api_version} "
         f"{LEADER_WORKER_SET.plural} when the operator started. Install LeaderWorkerSet "
-        f"(tested with {LWS_TESTED_VERSIONS}; {LWS_INSTALL}), then restart the operator "
-        "(kubectl rollout restart deployment of the payloadrun chart): it learns which APIs "
-        "the cluster serves as it starts, and applies this run then. Nothing of the run is "
-        "created until then"
+        f"(tested with {LWS_TESTED_VERSIONS}; {LWS_INSTALL}), then {RESTART_HINT}"
     )
 
 
-def missing_checks(pods_per_replica: int, lws_served: bool) -> dict[ConditionType, Check]:
+def kueue_missing_message(queue: str) -> str:
+    return (
+        f"the run is labelled {QUEUE_NAME_LABEL}={queue}: Kueue admits it whole, and this "
+        f"cluster did not serve {WORKLOAD.api_version} {WORKLOAD.plural} when the operator "
+        f"started. Install Kueue (tested with {KUEUE_TESTED_VERSIONS}; {KUEUE_INSTALL}), then "
+        f"{RESTART_HINT}; or remove the label to run it without a queue"
+    )
+
+
+def missing_checks(
+    pods_per_replica: int,
+    lws_served: bool,
+    *,
+    queue: str | None = None,
+    kueue_served: bool = False,
+) -> dict[ConditionType, Check]:
     """The conditions of a run whose prerequisites the cluster lacks; empty when it has them
-    (a run of one-pod replicas needs nothing but what every cluster serves)."""
-    if pods_per_replica <= 1 or lws_served:
-        return {}
-    message = lws_missing_message(pods_per_replica)
-    return {
-        ConditionType.APPLIED: Check(
-            False, AppliedReason.LEADER_WORKER_SET_MISSING, message, warning=True
-        ),
-        ConditionType.READY: Check(
-            False,
-            ReadyReason.LEADER_WORKER_SET_MISSING,
-            "LeaderWorkerSet is not installed: nothing is applied (see the Applied condition)",
-        ),
-    }
+    (a run of one-pod replicas without a queue needs nothing but what every cluster serves)."""
+    if pods_per_replica > 1 and not lws_served:
+        return {
+            ConditionType.APPLIED: Check(
+                False,
+                AppliedReason.LEADER_WORKER_SET_MISSING,
+                lws_missing_message(pods_per_replica),
+                warning=True,
+            ),
+            ConditionType.READY: Check(
+                False,
+                ReadyReason.LEADER_WORKER_SET_MISSING,
+                "LeaderWorkerSet is not installed: nothing is applied (see the Applied condition)",
+            ),
+        }
+    if queue is not None and not kueue_served:
+        return {
+            ConditionType.APPLIED: Check(
+                False, AppliedReason.KUEUE_MISSING, kueue_missing_message(queue), warning=True
+            ),
+            ConditionType.READY: Check(
+                False,
+                ReadyReason.KUEUE_MISSING,
+                "Kueue is not installed: nothing is applied (see the Applied condition)",
+            ),
+        }
+    return {}

@@ -40,6 +40,7 @@ from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.api.models import KIND, FailurePolicy
 from payloadrun_operator.api.names import (
     API_VERSION,
+    LABEL_RUN,
     ORCHESTRATOR,
     ORCHESTRATOR_CONTAINER,
     TRAINER,
@@ -49,7 +50,7 @@ from payloadrun_operator.api.names import (
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.pinning import PodLayout
-from payloadrun_operator.observed import finishing, groups, outcome, restarts
+from payloadrun_operator.observed import finishing, groups, outcome, queue, restarts
 from payloadrun_operator.observed.status import (
     Check,
     StatusUpdate,
@@ -66,6 +67,13 @@ CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
 FINISHED = Check(False, ReadyReason.FINISHED, "the run has finished: its workloads have no pods")
 LAST_STEP = "last step"  # what RunStatus.wants besides a Job's name (its pods)
 GROUP_PODS = "group pods"  # and the pods of the run's LeaderWorkerSet's groups
+ENDED = frozenset({"Succeeded", "Failed"})  # a pod's phases once its containers are done
+RUN_PODS = "run pods"  # and every pod of an evicted run (are they all gone?)
+QUEUED = Check(
+    False,
+    ReadyReason.QUEUED,
+    "Kueue has not admitted the run: no pod runs (see the Admitted condition)",
+)
 Pods = list[dict[str, Any]]
 
 
@@ -93,6 +101,7 @@ class Observed:
     last_step_read: bool = False
     released: Check | None = None
     group_pods: Pods | None = None  # the LeaderWorkerSet's pods, once listed (groups.py)
+    run_pods: Pods | None = None  # every pod of the run, once listed (an evicted run's)
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class RunStatus:
     fields: dict[str, Any] = field(default_factory=dict)
     restart: tuple[str, dict[str, Any]] | None = None
     wants: frozenset[str] = frozenset()
+    queue_duty: queue.Duty = queue.Duty.NONE  # what to write on a queued run's Workload
 
 
 class Write(StrEnum):
@@ -128,13 +138,11 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     """The status of ``run`` from what was ``observed`` of its children: pure, so the same
     inputs give the same status (table tests: tests/operator/test_run_status.py)."""
     meta, status = run["metadata"], run["status"]
-    if context.is_final(status.get(StatusField.PHASE)):
-        checks = {ConditionType.READY: FINISHED}
-        if observed.released is not None:
-            checks[ConditionType.PAYLOADS_RELEASED] = observed.released
-        return RunStatus(checks)
-    ns, name = meta["namespace"], meta["name"]
     children = observed.children
+    admission, queue_checks, fields = queue_part(run, children)
+    if context.is_final(status.get(StatusField.PHASE)):
+        return finished_status(observed, admission, queue_checks, fields)
+    ns, name = meta["namespace"], meta["name"]
     wants: set[str] = set()
 
     def pods_of(job: Mapping[str, Any]) -> Pods:
@@ -148,16 +156,22 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     expected = finishing.workloads_of(run)
     workloads = [children.get((ns, kind, child)) for _, kind, child in expected]
     active = context.runs_pods(suspend, status.get(StatusField.PHASE))
-    fields: dict[str, Any] = {}
-    if expected[0][1] == LEADER_WORKER_SET.kind and active:
-        want_pods, fields = groups.group_status(status, workloads[0], observed.group_pods)
+    queued = admission is not None and not admission.runs_pods
+    duty = eviction_duty(admission, observed)
+    if duty is None:
+        wants.add(RUN_PODS)
+    if expected[0][1] == LEADER_WORKER_SET.kind and active and not queued:
+        want_pods, group_fields = groups.group_status(status, workloads[0], observed.group_pods)
+        fields |= group_fields
         wants |= {GROUP_PODS} if want_pods else set()
+    ready = outcome.ready_check(
+        active, workloads_check(workloads, [child for _, _, child in expected])
+    )
     checks = {
         ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
-        ConditionType.READY: outcome.ready_check(
-            active, workloads_check(workloads, [child for _, _, child in expected])
-        ),
+        ConditionType.READY: QUEUED if active and queued else ready,
         **outcome.suspend_check(suspend, status),
+        **queue_checks,
     }
     listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
@@ -181,16 +195,65 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     failure = failure_of(jobs, pods_of, trainers_lead=together)
     end = outcome.end_checks(status, jobs[TRAINER], failure)
     if end:
-        checks |= end
-        checks[ConditionType.READY] = FINISHED
-        fields[StatusField.COMPLETION_TIME] = now
-        if failure is not None:
-            fields[StatusField.FAILURE] = failure
-        if not observed.last_step_read:
-            wants.add(LAST_STEP)
-        elif observed.last_step is not None:
-            fields[StatusField.LAST_STEP] = observed.last_step
-    return RunStatus(checks, fields, restart, frozenset(wants))
+        checks |= {**end, ConditionType.READY: FINISHED}
+        fields |= end_fields(observed, failure, now)
+        wants |= set() if observed.last_step_read else {LAST_STEP}
+    return RunStatus(checks, fields, restart, frozenset(wants), duty or queue.Duty.NONE)
+
+
+def end_fields(observed: Observed, failure: dict[str, Any] | None, now: str) -> dict[str, Any]:
+    """The fields a run's end writes: when, why it failed, the last step the retention
+    sidecar saw (once read)."""
+    fields: dict[str, Any] = {StatusField.COMPLETION_TIME: now}
+    if failure is not None:
+        fields[StatusField.FAILURE] = failure
+    if observed.last_step_read and observed.last_step is not None:
+        fields[StatusField.LAST_STEP] = observed.last_step
+    return fields
+
+
+def finished_status(
+    observed: Observed,
+    admission: queue.QueueAdmission | None,
+    queue_checks: dict[ConditionType, Check],
+    queue_fields: dict[str, Any],
+) -> RunStatus:
+    """A finished run's status: not Ready, its payloads' release, and a queued run's quota
+    released (its Workload Finished)."""
+    checks = {ConditionType.READY: FINISHED, **queue_checks}
+    if observed.released is not None:
+        checks[ConditionType.PAYLOADS_RELEASED] = observed.released
+    duty = queue.Duty.NONE
+    if admission is not None:
+        duty = queue.duty(admission, final=True, pods_running=False)
+    return RunStatus(checks, queue_fields, queue_duty=duty)
+
+
+def eviction_duty(admission: queue.QueueAdmission | None, observed: Observed) -> queue.Duty | None:
+    """What an evicted run owes Kueue: its quota back once none of its pods runs (None: its
+    pods must be listed first); nothing for any other run."""
+    if admission is None or admission.state is not queue.QueueState.EVICTED:
+        return queue.Duty.NONE
+    if observed.run_pods is None:
+        return None
+    return queue.duty(admission, final=False, pods_running=bool(observed.run_pods))
+
+
+def queue_part(
+    run: Mapping[str, Any], children: finishing.Children
+) -> tuple[queue.QueueAdmission | None, dict[ConditionType, Check], dict[str, Any]]:
+    """A queued run's admission (None: the run asks for no queue), its ``Admitted`` condition
+    and its ``status.queue``, from its Workload among ``children``."""
+    meta = run["metadata"]
+    name = queue.queue_name(meta)
+    if name is None:
+        return None, {}, {}
+    admission = queue.admission_of(queue.cached_workload(children, meta["namespace"], meta["name"]))
+    return (
+        admission,
+        {ConditionType.ADMITTED: queue.admitted_check(name, admission)},
+        {StatusField.QUEUE: queue.queue_status(name, meta["name"], admission)},
+    )
 
 
 def cached_status(
@@ -209,7 +272,13 @@ def cached_status(
     if claim_name and claim is None:
         return None
     computed = run_status({**run, "status": status}, Observed(children, claim=claim), now)
-    if computed.wants or computed.restart is not None or computed.fields:
+    queue_fields = {StatusField.QUEUE} if queue.queue_name(run["metadata"]) else set()
+    if (
+        computed.wants
+        or computed.restart is not None
+        or set(computed.fields) - queue_fields
+        or computed.queue_duty is not queue.Duty.NONE
+    ):
         return None
     return computed
 
@@ -283,13 +352,19 @@ async def observe_wanted(
     """``observed`` with what :func:`run_status` asked for read: Jobs' pods, the last step."""
     ns = run["metadata"]["namespace"]
     pods = dict(observed.pods)
-    for job_name in sorted(wants - {LAST_STEP, GROUP_PODS}):
+    for job_name in sorted(wants - {LAST_STEP, GROUP_PODS, RUN_PODS}):
         pods[job_name] = await finishing.job_pods(op, ns, job_name)
     observed = replace(observed, pods=pods)
     if GROUP_PODS in wants:
         lws_name = finishing.workloads_of(run)[0][2]
         listed = await op.client.list_objects("v1", "Pod", ns, groups.pods_selector(lws_name))
         observed = replace(observed, group_pods=listed)
+    if RUN_PODS in wants:
+        listed = await op.client.list_objects(
+            "v1", "Pod", ns, f"{LABEL_RUN}={run['metadata']['name']}"
+        )
+        running = [p for p in listed if (p.get("status") or {}).get("phase") not in ENDED]
+        observed = replace(observed, run_pods=running)
     if LAST_STEP in wants:  # before its pod stops
         observed = replace(
             observed, last_step=await finishing.last_step(op, run), last_step_read=True
@@ -326,6 +401,15 @@ async def refresh_run(
         await client.delete(
             "batch/v1", "Job", ns, job_meta["name"], "Foreground", uid=job_meta["uid"]
         )
+    if computed.queue_duty is not queue.Duty.NONE:  # owed to Kueue: the quota back, or Finished
+        workload = queue.cached_workload(children, ns, meta["name"])
+        assert workload is not None  # a duty is owed only for a Workload there is
+        failed = update.phase == Phase.FAILED
+        done = await client.patch_status(
+            dict(workload), queue.duty_status(workload, computed.queue_duty, now, failed=failed)
+        )
+        if done is None:  # Kueue wrote it meanwhile: its event brings the run back here
+            log.info("%s/%s: the Workload changed while it was written; again", ns, meta["name"])
     # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
     # checked at every pass, it costs no write when everything is stopped already.
     if context.is_final(update.phase):
@@ -333,7 +417,10 @@ async def refresh_run(
     volume = computed.checks.get(ConditionType.VOLUME_READY)
     claim_name = status.get(StatusField.CLAIM_NAME)
     brought = bool(claim_name) and (ns, "PersistentVolumeClaim", claim_name) not in children
-    return Refreshed(update.fields is not None, recheck=brought and not (volume and volume.ok))
+    # an evicted run whose pods are still stopping: no watched object says when the last is gone
+    stopping = bool(observed.run_pods)
+    recheck = (brought and not (volume and volume.ok)) or stopping
+    return Refreshed(update.fields is not None, recheck=recheck)
 
 
 def backoff_limit(run: dict[str, Any]) -> int:

@@ -181,6 +181,8 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
             return final_phase
     if (condition(conds, ConditionType.SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
         return Phase.SUSPENDED
+    if (condition(conds, ConditionType.ADMITTED) or {}).get("status") == ConditionStatus.FALSE:
+        return Phase.QUEUED
     ready = condition(conds, ConditionType.READY)
     if ready is not None and ready["status"] == ConditionStatus.TRUE:
         return Phase.RUNNING

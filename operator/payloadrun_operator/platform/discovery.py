@@ -1,5 +1,5 @@
-"""Which add-on APIs the cluster serves (:data:`kinds.OPTIONAL`: LeaderWorkerSet), learnt once,
-at the operator's start, from the API server's discovery documents.
+"""Which add-on APIs the cluster serves (:data:`kinds.OPTIONAL`: LeaderWorkerSet, Kueue's),
+learnt once, at the operator's start, from the API server's discovery documents.
 
 Once at start, not as the cluster changes, because kopf watches only what it found when it
 started: the operator turns kopf's scanning off (``settings.scanning.disabled``), since a
@@ -76,7 +76,11 @@ class Discovery:
         # and a reset one alternate while an API server starts)
         while True:
             try:
-                served = [k for k in self.kinds if served_by(k, await client.discover(k))]
+                answers = {}  # one request per group version (Kueue's kinds share one)
+                for kind in self.kinds:
+                    if kind.api_version not in answers:
+                        answers[kind.api_version] = await client.discover(kind)
+                served = [k for k in self.kinds if served_by(k, answers[k.api_version])]
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 if not failed:
