@@ -130,3 +130,62 @@ def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
 def env_of(c: dict[str, Any]) -> dict[str, Any]:
     """A container's environment: name -> value (or its ``valueFrom``)."""
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+# --- Kueue ---------------------------------------------------------------------------------------
+
+
+def kueue_condition(ctype: str, status: bool, reason: str, message: str = "") -> dict[str, Any]:
+    """A Workload condition as Kueue writes it (metav1.Condition)."""
+    return {
+        "type": ctype,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-12-04T10:00:00Z",
+    }
+
+
+def kueue_workload(
+    *conditions: dict[str, Any],
+    run: str = NAME,
+    namespace: str = NAMESPACE,
+    flavors: dict[str, dict[str, str]] | None = None,
+    cluster_queue: str = "team-cq",
+    **metadata: Any,
+) -> dict[str, Any]:
+    """A run's Workload (``payloadrun-<run>``) as Kueue leaves it: ``conditions`` in its status
+    and, with ``flavors`` (pod set -> resource -> flavor), ``status.admission``."""
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if flavors is not None:
+        status["admission"] = {
+            "clusterQueue": cluster_queue,
+            "podSetAssignments": [
+                {"name": name, "flavors": by_resource, "count": 1}
+                for name, by_resource in flavors.items()
+            ],
+        }
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": f"payloadrun-{run}",
+            "namespace": namespace,
+            "uid": "workload-uid",
+            "resourceVersion": "7",
+            "generation": 1,
+            "labels": {"payloadrun.dev/run": run},
+            **metadata,
+        },
+        "status": status,
+    }
+
+
+def admitted_workload(flavors: dict[str, dict[str, str]], **kwargs: Any) -> dict[str, Any]:
+    """A run's Workload Kueue admitted with ``flavors``."""
+    return kueue_workload(
+        kueue_condition("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue"),
+        kueue_condition("Admitted", True, "Admitted", "The workload is admitted"),
+        flavors=flavors,
+        **kwargs,
+    )
