@@ -188,8 +188,13 @@ def test_a_new_placement_reaches_a_workload_about_to_run_and_nothing_else():
 
 
 PENDING_MESSAGE = (
+    "couldn't assign flavors to pod set trainer: insufficient unused quota for nvidia.com/gpu in "
+    "flavor h100, 4 more needed"
+)
+NEVER_FITS_MESSAGE = (
     "couldn't assign flavors to pod set trainer: insufficient quota for nvidia.com/gpu in flavor "
-    "h100, request > maximum capacity (8 > 4)"
+    "h100, previously considered podsets requests (0) + current podset request (8) > maximum "
+    "capacity (4)"
 )
 
 
@@ -256,8 +261,13 @@ def test_where_a_queued_run_stands(workload, state, reason):
 def test_kueues_own_words_say_why_a_run_waits():
     waiting = kueue_workload(kueue_condition("QuotaReserved", False, "Pending", PENDING_MESSAGE))
     check = queue.admitted_check("team-a", queue.admission_of(waiting))
+    assert (check.reason, check.warning) == (AdmittedReason.PENDING, False)
     assert check.message == f"waiting for quota in LocalQueue team-a: {PENDING_MESSAGE}"
-    assert not check.warning
+    # v0.19 says Pending for both: its message tells a run that can never fit
+    never = kueue_workload(kueue_condition("QuotaReserved", False, "Pending", NEVER_FITS_MESSAGE))
+    check = queue.admitted_check("team-a", queue.admission_of(never))
+    assert (check.reason, check.warning) == (AdmittedReason.INADMISSIBLE, True)
+    assert NEVER_FITS_MESSAGE in check.message
     too_big = kueue_workload(kueue_condition("QuotaReserved", False, "ExceedsMaxQuota", "8 > 4"))
     check = queue.admitted_check("team-a", queue.admission_of(too_big))
     assert (check.reason, check.warning) == (AdmittedReason.INADMISSIBLE, True)

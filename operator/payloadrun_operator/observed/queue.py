@@ -39,9 +39,14 @@ REQUEUED = "Requeued"
 # LocalQueue, a stopped ClusterQueue, more than any flavor holds), as opposed to one waiting for
 # quota (pkg/scheduler/flavorassigner, pkg/controller/core/workload_controller.go)
 INADMISSIBLE = frozenset({"Inadmissible", "Misconfigured", "ExceedsMaxQuota", "NoMatchingFlavor"})
+# Kueue's words when a pod set cannot fit even in the whole quota (flavorassigner: "request >
+# maximum capacity"), as opposed to "insufficient unused quota": it waits for no one, it cannot
+# be admitted as it is (v0.19's reason is Pending for both, unless UnadmittedWorkloadsObservability)
+NEVER_FITS = "maximum capacity"
 DEACTIVATED = "Deactivated"  # an eviction that is not requeued (spec.active false)
 # The reasons this operator writes on the Workload (as Kueue's job integrations do)
 PENDING = "Pending"
+NO_RESERVATION = "NoReservation"  # Admitted False once the quota is given back (SyncAdmitted)
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 
@@ -159,7 +164,7 @@ def admitted_check(queue: str, admission: QueueAdmission) -> Check:
         )
     if state is QueueState.FINISHED:
         return Check(False, AdmittedReason.FINISHED, admission.message)
-    if admission.reason in INADMISSIBLE:
+    if admission.reason in INADMISSIBLE or NEVER_FITS in admission.message:
         return Check(
             False,
             AdmittedReason.INADMISSIBLE,
@@ -265,8 +270,8 @@ def duty_status(
     evicted = _condition(workload, EVICTED) or {}
     message = evicted.get("message") or "evicted"
     reason = evicted.get("reason") or EVICTED
-    for ctype in (QUOTA_RESERVED, ADMITTED):
-        cond = workload_condition(ctype, False, PENDING, message, now, generation)
+    for ctype, why in ((QUOTA_RESERVED, PENDING), (ADMITTED, NO_RESERVATION)):
+        cond = workload_condition(ctype, False, why, message, now, generation)
         conditions = with_condition(conditions, cond)
     requeued = workload_condition(REQUEUED, reason != DEACTIVATED, reason, message, now, generation)
     return {"admission": None, "conditions": with_condition(conditions, requeued)}
