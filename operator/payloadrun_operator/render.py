@@ -18,6 +18,9 @@ Then the CRD's rules (its CEL validations) and the pod templates against the ope
 in the operator's words. A refused run prints why on stderr and exits 1; unreadable input
 exits 2.
 
+A run labelled kueue.x-k8s.io/queue-name prints its Kueue Workload first (every pod of the run
+as one admission; the operator creates the pods only once Kueue admits it).
+
 Not checked offline: what only the cluster knows (storage classes, claims, quotas, admission
 webhooks, Pod Security), and the rules of the children's own kinds that no schema states (the
 API server checks a StatefulSet's pod when it is applied): `kubectl apply --dry-run=server -f
@@ -34,7 +37,9 @@ from typing import Any, TextIO
 
 from payloadrun.helptext import HelpFormatter, plain
 from payloadrun_operator.api.models import GROUP, KIND
+from payloadrun_operator.desired import queueing
 from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.observed.queue import queue_name
 from payloadrun_operator.platform.settings import OperatorSettings, SettingsError
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -138,7 +143,9 @@ def describe(doc: Any, namespace: str) -> str:
 def render_run(
     doc: dict[str, Any], namespace: str, settings: OperatorSettings
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The run's children in apply order, or the reasons it is refused."""
+    """The run's children in apply order, or the reasons it is refused; a run labelled for a
+    Kueue queue, its Workload first (without the priority its priority-class label names: the
+    cluster's WorkloadPriorityClass holds it)."""
     meta = doc.get("metadata")
     if isinstance(meta, dict):  # else the schema check says what is wrong with it
         meta = {"namespace": namespace, "uid": PLACEHOLDER_UID, **meta}
@@ -146,7 +153,9 @@ def render_run(
     admission = admit(body, settings)
     if admission.built is None:
         return [], admission.errors
-    return list(admission.built.children), []
+    queue = queue_name(meta)
+    workload = [queueing.workload_manifest(admission.built, queue)] if queue else []
+    return workload + list(admission.built.children), []
 
 
 def run(args: argparse.Namespace, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:

@@ -75,6 +75,23 @@ def test_a_run_whose_replicas_span_pods_renders_its_leader_worker_set():
     assert children == list(operator_builds.built.children)
 
 
+def test_a_queued_run_renders_its_kueue_workload_first():
+    run = run_body("moe", group_spec(), namespace="ml")
+    run["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "rl"}
+    result = render("-f", "-", input=json.dumps(run))
+    assert result.returncode == 0, result.stderr
+    workload, *children = documents(result.stdout)
+    assert (workload["kind"], workload["metadata"]["name"]) == ("Workload", "payloadrun-moe")
+    assert workload["spec"]["queueName"] == "rl"
+    sets = {s["name"]: s for s in workload["spec"]["podSets"]}
+    assert sorted(sets) == ["inference", "inference-workers", "orchestrator", "trainer"]
+    group = next(c for c in children if c["kind"] == "LeaderWorkerSet")["spec"]
+    assert sets["inference-workers"]["template"] == group["leaderWorkerTemplate"]["workerTemplate"]
+    assert sets["inference-workers"]["count"] == group["replicas"] * (
+        group["leaderWorkerTemplate"]["size"] - 1
+    )
+
+
 def test_the_refused_example_says_why_and_exits_1():
     result = render("-f", str(REPO / "examples" / "disaggregated-root-rejected.yaml"))
     assert result.returncode == 1
