@@ -173,9 +173,7 @@ async def reconcile(
         await follower.synced.wait()
     meta = body["metadata"]
     queue_name = queue.queue_name(meta)
-    gate = Gate()
-    if queue_name is not None and op.discovery.serves(WORKLOAD):
-        gate = await queue_gate(op, follower, meta)
+    gate = await queue_gate(op, follower, meta, queue_name)
     admission = admit(body, op.settings, queue_admitted=gate.admitted)
     if admission.built is None:
         message = "; ".join(admission.errors)
@@ -311,9 +309,17 @@ class Gate:
     placements: dict[str, queueing.Placement] = dataclasses.field(default_factory=dict)
 
 
-async def queue_gate(op: Operator, follower: Follower | None, meta: Mapping[str, Any]) -> Gate:
+async def queue_gate(
+    op: Operator, follower: Follower | None, meta: Mapping[str, Any], queue_name: str | None
+) -> Gate:
     """A queued run's :class:`Gate`, from its Workload (the follower's cache, once synced) and
-    the ResourceFlavors its admission names."""
+    the ResourceFlavors its admission names; any other run's is open (and a run whose queue
+    label was removed gives its quota back: its Workload is deleted)."""
+    if not op.discovery.serves(WORKLOAD):
+        return Gate()  # a queued run is refused later, with KueueMissing
+    if queue_name is None:
+        await drop_workload(op, follower, meta)
+        return Gate()
     ns, name = meta["namespace"], queue_workload_name(meta["name"])
     workload = await live_object(op, follower, WORKLOAD, ns, name)
     admission = queue.admission_of(workload)
@@ -324,6 +330,16 @@ async def queue_gate(op: Operator, follower: Follower | None, meta: Mapping[str,
         found = await op.client.get(RESOURCE_FLAVOR.api_version, RESOURCE_FLAVOR.kind, "", flavor)
         flavors[flavor] = found or {}
     return Gate(True, workload, queueing.placement_of(admission.flavors, flavors))
+
+
+async def drop_workload(op: Operator, follower: Follower | None, meta: Mapping[str, Any]) -> None:
+    """Delete the Workload of a run that no longer asks for a queue (none to delete: nothing,
+    and no request once the follower's cache is synced)."""
+    ns, name = meta["namespace"], queue_workload_name(meta["name"])
+    synced, cached = follower.live(WORKLOAD.kind, ns, name) if follower else (False, None)
+    if synced and cached is None:
+        return
+    await op.client.delete(WORKLOAD.api_version, WORKLOAD.kind, ns, name, "Background")
 
 
 async def priority_of(op: Operator, meta: Mapping[str, Any]) -> tuple[str, int] | None:
