@@ -432,3 +432,20 @@ def test_a_queued_run_without_kueue_gets_nothing_and_says_why():
     assert "kueue.x-k8s.io/queue-name=team-a" in applied.message
     assert "remove the label" in applied.message
     assert checks[ConditionType.READY].reason == ReadyReason.KUEUE_MISSING
+
+
+def test_a_run_whose_queue_label_was_removed_leaves_queued_behind():
+    body = queued_run()
+    waiting = run_status(body, Observed(kids(kueue_workload())), NOW)
+    before = status_update({}, 1, waiting.checks, waiting.fields, NOW)
+    assert before.phase == Phase.QUEUED
+    body["metadata"]["labels"] = {}
+    body["status"] |= before.fields
+    result = run_status(body, Observed(kids()), NOW)
+    assert result.fields[StatusField.QUEUE] is None  # removed from the status (a merge patch)
+    after = status_update(
+        body["status"], 1, result.checks, result.fields, NOW, dropped=result.dropped
+    )
+    assert after.fields is not None
+    assert "Admitted" not in {c["type"] for c in after.fields["conditions"]}
+    assert after.phase == Phase.PROVISIONING

@@ -116,6 +116,7 @@ class RunStatus:
     restart: tuple[str, dict[str, Any]] | None = None
     wants: frozenset[str] = frozenset()
     queue_duty: queue.Duty = queue.Duty.NONE  # what to write on a queued run's Workload
+    dropped: frozenset[ConditionType] = frozenset()  # conditions that no longer apply
 
 
 class Write(StrEnum):
@@ -198,7 +199,10 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         checks |= {**end, ConditionType.READY: FINISHED}
         fields |= end_fields(observed, failure, now)
         wants |= set() if observed.last_step_read else {LAST_STEP}
-    return RunStatus(checks, fields, restart, frozenset(wants), duty or queue.Duty.NONE)
+    dropped = frozenset() if admission else frozenset({ConditionType.ADMITTED})
+    return RunStatus(
+        checks, fields, restart, frozenset(wants), duty or queue.Duty.NONE, dropped=dropped
+    )
 
 
 def end_fields(observed: Observed, failure: dict[str, Any] | None, now: str) -> dict[str, Any]:
@@ -246,8 +250,9 @@ def queue_part(
     and its ``status.queue``, from its Workload among ``children``."""
     meta = run["metadata"]
     name = queue.queue_name(meta)
-    if name is None:
-        return None, {}, {}
+    if name is None:  # and once a queued run's label is removed, no queue in its status
+        was_queued = (run.get("status") or {}).get(StatusField.QUEUE) is not None
+        return None, {}, {StatusField.QUEUE: None} if was_queued else {}
     admission = queue.admission_of(queue.cached_workload(children, meta["namespace"], meta["name"]))
     return (
         admission,
@@ -384,7 +389,14 @@ async def refresh_run(
     while computed.wants:
         observed = await observe_wanted(op, run, observed, computed.wants)
         computed = run_status(run, observed, now)
-    update = status_update(status, meta.get("generation"), computed.checks, computed.fields, now)
+    update = status_update(
+        status,
+        meta.get("generation"),
+        computed.checks,
+        computed.fields,
+        now,
+        dropped=computed.dropped,
+    )
     if await write_status(op, run, update, now) is Write.CONFLICT:
         return Refreshed(False)  # the run changed since it was read: its event follows
     group_restart = computed.fields.get(StatusField.LAST_INFERENCE_GROUP_RESTART)

@@ -265,11 +265,14 @@ def status_update(
     checks: Mapping[ConditionType, Check],
     fields: Mapping[str, Any],
     now: str,
+    *,
+    dropped: frozenset[ConditionType] = frozenset(),
 ) -> StatusUpdate:
     """The status a pass computed (``checks`` as conditions over ``status``, and ``fields``)
     against what the run holds: what to write, None when nothing changed (as KubeRay compares
     before it writes), and an event for each condition that changed in a way worth one
-    (:func:`deserves_event`). Every status write goes
+    (:func:`deserves_event`); ``dropped``: conditions that no longer apply (a run's queue
+    label removed: its ``Admitted``). Every status write goes
     through here (:func:`readiness.write_status` sends it)."""
     unknown = [k for k in fields if k not in STATUS_FIELDS]
     if unknown:
@@ -278,14 +281,18 @@ def status_update(
             "add them to models.PayloadRunStatus and StatusField first"
         )
     before = list(status.get(StatusField.CONDITIONS) or [])
-    after = before
+    after = [c for c in before if c.get("type") not in dropped]
     for ctype, check in checks.items():
         after = set_condition(after, ctype, check, generation=generation, now=now)
     run_phase = phase(after)
     changed = {c["type"] for c in transitions(before, after)}
     new_fields = {**fields, StatusField.PHASE: run_phase}
     write = None
-    if changed or any(status.get(k) != v for k, v in new_fields.items()):
+    if (
+        changed
+        or len(after) != len(before)
+        or any(status.get(k) != v for k, v in new_fields.items())
+    ):
         write = {str(k): v for k, v in {**new_fields, StatusField.CONDITIONS: after}.items()}
     events = [
         (

@@ -1,0 +1,367 @@
+"""A queued run against the real control plane (kube-apiserver, etcd, kube-controller-manager; no
+node, no Kueue controller), Kueue's part written by the test as Kueue's scheduler writes it:
+
+- without Kueue's API, a run labelled ``kueue.x-k8s.io/queue-name`` gets Applied/Ready
+  ``KueueMissing`` and a Warning event, and nothing of it is created;
+- with Kueue's CRDs (``config/components/crd/bases`` of the version ``cluster/build.sh``
+  fetched; the operator started again, as it learns the cluster's APIs at start), the run gets
+  its Workload (every pod set, owned by the run) and children without pods (phase ``Queued``);
+  an admission written into the Workload's status (as Kueue's scheduler writes it: quota
+  reserved, admitted, a flavor per pod set) reaches the workloads, with the flavor's node labels
+  and tolerations in their pods, in a time the test prints; an eviction stops them, and the
+  operator gives the quota back (admission cleared, ``Requeued``) since no pod runs; a
+  readmission to another flavor moves the placement, the suspended Jobs changed in place; a
+  change of the trainers' count replaces the Workload; removing the label deletes it and the
+  run runs unqueued.
+
+The same with the real Kueue and real pods: tests/integration/test_queue_pods.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from example_runs import example_run
+from test_groups_followed import condition, get_run, has_condition, local_operator, run_children
+from test_operator import eventually
+
+from payloadrun_devcluster import BinariesMissing
+from payloadrun_devkit.required import skip_or_fail
+from payloadrun_operator.api.kinds import KUEUE_API_VERSION, WORKLOAD
+from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
+
+pytestmark = pytest.mark.integration
+
+KUEUE_GROUP, KUEUE_VERSION = KUEUE_API_VERSION.split("/")
+DISCOVERY = f"/apis/{KUEUE_API_VERSION}"
+CRDS = ("workloads", "resourceflavors", "workloadpriorityclasses")
+QUEUE = "rl"
+FLAVORS = {
+    "gpu-a": {"nodeLabels": {"pool": "a"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    "gpu-b": {"nodeLabels": {"pool": "b"}},
+}
+
+
+def kueue_served(kube_cluster) -> bool:
+    status, body = kube_cluster.request("GET", DISCOVERY)
+    return status == 200 and any(
+        r.get("name") == WORKLOAD.plural for r in body.get("resources") or []
+    )
+
+
+def kueue_crd_files() -> list[Path]:
+    from payloadrun_devcluster.kueue import find_build
+
+    try:
+        build = find_build()
+    except BinariesMissing as error:
+        skip_or_fail(str(error))
+        raise
+    bases = build.config / "components" / "crd" / "bases"
+    return [bases / f"{KUEUE_GROUP}_{plural}.yaml" for plural in CRDS]
+
+
+@pytest.fixture(scope="module")
+def kueue_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
+    """Installs Kueue's Workload, ResourceFlavor and WorkloadPriorityClass CRDs when called (no
+    controller, no webhooks); deletes them at the module's end if this module installed them."""
+    there_before = kueue_served(kube_cluster)
+    installed: list[bool] = []
+
+    def install() -> None:
+        if kueue_served(kube_cluster):
+            return
+        for path in kueue_crd_files():
+            applied = kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
+            assert applied.returncode == 0, applied.stderr
+        installed.append(True)
+        for plural in CRDS:
+            kube_cluster.wait_established(f"{plural}.{KUEUE_GROUP}")
+        eventually("Kueue's API in discovery", lambda: kueue_served(kube_cluster))
+        listing = f"{DISCOVERY}/{WORKLOAD.plural}?limit=1"
+        eventually("Workloads listed", lambda: kube_cluster.request("GET", listing)[0] == 200)
+
+    yield install
+    if installed and not there_before:
+        for plural in CRDS:
+            deleted = kube_cluster.kubectl(
+                "delete", "crd", f"{plural}.{KUEUE_GROUP}", "--wait=true", "--timeout=60s"
+            )
+            assert deleted.returncode == 0, deleted.stderr
+        eventually("Kueue's API gone", lambda: not kueue_served(kube_cluster))
+
+
+def queued_run(queue: str | None = QUEUE) -> dict[str, Any]:
+    body = copy.deepcopy(example_run("multinode-by-handle.yaml"))
+    if queue is not None:
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    return body
+
+
+def custom(api) -> Any:
+    return api["custom"]
+
+
+def workload(api, namespace: str, run: str) -> dict[str, Any] | None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        return custom(api).get_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD.plural, f"payloadrun-{run}"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def kueue_condition(ctype: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_workload_status(api, namespace: str, found: dict[str, Any], status: dict) -> None:
+    """The Workload's status, written through its status subresource as Kueue writes it."""
+    body = {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]}} | {
+        "status": status
+    }
+    custom(api).patch_namespaced_custom_object_status(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD.plural, found["metadata"]["name"], body
+    )
+
+
+def admit(api, namespace: str, run: str, flavor: str) -> None:
+    """Kueue's admission of the run's Workload: quota reserved in ``flavor`` for every pod set,
+    then admitted."""
+    found = workload(api, namespace, run)
+    assert found is not None
+    conditions = [
+        c
+        for c in (found.get("status") or {}).get("conditions") or []
+        if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")
+    ]
+    write_workload_status(
+        api,
+        namespace,
+        found,
+        {
+            "admission": {
+                "clusterQueue": "rl-team",
+                "podSetAssignments": [
+                    {"name": s["name"], "flavors": {"cpu": flavor}, "count": s["count"]}
+                    for s in found["spec"]["podSets"]
+                ],
+            },
+            "conditions": [
+                *conditions,
+                kueue_condition("QuotaReserved", True, "QuotaReserved", "Quota reserved"),
+                kueue_condition("Admitted", True, "Admitted", "The workload is admitted"),
+            ],
+        },
+    )
+
+
+def workloads_of(api, namespace: str, run: str) -> dict[str, Any]:
+    return {
+        "inference": api["apps"].read_namespaced_stateful_set(f"{run}-inference", namespace),
+        "orchestrator": api["batch"].read_namespaced_job(f"{run}-orchestrator", namespace),
+        "trainer": api["batch"].read_namespaced_job(f"{run}-trainer", namespace),
+    }
+
+
+def running(api, namespace: str, run: str) -> bool:
+    found = workloads_of(api, namespace, run)
+    return (
+        found["inference"].spec.replicas > 0
+        and not found["orchestrator"].spec.suspend
+        and not found["trainer"].spec.suspend
+    )
+
+
+def stopped(api, namespace: str, run: str) -> bool:
+    found = workloads_of(api, namespace, run)
+    return (
+        found["inference"].spec.replicas == 0
+        and found["orchestrator"].spec.suspend
+        and found["trainer"].spec.suspend
+    )
+
+
+def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
+    kube_cluster, crd, api, namespace, kueue_api, tmp_path
+):
+    if kueue_served(kube_cluster):
+        pytest.skip("Kueue's API is installed already (by another test of this session)")
+    body = queued_run()
+    name = body["metadata"]["name"]
+    operator = local_operator(kube_cluster, namespace, tmp_path / "before.log")
+    try:
+        custom(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        run = eventually(
+            "Applied KueueMissing", has_condition(api, namespace, name, "Applied", "KueueMissing")
+        )
+        applied = condition(run, "Applied")
+        assert applied["status"] == "False"
+        assert "Install Kueue (tested with v0.19.2" in applied["message"]
+        assert "remove the label to run it without a queue" in applied["message"]
+        assert condition(run, "Ready")["reason"] == "KueueMissing"
+        assert run_children(api, namespace, name) == []
+        selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
+        events = api["core"].list_namespaced_event(namespace, field_selector=selector).items
+        assert [(e.type, e.reason) for e in events if e.reason == "KueueMissing"] == [
+            ("Warning", "KueueMissing")
+        ]
+    finally:
+        operator.stop()
+
+    kueue_api()
+    for flavor, spec in FLAVORS.items():
+        custom(api).create_cluster_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            "resourceflavors",
+            {
+                "apiVersion": KUEUE_API_VERSION,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": f"{namespace}-{flavor}"},
+                "spec": spec,
+            },
+        )
+    operator = local_operator(kube_cluster, namespace, tmp_path / "after.log")
+    try:
+        # queued: its Workload, every pod set, and children without pods
+        found = eventually("the run's Workload", lambda: workload(api, namespace, name))
+        assert found["spec"]["queueName"] == QUEUE
+        assert {s["name"]: s["count"] for s in found["spec"]["podSets"]} == {
+            "inference": body["spec"]["inference"]["replicas"],
+            "orchestrator": 1,
+            "trainer": body["spec"]["trainer"]["replicas"],
+        }
+        (owner,) = found["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("PayloadRun", name, True)
+        run = eventually(
+            "the run Queued",
+            lambda: (r := get_run(api, namespace, name))["status"].get("phase") == "Queued" and r,
+        )
+        assert condition(run, "Admitted")["reason"] == "Pending"
+        assert condition(run, "Ready")["reason"] == "Queued"
+        assert run["status"]["queue"] == {"name": QUEUE, "workload": f"payloadrun-{name}"}
+        assert eventually("its workloads without pods", lambda: stopped(api, namespace, name))
+
+        # admitted: the workloads have pods, placed by the flavor
+        flavor_a = f"{namespace}-gpu-a"
+        started = time.monotonic()
+        admit(api, namespace, name, flavor_a)
+        eventually("its workloads with pods", lambda: running(api, namespace, name), timeout=10)
+        print(
+            f"\nadmission written -> the run's workloads with pods: "
+            f"{time.monotonic() - started:.2f} s (to the test's 0.2 s poll)"
+        )
+        found = workloads_of(api, namespace, name)
+        job_uid = found["trainer"].metadata.uid
+        for workload_obj in found.values():
+            pod = workload_obj.spec.template.spec
+            assert pod.node_selector["pool"] == "a"
+            assert [(t.key, t.operator) for t in pod.tolerations or []][-1:] == [("gpu", "Exists")]
+        run = eventually(
+            "Admitted True",
+            lambda: (
+                (r := get_run(api, namespace, name))
+                and (condition(r, "Admitted") or {}).get("status") == "True"
+                and r
+            ),
+        )
+        assert run["status"]["queue"]["flavors"] == {
+            s: [flavor_a] for s in ("inference", "orchestrator", "trainer")
+        }
+
+        # evicted: stopped, and with no pod left the quota goes back
+        found_wl = workload(api, namespace, name)
+        write_workload_status(
+            api,
+            namespace,
+            found_wl,
+            {
+                "conditions": [
+                    *found_wl["status"]["conditions"],
+                    kueue_condition("Evicted", True, "Preempted", "Preempted by a higher one"),
+                ]
+            },
+        )
+        assert eventually("stopped again", lambda: stopped(api, namespace, name))
+
+        def released() -> Any:
+            now = workload(api, namespace, name)
+            conds = {c["type"]: c for c in now["status"].get("conditions") or []}
+            return (
+                "admission" not in now["status"]
+                and conds["QuotaReserved"]["status"] == "False"
+                and conds["Requeued"]["status"] == "True"
+                and now
+            )
+
+        eventually("the quota given back", released)
+        selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
+
+        def evicted_event() -> Any:
+            events = api["core"].list_namespaced_event(namespace, field_selector=selector).items
+            return [e for e in events if e.reason == "Evicted"]
+
+        (event,) = eventually("the eviction's Warning event", evicted_event)
+        assert event.type == "Warning" and "Preempted" in event.message
+
+        # readmitted elsewhere: the new placement, the suspended Jobs changed in place
+        admit(api, namespace, name, f"{namespace}-gpu-b")
+        eventually(
+            "running in pool b",
+            lambda: (
+                running(api, namespace, name)
+                and workloads_of(api, namespace, name)[
+                    "trainer"
+                ].spec.template.spec.node_selector.get("pool")
+                == "b"
+            ),
+        )
+        assert workloads_of(api, namespace, name)["trainer"].metadata.uid == job_uid
+
+        # more trainers: Kueue would refuse to change the pod sets; a new Workload, queued again
+        old_uid = workload(api, namespace, name)["metadata"]["uid"]
+        replicas = body["spec"]["trainer"]["replicas"] + 1
+        custom(api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"trainer": {"replicas": replicas}}}
+        )
+        renewed = eventually(
+            "a new Workload",
+            lambda: (w := workload(api, namespace, name)) and w["metadata"]["uid"] != old_uid and w,
+        )
+        counts = {s["name"]: s["count"] for s in renewed["spec"]["podSets"]}
+        assert counts["trainer"] == replicas
+        assert eventually("stopped until admitted", lambda: stopped(api, namespace, name))
+
+        # the label removed: the Workload goes, the run runs unqueued
+        custom(api).patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}},
+        )
+        eventually("the Workload deleted", lambda: workload(api, namespace, name) is None or "")
+        assert eventually("running unqueued", lambda: running(api, namespace, name))
+    finally:
+        operator.stop()
+        for flavor in FLAVORS:
+            custom(api).delete_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", f"{namespace}-{flavor}"
+            )
