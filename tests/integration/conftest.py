@@ -183,16 +183,9 @@ def lws(kube_cluster: LocalCluster):
     its certificates its own (``payloadrun_devcluster.lws``). Its :class:`LwsInstall` says how
     long each step took. Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session
     runs no node or the manager is not built (``bash cluster/build.sh``)."""
-    from payloadrun_devcluster.lws import find_build, install
+    from payloadrun_devcluster import lws
 
-    if not kube_cluster.with_node:
-        skip_or_fail("LeaderWorkerSet runs as a pod: the session's cluster runs no node")
-    try:
-        build = find_build()
-    except BinariesMissing as error:
-        skip_or_fail(str(error))
-        raise
-    return install(kube_cluster, build)
+    return install_addon(kube_cluster, lws.ADDON, lws.install)
 
 
 @pytest.fixture(scope="session")
@@ -204,12 +197,20 @@ def kueue(kube_cluster: LocalCluster):
     (``payloadrun_devcluster.kueue``). Its :class:`KueueInstall` says how long each step took.
     Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session runs no node or the
     manager is not built (``bash cluster/build.sh``)."""
-    from payloadrun_devcluster.kueue import find_build, install
+    from payloadrun_devcluster import kueue
+
+    return install_addon(kube_cluster, kueue.ADDON, kueue.install)
+
+
+def install_addon(kube_cluster: LocalCluster, addon, install):
+    """An add-on (``payloadrun_devcluster.addons``) installed on the session's node, or the test
+    skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) saying what is missing."""
+    from payloadrun_devcluster.addons import find_build
 
     if not kube_cluster.with_node:
-        skip_or_fail("Kueue runs as a pod: the session's cluster runs no node")
+        skip_or_fail(f"{addon.title} runs as a pod: the session's cluster runs no node")
     try:
-        build = find_build()
+        build = find_build(addon)
     except BinariesMissing as error:
         skip_or_fail(str(error))
         raise

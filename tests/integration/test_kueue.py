@@ -108,17 +108,28 @@ def get_workload(cluster, namespace: str, name: str) -> dict[str, Any]:
     return get(cluster, namespace, "workloads.kueue.x-k8s.io", name)
 
 
-def wait_admitted(cluster, namespace: str, name: str) -> dict[str, Any]:
+def wait_workload(cluster, namespace: str, name: str, what: str, check) -> dict[str, Any]:
+    """The Workload ``name`` once ``check`` holds of it (read every half second, for 60 s)."""
+
+    def probe() -> dict[str, Any] | None:
+        wl = get_workload(cluster, namespace, name)
+        return wl if check(wl) else None
+
     return wait_for(
-        f"Workload {name} admitted",
-        lambda: (
-            (w := get_workload(cluster, namespace, name))
-            and is_true(w, "QuotaReserved")
-            and is_true(w, "Admitted")
-            and w
-        ),
+        f"Workload {name} {what}",
+        probe,
         timeout=60,
         seen=lambda: get_workload(cluster, namespace, name).get("status"),
+    )
+
+
+def wait_admitted(cluster, namespace: str, name: str) -> dict[str, Any]:
+    return wait_workload(
+        cluster,
+        namespace,
+        name,
+        "admitted",
+        lambda wl: is_true(wl, "QuotaReserved") and is_true(wl, "Admitted"),
     )
 
 
@@ -347,16 +358,12 @@ def test_a_workload_is_admitted_and_one_that_does_not_fit_waits_until_it_finishe
 
     create(kube_cluster, namespace, workload("second", queue))
 
-    def waiting() -> dict[str, Any] | None:
-        w = get_workload(kube_cluster, namespace, "second")
-        reserved = condition(w, "QuotaReserved")
-        return w if reserved and reserved["status"] == "False" else None
-
-    second = wait_for(
-        "Workload second to wait for quota",
-        waiting,
-        timeout=60,
-        seen=lambda: get_workload(kube_cluster, namespace, "second").get("status"),
+    second = wait_workload(
+        kube_cluster,
+        namespace,
+        "second",
+        "to wait for quota",
+        lambda wl: (c := condition(wl, "QuotaReserved")) is not None and c["status"] == "False",
     )
     reserved = condition(second, "QuotaReserved")
     print(f"waiting: reason {reserved['reason']!r}, message {reserved['message']!r}")
@@ -398,15 +405,8 @@ def test_a_higher_priority_workload_preempts_and_the_owner_releases_the_quota(
         wait_admitted(kube_cluster, namespace, "low")
         create(kube_cluster, namespace, workload("high", queue, priority_class=high, priority=1000))
 
-        def evicted() -> dict[str, Any] | None:
-            w = get_workload(kube_cluster, namespace, "low")
-            return w if is_true(w, "Evicted") else None
-
-        victim = wait_for(
-            "Workload low evicted",
-            evicted,
-            timeout=60,
-            seen=lambda: get_workload(kube_cluster, namespace, "low").get("status"),
+        victim = wait_workload(
+            kube_cluster, namespace, "low", "evicted", lambda wl: is_true(wl, "Evicted")
         )
         eviction = condition(victim, "Evicted")
         print(f"evicted: {eviction['reason']!r}: {eviction['message']!r}")
