@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -137,22 +137,35 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def patch_status(cluster, namespace: str, wl: dict[str, Any], status: dict[str, Any]) -> None:
-    """A JSON merge patch of the Workload's status as its owner writes it (Kueue's own writes
-    are server-side applies by the field manager ``kueue-admission``), guarded by the
-    resourceVersion read: a concurrent write by Kueue fails it instead of being overwritten."""
-    body = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": status}
-    kubectl(
-        cluster,
-        namespace,
-        "patch",
-        "workloads.kueue.x-k8s.io",
-        wl["metadata"]["name"],
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(body),
-    )
+def owner_writes(
+    cluster, namespace: str, name: str, status: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """Write the Workload's status as its owner does: a JSON merge patch of ``status(workload)``
+    on the status subresource, guarded by the resourceVersion read (Kueue's own writes are
+    server-side applies by the field manager ``kueue-admission``): when Kueue wrote in between,
+    the patch is refused with a conflict, and the owner reads again and recomputes. Returns the
+    workload as read before the write that went through."""
+    for _ in range(10):
+        wl = get_workload(cluster, namespace, name)
+        body = {
+            "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+            "status": status(wl),
+        }
+        result = cluster.kubectl(
+            "-n",
+            namespace,
+            "patch",
+            "workloads.kueue.x-k8s.io",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(body),
+        )
+        if result.returncode == 0:
+            return wl
+        assert "the object has been modified" in result.stderr, result.stderr
+    pytest.fail(f"Workload {name}: ten writes in a row conflicted with Kueue's")
 
 
 def with_condition(
@@ -234,8 +247,9 @@ def queue(kube_cluster, queued_namespace) -> Iterator[str]:
         delete_cluster_objects(kube_cluster, objects)
 
 
-def job(name: str, queue: str | None = None) -> dict[str, Any]:
-    """A Job of one short pod; queued (the queue-name label) when ``queue`` is given."""
+def job(name: str, queue: str | None = None, cpu: str = "10m") -> dict[str, Any]:
+    """A Job of one short pod asking ``cpu``; queued (the queue-name label) when ``queue`` is
+    given."""
     labels = {kq.QUEUE_NAME_LABEL: queue} if queue else {}
     return {
         "apiVersion": "batch/v1",
@@ -253,7 +267,7 @@ def job(name: str, queue: str | None = None) -> dict[str, Any]:
                             "image": IMAGE,
                             "imagePullPolicy": "Never",
                             "command": ["python", "-c", "pass"],
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                            "resources": {"requests": {"cpu": cpu, "memory": "16Mi"}},
                         }
                     ],
                 }
@@ -374,14 +388,13 @@ def test_a_workload_is_admitted_and_one_that_does_not_fit_waits_until_it_finishe
     assert not is_true(second, "Admitted")
 
     # the owner marks the first Finished: its quota is released and the second admitted
-    first = get_workload(kube_cluster, namespace, "first")
-    patch_status(
+    owner_writes(
         kube_cluster,
         namespace,
-        first,
-        {
+        "first",
+        lambda wl: {
             "conditions": with_condition(
-                first["status"]["conditions"], "Finished", "True", "Succeeded", "the run ended"
+                wl["status"]["conditions"], "Finished", "True", "Succeeded", "the run ended"
             )
         },
     )
@@ -418,17 +431,21 @@ def test_a_higher_priority_workload_preempts_and_the_owner_releases_the_quota(
         assert not is_true(preemptor, "QuotaReserved"), preemptor["status"]
 
         # the owner, its pods stopped, clears the admission as Kueue's own integrations do
-        conditions = victim["status"]["conditions"]
-        conditions = with_condition(
-            conditions, "QuotaReserved", "False", "Pending", eviction["message"]
-        )
-        conditions = with_condition(
-            conditions, "Admitted", "False", "NoReservation", "The workload has no reservation"
-        )
-        conditions = with_condition(
-            conditions, "Requeued", "True", eviction["reason"], eviction["message"]
-        )
-        patch_status(kube_cluster, namespace, victim, {"admission": None, "conditions": conditions})
+        # (jobframework's reconciler, "handle eviction")
+        def released(wl: dict[str, Any]) -> dict[str, Any]:
+            evicted = condition(wl, "Evicted")
+            conditions = with_condition(
+                wl["status"]["conditions"], "QuotaReserved", "False", "Pending", evicted["message"]
+            )
+            conditions = with_condition(
+                conditions, "Admitted", "False", "NoReservation", "The workload has no reservation"
+            )
+            conditions = with_condition(
+                conditions, "Requeued", "True", evicted["reason"], evicted["message"]
+            )
+            return {"admission": None, "conditions": conditions}
+
+        owner_writes(kube_cluster, namespace, "low", released)
         released_at = time.monotonic()
         wait_admitted(kube_cluster, namespace, "high")
         print(f"high admitted {time.monotonic() - released_at:.2f} s after low's release")
@@ -439,12 +456,15 @@ def test_a_higher_priority_workload_preempts_and_the_owner_releases_the_quota(
         delete_cluster_objects(kube_cluster, classes)
 
 
-def test_a_job_without_the_queue_label_runs_and_gets_no_workload(node_cluster, kueue, queue):
+def test_a_job_without_the_queue_label_runs_and_gets_no_workload(
+    node_cluster, kueue, queued_namespace
+):
     """The operator's children carry no queue-name label: Kueue must leave them alone, even in a
     namespace it manages. A queued Job made before and one made after are the witnesses that
-    Kueue's Job controller has processed the namespace's Jobs."""
-    namespace = queue
-    create(node_cluster, namespace, job("before", queue=queue))
+    Kueue's Job controller has processed the namespace's Jobs (queued to a LocalQueue that does
+    not exist, so they stay suspended: a Workload is made all the same)."""
+    namespace = queued_namespace
+    create(node_cluster, namespace, job("before", queue="no-such-queue"))
     create(node_cluster, namespace, job("plain"))
     created = get(node_cluster, namespace, "job", "plain")
     assert created["spec"]["suspend"] is False  # the webhook left it as it was
@@ -455,7 +475,7 @@ def test_a_job_without_the_queue_label_runs_and_gets_no_workload(node_cluster, k
         timeout=120,
         seen=lambda: get(node_cluster, namespace, "job", "plain").get("status"),
     )
-    create(node_cluster, namespace, job("after", queue=queue))
+    create(node_cluster, namespace, job("after", queue="no-such-queue"))
     for witness in ("before", "after"):
         wait_for(
             f"a Workload for the queued Job {witness}",
@@ -477,7 +497,9 @@ def test_deleting_a_labelled_namespace_is_not_stalled(kube_cluster, kueue, queue
             create(kube_cluster, obj["metadata"].get("namespace"), obj)
         create(kube_cluster, namespace, workload("admitted", namespace))
         wait_admitted(kube_cluster, namespace, "admitted")
-        create(kube_cluster, namespace, job("queued", queue=namespace))
+        # a queued Job that does not fit beside the admitted Workload: suspended, its Workload
+        # pending (Kueue's finalizer on it)
+        create(kube_cluster, namespace, job("queued", queue=namespace, cpu="500m"))
         (queued,) = wait_for(
             "a Workload for the queued Job",
             lambda: owned_workloads(kube_cluster, namespace, "Job", "queued"),
