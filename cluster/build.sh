@@ -11,6 +11,7 @@
 #   crane                                            (github.com/google/go-containerregistry)
 #   registry                                         (github.com/distribution/distribution/v3)
 #   LeaderWorkerSet's controller manager             (sigs.k8s.io/lws, cmd/), with its config/
+#   Kueue's controller manager                       (sigs.k8s.io/kueue, cmd/kueue/), with its config/
 # into a cache outside the repository, keyed by version:
 #   ${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}/bin/kubernetes-<v>/{kube-apiserver,...,kube-proxy}
 #   .../bin/etcd-<v>/etcd
@@ -20,6 +21,7 @@
 #   .../bin/crane-<v>/crane, .../bin/registry-<v>/registry   (the release path: hack/publish.sh)
 #   .../bin/lws-<v>/manager, .../bin/lws-<v>/config/   (the module's own kustomize tree, copied
 #                                                     from the module zip; payloadrun_devcluster.lws)
+#   .../bin/kueue-<v>/manager, .../bin/kueue-<v>/config/   (likewise; payloadrun_devcluster.kueue)
 #   .../bin/cluster-k<v>-e<v>-h<v>-c<v>-r<v>/   symlinks to all of the above (printed on stdout at the end)
 #
 # `bash cluster/build.sh --release-tools` builds only helm and crane (what hack/publish.sh needs:
@@ -52,7 +54,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 : "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}" "${KUBE_ROUTER_VERSION:?missing in versions.env}"
-: "${CRANE_VERSION:?missing in versions.env}" "${REGISTRY_VERSION:?missing in versions.env}" "${LWS_VERSION:?missing in versions.env}"
+: "${CRANE_VERSION:?missing in versions.env}" "${REGISTRY_VERSION:?missing in versions.env}" "${LWS_VERSION:?missing in versions.env}" "${KUEUE_VERSION:?missing in versions.env}"
 
 CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
 JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
@@ -65,6 +67,7 @@ KUBE_ROUTER_DIR="$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION"
 CRANE_DIR="$BIN_ROOT/crane-$CRANE_VERSION"
 REGISTRY_DIR="$BIN_ROOT/registry-$REGISTRY_VERSION"
 LWS_DIR="$BIN_ROOT/lws-$LWS_VERSION"
+KUEUE_DIR="$BIN_ROOT/kueue-$KUEUE_VERSION"
 TOOLS_DIR="$BIN_ROOT/release-h$HELM_VERSION-c$CRANE_VERSION"
 SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION-r$KUBE_ROUTER_VERSION"
 K8S_BINS=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
@@ -85,10 +88,14 @@ link_tools() {
   rm -rf "$TOOLS_DIR"; mv "$tmp" "$TOOLS_DIR"
 }
 
+have_manager() {  # an add-on's controller manager and its config/ (kustomize), in directory $1
+  [[ -x "$1/manager" && -f "$1/config/default/kustomization.yaml" ]]
+}
+
 have_all() {
   local b
   have_tools && [[ -x "$REGISTRY_DIR/registry" ]] || return 1
-  [[ -x "$LWS_DIR/manager" && -f "$LWS_DIR/config/default/kustomization.yaml" ]] || return 1
+  have_manager "$LWS_DIR" && have_manager "$KUEUE_DIR" || return 1
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
   [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" && -x "$KUBE_ROUTER_DIR/kube-router" ]]
 }
@@ -105,6 +112,7 @@ link_set() {
   ln -s "$CRANE_DIR/crane" "$tmp/crane"
   ln -s "$REGISTRY_DIR/registry" "$tmp/registry"
   ln -s "$LWS_DIR/manager" "$tmp/lws-manager"
+  ln -s "$KUEUE_DIR/manager" "$tmp/kueue-manager"
   rm -rf "$SET_DIR"; mv "$tmp" "$SET_DIR"
 }
 
@@ -122,8 +130,8 @@ if (( TOOLS_ONLY )) && have_tools; then
   exit 0
 fi
 if (( ! TOOLS_ONLY )) && have_all; then
-  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" && -L "$SET_DIR/crane" && -L "$SET_DIR/registry" && -L "$SET_DIR/lws-manager" ]] || link_set
-  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION)"
+  [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" && -L "$SET_DIR/crane" && -L "$SET_DIR/registry" && -L "$SET_DIR/lws-manager" && -L "$SET_DIR/kueue-manager" ]] || link_set
+  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION, kueue $KUEUE_VERSION)"
   echo "$SET_DIR"
   exit 0
 fi
@@ -374,32 +382,52 @@ if (( ! TOOLS_ONLY )) && [[ ! -x "$REGISTRY_DIR/registry" ]]; then
     "$REGISTRY_DIR" --version
 fi
 
-# -- LeaderWorkerSet (sigs.k8s.io/lws): the controller manager that multi-node replicas run on, for
-# the node's tests (payloadrun_devcluster/lws.py runs it as a pod, installed from the module's own
-# config/ kustomize tree). Its go.mod has no replace directives; the main package is
-# sigs.k8s.io/lws/cmd (upstream's Makefile builds cmd/main.go as bin/manager). Not `go install
-# pkg@version`: that reads the module's version list (@v/list, for a deprecation notice), which
-# the proxy refuses for sigs.k8s.io/lws (403) while it serves v0.9.0's .info, .mod and .zip. So a
-# wrapper module requires exactly $LWS_VERSION and builds its main package (-mod=mod fills go.sum;
-# the versions are lws's own, by minimal version selection). The module's config/ is copied from
-# the module cache next to the binary, read-only as shipped.
-if (( ! TOOLS_ONLY )) && [[ ! -x "$LWS_DIR/manager" || ! -f "$LWS_DIR/config/default/kustomization.yaml" ]]; then
-  log "lws $LWS_VERSION: compiling sigs.k8s.io/lws/cmd (the controller manager)"
-  LTMP="$CACHE/wrappers/lws-$LWS_VERSION"; rm -rf "$LTMP"; mkdir -p "$LTMP/out"
-  printf '// Generated by cluster/build.sh: builds LeaderWorkerSet %s.\nmodule payloadrun.local/lws\n\ngo %s\n\nrequire sigs.k8s.io/lws %s\n' \
-    "$LWS_VERSION" "${GOV#go}" "$LWS_VERSION" >"$LTMP/go.mod"
-  LWS_LDFLAGS="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION"
+# -- Kubernetes add-ons' controller managers (LeaderWorkerSet, Kueue), for the node's tests
+# (payloadrun_devcluster/lws.py and kueue.py run each as a pod, installed from the module's own
+# config/ kustomize tree). Neither go.mod has replace directives. Not `go install pkg@version`:
+# that reads the module's version list (@v/list, for a deprecation notice), which the proxy
+# refuses for sigs.k8s.io/lws (403) while it serves v0.9.0's .info, .mod and .zip. So a wrapper
+# module requires exactly the pinned version and builds its main package (-mod=mod fills go.sum;
+# the versions are the module's own, by minimal version selection). The module's config/ is
+# copied from the module cache next to the binary, read-only as shipped.
+build_manager() {  # name version module main-package ldflags build-tags dest-dir, then the smoke test's arguments
+  local what=$1 version=$2 module=$3 pkg=$4 ldflags=$5 tags=$6 dest=$7 tmp src
+  shift 7
+  log "$what $version: compiling $pkg (the controller manager)"
+  tmp="$CACHE/wrappers/$what-$version"; rm -rf "$tmp"; mkdir -p "$tmp/out"
+  printf '// Generated by cluster/build.sh: builds %s %s.\nmodule payloadrun.local/%s\n\ngo %s\n\nrequire %s %s\n' \
+    "$module" "$version" "$what" "${GOV#go}" "$module" "$version" >"$tmp/go.mod"
   (
     export GOFLAGS="-modcacherw -buildvcs=false -mod=mod"
-    run_go "lws build" -C "$LTMP" build -v -p "$JOBS" -trimpath -ldflags "$LWS_LDFLAGS" -o "$LTMP/out/manager" sigs.k8s.io/lws/cmd
+    run_go "$what build" -C "$tmp" build -v -p "$JOBS" -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/out/manager" "$pkg"
   )
-  LWS_SRC="$(go -C "$LTMP" list -mod=mod -modcacherw -m -f '{{.Dir}}' sigs.k8s.io/lws)"
-  [[ -f "$LWS_SRC/config/default/kustomization.yaml" ]] || die "no config/default/kustomization.yaml in the module sigs.k8s.io/lws@$LWS_VERSION ($LWS_SRC)"
-  rm -rf "$LWS_DIR"; mkdir -p "$LWS_DIR"
-  cp -R "$LWS_SRC/config" "$LWS_DIR/config"; chmod -R u+w,a+rX "$LWS_DIR/config"
-  mv -f "$LTMP/out/manager" "$LWS_DIR/manager"
-  "$LWS_DIR/manager" --version >>"$LOG" 2>&1 || die "built lws manager does not run (see $LOG)"
-  log "lws done"
+  src="$(go -C "$tmp" list -mod=mod -modcacherw -m -f '{{.Dir}}' "$module")"
+  [[ -f "$src/config/default/kustomization.yaml" ]] || die "no config/default/kustomization.yaml in the module $module@$version ($src)"
+  rm -rf "$dest"; mkdir -p "$dest"
+  cp -R "$src/config" "$dest/config"; chmod -R u+w,a+rX "$dest/config"
+  mv -f "$tmp/out/manager" "$dest/manager"
+  "$dest/manager" "$@" >>"$LOG" 2>&1 || die "built $what manager does not run (see $LOG)"
+  log "$what done"
+}
+
+# LeaderWorkerSet (sigs.k8s.io/lws): the controller manager multi-node replicas run on. Its main
+# package is sigs.k8s.io/lws/cmd (upstream's Makefile builds cmd/main.go as bin/manager).
+if (( ! TOOLS_ONLY )) && ! have_manager "$LWS_DIR"; then
+  build_manager lws "$LWS_VERSION" sigs.k8s.io/lws sigs.k8s.io/lws/cmd \
+    "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" "" "$LWS_DIR" --version
+fi
+
+# Kueue (sigs.k8s.io/kueue): the quota and admission controller runs are queued by (issue 37). Its
+# main package is sigs.k8s.io/kueue/cmd/kueue (upstream's Makefile builds cmd/kueue/main.go as
+# bin/manager, CGO_ENABLED=0 as here). It links every integration (Ray, Kubeflow, JobSet, ...):
+# no build tag leaves any out. The one tag Kueue's source offers, exclude_scheduler_library
+# (pkg/cache/scheduler/was), compiles out the kube-scheduler library behind the alpha
+# SchedulerLibraryIntegration gate (off by default, off here): fewer packages to compile, a
+# smaller binary. It has no --version flag: --help (exit 0) is the smoke test.
+if (( ! TOOLS_ONLY )) && ! have_manager "$KUEUE_DIR"; then
+  build_manager kueue "$KUEUE_VERSION" sigs.k8s.io/kueue sigs.k8s.io/kueue/cmd/kueue \
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" exclude_scheduler_library \
+    "$KUEUE_DIR" --help
 fi
 
 wanted || die "build finished but binaries are missing; see $LOG"

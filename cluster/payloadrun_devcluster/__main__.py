@@ -1,4 +1,4 @@
-"""Command line: python -m payloadrun_devcluster {build,up,down,status,env,load-image,lws}.
+"""Command line: python -m payloadrun_devcluster {build,up,down,status,env,load-image,lws,kueue}.
 
     build       build the binaries that are missing (cluster/build.sh)
     up          start a detached cluster; prints the kubeconfig path and `export KUBECONFIG=...`
@@ -10,6 +10,8 @@
                 eval "$(python -m payloadrun_devcluster env)"
     load-image  import docker-archive tarballs into the node (pods use imagePullPolicy Never)
     lws         install LeaderWorkerSet (upstream's config/default, webhooks on) on the node
+    kueue       install Kueue (upstream's config/default, webhooks on, scoped to namespaces
+                labelled payloadrun.dev/kueue-tests=true) on the node
 
 The state directory (certificates, kubeconfig, logs, etcd data, pids) is --state-dir, or
 $PAYLOADRUN_DEVCLUSTER_DIR, or $PAYLOADRUN_CACHE/devcluster (~/.cache/payloadrun/devcluster).
@@ -22,8 +24,10 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from .addons import Addon, AddonError, AddonInstall
 from .binaries import (
     CONTROL_PLANE_NAMES,
     NODE_NAMES,
@@ -122,18 +126,36 @@ def cmd_load_image(args: argparse.Namespace) -> int:
 
 
 def cmd_lws(args: argparse.Namespace) -> int:
-    from .lws import LwsError, install
+    from . import lws
+
+    return _install_addon(args, lws.ADDON, lws.install)
+
+
+def cmd_kueue(args: argparse.Namespace) -> int:
+    from . import kueue
+
+    code = _install_addon(args, kueue.ADDON, kueue.install)
+    if code == 0:
+        labels = ",".join(f"{k}={v}" for k, v in kueue.NAMESPACE_LABELS.items())
+        _say(f"Kueue looks at namespaces labelled {labels} only")
+    return code
+
+
+def _install_addon(
+    args: argparse.Namespace, addon: Addon, install: Callable[[LocalCluster], AddonInstall]
+) -> int:
+    """Install an add-on (:mod:`.addons`) on the running cluster's node and say how it went."""
 
     cluster = _running(args.state_dir)
     if cluster is None:
         return 1
     try:
         installed = install(cluster)
-    except LwsError as error:
+    except AddonError as error:
         _say(f"error: {error}")
         return 1
     _say(
-        f"LeaderWorkerSet {installed.version} ({installed.image}) answers, "
+        f"{addon.title} {installed.version} ({installed.image}) answers, "
         f"{installed.seconds:.1f} s: {installed.timings}"
     )
     return 0
@@ -208,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "lws", help="install LeaderWorkerSet on the node (bash cluster/build.sh builds it)"
     ).set_defaults(func=cmd_lws)
+    commands.add_parser(
+        "kueue", help="install Kueue on the node (bash cluster/build.sh builds it)"
+    ).set_defaults(func=cmd_kueue)
     commands.add_parser("down", help="stop the cluster").set_defaults(func=cmd_down)
     commands.add_parser("status", help="show component status").set_defaults(func=cmd_status)
     commands.add_parser("env", help="print export lines for KUBECONFIG and PATH").set_defaults(

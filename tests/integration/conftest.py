@@ -14,6 +14,8 @@ control-plane part, hack/test.py): the tests that need pods skip, or fail under
 Security level on its pods (``pod_helpers.pod_security_labels``).
 ``kube_api_client`` (session): an admin ``kubernetes.client.ApiClient``.
 ``lws`` (session, opt-in): LeaderWorkerSet's controller installed on the node, webhooks on.
+``kueue`` (session, opt-in): Kueue's controller installed on the node, webhooks on, looking only at
+namespaces that carry its ``namespace_labels``.
 """
 
 from __future__ import annotations
@@ -181,12 +183,34 @@ def lws(kube_cluster: LocalCluster):
     its certificates its own (``payloadrun_devcluster.lws``). Its :class:`LwsInstall` says how
     long each step took. Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session
     runs no node or the manager is not built (``bash cluster/build.sh``)."""
-    from payloadrun_devcluster.lws import find_build, install
+    from payloadrun_devcluster import lws
+
+    return install_addon(kube_cluster, lws.ADDON, lws.install)
+
+
+@pytest.fixture(scope="session")
+def kueue(kube_cluster: LocalCluster):
+    """Kueue installed on the session's node (opt-in: only sessions with a test that asks for it
+    pay for it): upstream's own config/default from the module, its webhooks on and its
+    certificates its own, its webhooks on other APIs' objects and its job management scoped to
+    namespaces labelled ``kueue.namespace_labels``, its aggregated visibility API left out
+    (``payloadrun_devcluster.kueue``). Its :class:`KueueInstall` says how long each step took.
+    Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session runs no node or the
+    manager is not built (``bash cluster/build.sh``)."""
+    from payloadrun_devcluster import kueue
+
+    return install_addon(kube_cluster, kueue.ADDON, kueue.install)
+
+
+def install_addon(kube_cluster: LocalCluster, addon, install):
+    """An add-on (``payloadrun_devcluster.addons``) installed on the session's node, or the test
+    skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) saying what is missing."""
+    from payloadrun_devcluster.addons import find_build
 
     if not kube_cluster.with_node:
-        skip_or_fail("LeaderWorkerSet runs as a pod: the session's cluster runs no node")
+        skip_or_fail(f"{addon.title} runs as a pod: the session's cluster runs no node")
     try:
-        build = find_build()
+        build = find_build(addon)
     except BinariesMissing as error:
         skip_or_fail(str(error))
         raise
