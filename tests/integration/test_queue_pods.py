@@ -18,7 +18,8 @@ run's own pod sets:
 2. preemption: a higher-priority run evicts a lower one, every pod of which stops while its
    claim, payload root and retention journal stay; once the higher one finishes, the lower one
    is admitted again and its new pods find the files it left;
-3. a run asking more than the ClusterQueue can ever give waits with Kueue's message saying so.
+3. a run asking more than the ClusterQueue can ever give waits with Kueue's message saying so;
+   deleting it deletes its Workload.
 """
 
 from __future__ import annotations
@@ -385,3 +386,11 @@ def test_a_run_asking_more_than_the_queue_can_ever_give_says_so(kueue, operator,
         admitted = condition(status, "Admitted")
         assert admitted["reason"] == "Inadmissible", admitted
         assert live_pods(cluster, namespace, "big") == []
+        # deleting the run deletes what it asked Kueue for
+        assert "payloadrun-big" in workloads(cluster, namespace)
+        kubectl(cluster, namespace, "delete", "payloadrun", "big", "--wait=true")
+        wait_for(
+            "the run's Workload gone with it",
+            lambda: "payloadrun-big" not in workloads(cluster, namespace),
+            seen=lambda: sorted(workloads(cluster, namespace)),
+        )
