@@ -168,13 +168,15 @@ def workloads(cluster, namespace: str) -> dict[str, dict[str, Any]]:
     return {w["metadata"]["name"]: w for w in items}
 
 
-def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    conds = ((obj or {}).get("status") or {}).get("conditions") or []
+def condition(status: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    """A condition of a status (a run's, or a Workload's), {} when it has none of that type."""
+    conds = (status or {}).get("conditions") or []
     return next((c for c in conds if c["type"] == ctype), {})
 
 
 def true(obj: dict[str, Any] | None, ctype: str) -> bool:
-    return condition(obj, ctype).get("status") == "True"
+    """Whether an object's (a Workload's) condition ``ctype`` is True."""
+    return condition((obj or {}).get("status"), ctype).get("status") == "True"
 
 
 def run_status(cluster, namespace: str, name: str) -> dict[str, Any]:
