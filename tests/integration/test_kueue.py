@@ -332,9 +332,15 @@ def test_installed_with_its_webhooks_on_the_labelled_namespaces_only(
                 assert "namespaceSelector" not in hook or hook["namespaceSelector"] == {}, hook
             else:
                 assert hook.get("namespaceSelector") == scoped, hook["name"]
-    services = json.loads(kube_cluster.kubectl("get", "apiservices", "-o", "json").stdout)
-    assert not [
-        s["metadata"]["name"] for s in services["items"] if "kueue" in s["metadata"]["name"]
+    # no aggregated API of Kueue's (its CRDs' groups are served locally: APIServices without a
+    # service), and every APIService available, as namespace deletion needs
+    services = json.loads(kube_cluster.kubectl("get", "apiservices", "-o", "json").stdout)["items"]
+    assert not [s["metadata"]["name"] for s in services if s["spec"].get("service")]
+    assert {f"v1beta1.{kq.GROUP}", f"v1beta2.{kq.GROUP}"} <= {
+        s["metadata"]["name"] for s in services
+    }
+    assert all(is_true(s, "Available") for s in services), [
+        s["metadata"]["name"] for s in services if not is_true(s, "Available")
     ]
     config_map = get(kube_cluster, kq.NAMESPACE, "configmap", kq.CONFIG_MAP)
     assert json.loads(config_map["data"][kq.CONFIG_KEY]) == kq.manager_configuration()
@@ -382,8 +388,12 @@ def test_a_workload_is_admitted_and_one_that_does_not_fit_waits_until_it_finishe
     reserved = condition(second, "QuotaReserved")
     print(f"waiting: reason {reserved['reason']!r}, message {reserved['message']!r}")
     assert reserved["reason"] == "Pending"
-    assert "insufficient quota for cpu in flavor" in reserved["message"], reserved
-    assert flavor in reserved["message"]
+    # 1 CPU less the first's 600m leaves 400m of the 600m asked; 2 GPUs less 2 leaves none
+    assert reserved["message"] == (
+        f"couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor "
+        f"{flavor}, 200m more needed, insufficient unused quota for {GPU} in flavor {flavor}, "
+        "2 more needed"
+    )
     assert not second["status"].get("admission")
     assert not is_true(second, "Admitted")
 
