@@ -9,6 +9,7 @@ The layout is keyed by the versions pinned in ``cluster/versions.env``::
     $PAYLOADRUN_CACHE/bin/coredns-<v>/coredns
     $PAYLOADRUN_CACHE/bin/kube-router-<v>/kube-router
     $PAYLOADRUN_CACHE/bin/lws-<v>/{manager,config/}   (LeaderWorkerSet: :mod:`.lws`, not here)
+    $PAYLOADRUN_CACHE/bin/kueue-<v>/{manager,config/} (Kueue: :mod:`.kueue`, not here)
 
 ``PAYLOADRUN_CLUSTER_BIN`` overrides all of it with one directory holding every binary.
 """
