@@ -31,6 +31,7 @@ MACHINE_FIXTURES = {
     "node_cluster": ("integration", "node"),  # ... with its node, where pods run
     "node_binaries": ("integration", "node"),  # a node of the test's own
     "lws": ("integration", "node"),  # LeaderWorkerSet's controller, a pod on the session's node
+    "kueue": ("integration", "node"),  # Kueue's controller manager, a pod on the session's node
     "gluster": ("sharedfs",),  # glusterd (the node's volume is served by the same one)
 }
 

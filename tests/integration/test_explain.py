@@ -243,6 +243,7 @@ def test_kubectl_get_shows_ready(kube_cluster, crd, custom, namespace):
         "PHASE",
         "READY",
         "CLAIM",
+        "QUEUE",  # a run's Kueue LocalQueue (empty: not queued)
         "REASON",
         "ROOT",
         "RESTARTS",
