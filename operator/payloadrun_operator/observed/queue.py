@@ -110,13 +110,11 @@ def admission_of(workload: Mapping[str, Any] | None) -> QueueAdmission:
     if _true(workload, FINISHED):
         return QueueAdmission(QueueState.FINISHED, "the run has ended: its quota is released")
     admission = (workload.get("status") or {}).get("admission")
-    if _true(workload, EVICTED):
+    held = admission is not None or _true(workload, QUOTA_RESERVED)
+    if _true(workload, EVICTED) and held:  # once the quota is back, it waits like any other
         cond = _condition(workload, EVICTED) or {}
-        held = admission is not None or _true(workload, QUOTA_RESERVED)
         return QueueAdmission(
-            QueueState.EVICTED if held else QueueState.PENDING,
-            cond.get("message") or "evicted by Kueue",
-            cond.get("reason") or "",
+            QueueState.EVICTED, cond.get("message") or "evicted by Kueue", cond.get("reason") or ""
         )
     if admission and _true(workload, QUOTA_RESERVED) and _true(workload, ADMITTED):
         flavors = {
