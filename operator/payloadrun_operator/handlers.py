@@ -7,7 +7,6 @@ settings and metrics passed in.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import weakref
@@ -28,9 +27,7 @@ from payloadrun_operator.api.conditions import (
 from payloadrun_operator.api.kinds import (
     FOLLOWED,
     LEADER_WORKER_SET,
-    RESOURCE_FLAVOR,
     WORKLOAD,
-    WORKLOAD_PRIORITY_CLASS,
     Kind,
 )
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
@@ -44,15 +41,13 @@ from payloadrun_operator.api.names import (
     LABEL_MANAGED_BY,
     LABEL_RUN,
     MANAGED_SELECTOR,
-    PRIORITY_CLASS_LABEL,
-    queue_workload_name,
     run_workloads,
 )
-from payloadrun_operator.desired import context, queueing
+from payloadrun_operator.desired import context
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import BuiltRun
 from payloadrun_operator.observed import outcome, prerequisites, queue, readiness
-from payloadrun_operator.observed.following import Follower
+from payloadrun_operator.observed.following import Follower, live_object
 from payloadrun_operator.observed.plan import WorkloadPlan, activity_manifest, workload_plan
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
 from payloadrun_operator.platform import credentials, heap
@@ -60,6 +55,7 @@ from payloadrun_operator.platform.diffbase import QuietProgressStorage, StatusDi
 from payloadrun_operator.platform.kube import ChildRefused, KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
+from payloadrun_operator.queued import bring_queue, queue_gate
 
 T = TypeVar("T")
 log = logging.getLogger("payloadrun.handlers")
@@ -299,107 +295,6 @@ def refusal_message(exc: KubeApiError, retry_seconds: int) -> str:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Gate:
-    """Whether a run's pods may run as far as Kueue is concerned (a run without a queue: yes),
-    its Workload as it is, and where the admitted flavors put each pod set."""
-
-    admitted: bool = True
-    workload: dict[str, Any] | None = None
-    placements: dict[str, queueing.Placement] = dataclasses.field(default_factory=dict)
-
-
-async def queue_gate(
-    op: Operator, follower: Follower | None, meta: Mapping[str, Any], queue_name: str | None
-) -> Gate:
-    """A queued run's :class:`Gate`, from its Workload (the follower's cache, once synced) and
-    the ResourceFlavors its admission names; any other run's is open (and a run whose queue
-    label was removed gives its quota back: its Workload is deleted)."""
-    if not op.discovery.serves(WORKLOAD):
-        return Gate()  # a queued run is refused later, with KueueMissing
-    if queue_name is None:
-        await drop_workload(op, follower, meta)
-        return Gate()
-    ns, name = meta["namespace"], queue_workload_name(meta["name"])
-    workload = await live_object(op, follower, WORKLOAD, ns, name)
-    admission = queue.admission_of(workload)
-    if not admission.runs_pods:
-        return Gate(False, workload)
-    flavors = {}
-    for flavor in queueing.flavor_names(admission.flavors):  # cluster-scoped, a few at most
-        found = await op.client.get(RESOURCE_FLAVOR.api_version, RESOURCE_FLAVOR.kind, "", flavor)
-        flavors[flavor] = found or {}
-    return Gate(True, workload, queueing.placement_of(admission.flavors, flavors))
-
-
-async def drop_workload(op: Operator, follower: Follower | None, meta: Mapping[str, Any]) -> None:
-    """Delete the Workload of a run that no longer asks for a queue (none to delete: nothing,
-    and no request once the follower's cache is synced)."""
-    ns, name = meta["namespace"], queue_workload_name(meta["name"])
-    synced, cached = follower.live(WORKLOAD.kind, ns, name) if follower else (False, None)
-    if synced and cached is None:
-        return
-    await op.client.delete(WORKLOAD.api_version, WORKLOAD.kind, ns, name, "Background")
-
-
-async def priority_of(op: Operator, meta: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The WorkloadPriorityClass a run's ``kueue.x-k8s.io/priority-class`` label names, with its
-    value (Kueue resolves it only for Workloads it makes); None without the label."""
-    name = (meta.get("labels") or {}).get(PRIORITY_CLASS_LABEL)
-    if not name:
-        return None
-    kind = WORKLOAD_PRIORITY_CLASS
-    found = await op.client.get(kind.api_version, kind.kind, "", name)
-    if found is None:
-        raise KubeApiError(
-            404,
-            "NotFound",
-            f"WorkloadPriorityClass {name!r} (the run's {PRIORITY_CLASS_LABEL} label) does not "
-            "exist: create it, or remove the label",
-            f"reading WorkloadPriorityClass {name}",
-        )
-    return name, int(found.get("value", 0))
-
-
-async def bring_queue(
-    op: Operator,
-    follower: Follower | None,
-    body: Mapping[str, Any],
-    built: BuiltRun,
-    queue_name: str,
-    gate: Gate,
-) -> BuiltRun:
-    """Bring a queued run's Workload to what ``built`` needs, and return what to apply: the
-    children placed where Kueue admitted them. A Workload whose pod sets, queue or priority
-    changed is replaced while it holds quota (else changed in place) and queued again: until
-    Kueue admits the new one the run has no pods (built again, stopped)."""
-    meta = body["metadata"]
-    desired = queueing.workload_manifest(built, queue_name, await priority_of(op, meta))
-    live = gate.workload
-    if live is not None and queueing.same_pod_sets(desired, live):
-        return dataclasses.replace(
-            built, children=tuple(queueing.placed(built.children, gate.placements))
-        )
-    if live is not None and queue.admission_of(live).state in queue.HOLDING_QUOTA:
-        await op.client.delete(
-            WORKLOAD.api_version,
-            WORKLOAD.kind,
-            meta["namespace"],
-            desired["metadata"]["name"],
-            "Background",
-            uid=live["metadata"]["uid"],
-        )
-    else:  # a new Workload, or one without quota: Kueue lets its spec change
-        answer = await op.client.apply(desired)
-        if follower is not None:
-            follower.wrote(answer)
-    if not gate.admitted:
-        return built
-    stopped = admit(body, op.settings, queue_admitted=False).built
-    assert stopped is not None  # the same body was just accepted
-    return stopped
-
-
 async def apply_children(
     op: Operator, built: BuiltRun, *, final: bool, follower: Follower | None = None
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
@@ -490,18 +385,6 @@ async def live_workload(
     meta = child["metadata"]
     kind = Kind(child["apiVersion"], child["kind"], "")
     return await live_object(op, follower, kind, meta["namespace"], meta["name"])
-
-
-async def live_object(
-    op: Operator, follower: Follower | None, kind: Kind, namespace: str, name: str
-) -> dict[str, Any] | None:
-    """A followed child as it is (None: it does not exist): the follower's copy once its cache
-    is synced (watch events and the operator's own writes keep it current), else read."""
-    if follower is not None:
-        synced, live = follower.live(kind.kind, namespace, name)
-        if synced:
-            return live
-    return await op.client.get(kind.api_version, kind.kind, namespace, name)
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:

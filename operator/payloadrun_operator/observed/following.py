@@ -41,7 +41,7 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator.api.kinds import FOLLOWED, RUN
+from payloadrun_operator.api.kinds import FOLLOWED, RUN, Kind
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
@@ -394,3 +394,15 @@ class Follower:
         self.op.metrics.status_refreshes.labels("written" if result.written else "unchanged").inc()
         if result.recheck:
             self.add(key, RECHECK_SECONDS)
+
+
+async def live_object(
+    op: Operator, follower: Follower | None, kind: Kind, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """A followed child as it is (None: it does not exist): the follower's copy once its cache
+    is synced (watch events and the operator's own writes keep it current), else read."""
+    if follower is not None:
+        synced, live = follower.live(kind.kind, namespace, name)
+        if synced:
+            return live
+    return await op.client.get(kind.api_version, kind.kind, namespace, name)
