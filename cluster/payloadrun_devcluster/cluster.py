@@ -323,6 +323,12 @@ class LocalCluster:
         attempts = 3
         for attempt in range(1, attempts + 1):
             try:
+                if attempt > 1 and self.with_node:
+                    # the failed attempt's _abort_start tore the host down (the bridge and the
+                    # node address with it): without it the API server cannot bind the node
+                    # address ("cannot assign requested address"), as make test saw when a
+                    # kube-router port was taken by another part's cluster starting at once
+                    node_module.prepare_host(self.node_dir)
                 self._start_once(binaries)
                 return self
             except ClusterError as error:
