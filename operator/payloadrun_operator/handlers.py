@@ -25,6 +25,7 @@ from payloadrun_operator.api.conditions import (
     ValidatedReason,
 )
 from payloadrun_operator.api.kinds import (
+    BY_KIND,
     FOLLOWED,
     LEADER_WORKER_SET,
     WORKLOAD,
@@ -383,7 +384,7 @@ async def live_workload(
 ) -> dict[str, Any] | None:
     """The workload ``child`` as it is (None: it does not exist): :func:`live_object`."""
     meta = child["metadata"]
-    kind = Kind(child["apiVersion"], child["kind"], "")
+    kind = BY_KIND[child["apiVersion"], child["kind"]]
     return await live_object(op, follower, kind, meta["namespace"], meta["name"])
 
 

@@ -76,6 +76,8 @@ KINDS = (
 )
 # (apiVersion, kind) -> plural, for the kinds the operator creates or reads.
 PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}
+# (apiVersion, kind) -> its Kind (a built child's row of the table).
+BY_KIND = {(k.api_version, k.kind): k for k in KINDS}
 # The kinds of child the status reads, as (apiVersion, kind): readiness lists them by the
 # managed-by label, and kopf watches each.
 CHILD_KINDS = tuple((k.api_version, k.kind) for k in KINDS if k.followed)

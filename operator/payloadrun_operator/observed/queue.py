@@ -27,7 +27,7 @@ from payloadrun_operator.api.conditions import AdmittedReason
 from payloadrun_operator.api.kinds import WORKLOAD
 from payloadrun_operator.api.models import ConditionStatus
 from payloadrun_operator.api.names import QUEUE_NAME_LABEL, queue_workload_name
-from payloadrun_operator.observed.status import Check
+from payloadrun_operator.observed.status import Check, upsert_condition
 
 # Kueue's Workload condition types (apis/kueue/v1beta2/workload_types.go)
 QUOTA_RESERVED = "QuotaReserved"
@@ -230,26 +230,6 @@ def workload_condition(
     return cond
 
 
-def with_condition(
-    conditions: list[Mapping[str, Any]], cond: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """``conditions`` with ``cond`` in place of its type's (its transition time kept when its
-    status did not change)."""
-    out: list[dict[str, Any]] = []
-    found = False
-    for existing in conditions:
-        if existing.get("type") != cond["type"]:
-            out.append(dict(existing))
-            continue
-        found = True
-        same = existing.get("status") == cond["status"]
-        since = existing.get("lastTransitionTime") if same else cond["lastTransitionTime"]
-        out.append({**cond, "lastTransitionTime": since or cond["lastTransitionTime"]})
-    if not found:
-        out.append(cond)
-    return out
-
-
 def duty_status(
     workload: Mapping[str, Any], what: Duty, now: str, *, failed: bool = False
 ) -> dict[str, Any]:
@@ -264,12 +244,12 @@ def duty_status(
             (FAILED, "the PayloadRun failed") if failed else (SUCCEEDED, "the PayloadRun succeeded")
         )
         cond = workload_condition(FINISHED, True, reason, message, now, generation)
-        return {"conditions": with_condition(conditions, cond)}
+        return {"conditions": upsert_condition(conditions, cond)}
     evicted = _condition(workload, EVICTED) or {}
     message = evicted.get("message") or "evicted"
     reason = evicted.get("reason") or EVICTED
     for ctype, why in ((QUOTA_RESERVED, PENDING), (ADMITTED, NO_RESERVATION)):
         cond = workload_condition(ctype, False, why, message, now, generation)
-        conditions = with_condition(conditions, cond)
+        conditions = upsert_condition(conditions, cond)
     requeued = workload_condition(REQUEUED, reason != DEACTIVATED, reason, message, now, generation)
-    return {"admission": None, "conditions": with_condition(conditions, requeued)}
+    return {"admission": None, "conditions": upsert_condition(conditions, requeued)}

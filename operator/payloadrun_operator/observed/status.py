@@ -99,17 +99,27 @@ def set_condition(
     if problem is not None:
         raise ValueError(problem)
     status = ConditionStatus.TRUE if check.ok else ConditionStatus.FALSE
-    out = []
+    return upsert_condition(conditions, _condition(ctype, status, check, generation, now))
+
+
+def upsert_condition(
+    conditions: Iterable[Mapping[str, Any]], cond: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``cond`` in place of its type's, in place, or last; its
+    ``lastTransitionTime`` kept from the one it replaces when the status did not change (as
+    metav1's SetStatusCondition). Any object's conditions: a run's, a Kueue Workload's."""
+    out: list[dict[str, Any]] = []
     found = False
-    for cond in conditions:
-        if cond.get("type") != ctype:
-            out.append(dict(cond))
+    for existing in conditions:
+        if existing.get("type") != cond["type"]:
+            out.append(dict(existing))
             continue
         found = True
-        since = cond.get("lastTransitionTime") if cond.get("status") == status else now
-        out.append(_condition(ctype, status, check, generation, since or now))
+        same = existing.get("status") == cond["status"]
+        since = existing.get("lastTransitionTime") if same else None
+        out.append({**cond, "lastTransitionTime": since or cond["lastTransitionTime"]})
     if not found:
-        out.append(_condition(ctype, status, check, generation, now))
+        out.append(cond)
     return out
 
 
