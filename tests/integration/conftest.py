@@ -16,13 +16,22 @@ Security level on its pods (``pod_helpers.pod_security_labels``).
 ``lws`` (session, opt-in): LeaderWorkerSet's controller installed on the node, webhooks on.
 ``kueue`` (session, opt-in): Kueue's controller installed on the node, webhooks on, looking only at
 namespaces that carry its ``namespace_labels``.
+
+An add-on a session's tests ask for is installed in the background from the moment the session's
+node is up (:class:`EarlyAddons`), beside the tests before the first that uses it: installing one
+is mostly waiting (its image imported, its manager's certificates, its Deployment available, its
+webhooks answering: 20-28 s each), which ``make test``'s node part, one test after another,
+otherwise spent on its critical path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -87,12 +96,58 @@ def node_binaries() -> Binaries:
     return binaries
 
 
+# The add-on fixtures: fixture name -> the payloadrun_devcluster module that installs it
+# (its ADDON and install(cluster, build)).
+ADDON_FIXTURES = {"lws": "payloadrun_devcluster.lws", "kueue": "payloadrun_devcluster.kueue"}
+
+
+class EarlyAddons:
+    """The installs of the add-ons this session's tests use, started on the session's cluster as
+    soon as its node is up, one thread each; an add-on's fixture waits for its install (and
+    raises what it raised). One that cannot start here (no node, not built) is not started: its
+    fixture skips or fails as it would have."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(len(ADDON_FIXTURES), thread_name_prefix="addon")
+        self._started: dict[str, Future] = {}
+
+    def start(self, cluster: LocalCluster, items: list[pytest.Item]) -> None:
+        from payloadrun_devcluster.addons import find_build
+
+        if not cluster.with_node:
+            return
+        used = {name for item in items for name in getattr(item, "fixturenames", ())}
+        for fixture, module_name in ADDON_FIXTURES.items():
+            if fixture not in used:
+                continue
+            module = importlib.import_module(module_name)
+            try:
+                build = find_build(module.ADDON)
+            except BinariesMissing:
+                continue  # its fixture says so
+            self._started[module.ADDON.name] = self._pool.submit(module.install, cluster, build)
+
+    def started(self, name: str) -> Future | None:
+        return self._started.get(name)
+
+    def join(self) -> None:
+        """Wait for the installs under way (before the cluster they install into stops)."""
+        for future in self._started.values():
+            with contextlib.suppress(Exception):
+                future.result()
+        self._pool.shutdown()
+
+
+EARLY_ADDONS = EarlyAddons()
+
+
 @pytest.fixture(scope="session")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     """A running cluster, stopped (no process left) at the end of the session, always.
 
     Its state directory (certificates, kubeconfigs, component logs) is kept under pytest's
-    basetemp for post-mortems.
+    basetemp for post-mortems. The add-ons the session's tests use start installing on it at
+    once (:class:`EarlyAddons`).
     """
     binaries = built_binaries()
     no_node = no_node_reason(binaries)
@@ -110,8 +165,10 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory):
     # interpreter exit (atexit) and the kernel ends the children if this process is killed.
     cluster.start()
     try:
+        EARLY_ADDONS.start(cluster, request.session.items)
         yield cluster
     finally:
+        EARLY_ADDONS.join()
         cluster.stop()
 
 
@@ -214,7 +271,8 @@ def install_addon(kube_cluster: LocalCluster, addon, install):
     except BinariesMissing as error:
         skip_or_fail(str(error))
         raise
-    return install(kube_cluster, build)
+    early = EARLY_ADDONS.started(addon.name)
+    return early.result() if early else install(kube_cluster, build)
 
 
 @pytest.fixture

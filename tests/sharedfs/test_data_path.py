@@ -97,12 +97,16 @@ def test_concurrent_answers_written_on_one_client_read_back_bitwise_on_another(
         handled = metric(
             proc.metrics_url, "payloadrun_writer_requests_total", mode="handle", code="200"
         )
+        writer_log = proc.log()  # its temporary directory goes with it
 
     sleeps: list[float] = []
     files: set[str] = set()
     with PayloadReader(run_root, sleep=sleeps.append) as reader:
         for (via, direct), (_, _, prompt_len) in zip(answers, jobs, strict=True):
-            assert via[0] == 200 and direct[0] == 200
+            assert (via[0], direct[0]) == (200, 200), (
+                f"through the writer {via[0]} {via[2][:1000]!r}, straight {direct[0]} "
+                f"{direct[2][:1000]!r}; the writer's log:\n{writer_log}"
+            )
             assert via[1]["x-payloadrun-mode"] == "handle", via[1]
             files |= check_by_handle_equals_inline(
                 reader, json.loads(via[2]), json.loads(direct[2]), prompt_len
