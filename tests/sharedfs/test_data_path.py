@@ -21,6 +21,7 @@ from sharedfs_helpers import (
     check_by_handle_equals_inline,
     files_on,
     generate_request,
+    get,
     metric,
     payload_segments,
     post,
@@ -97,15 +98,19 @@ def test_concurrent_answers_written_on_one_client_read_back_bitwise_on_another(
         handled = metric(
             proc.metrics_url, "payloadrun_writer_requests_total", mode="handle", code="200"
         )
-        writer_log = proc.log()  # its temporary directory goes with it
+        # what tells a 500 of the writer's own from vLLM's relayed: its requests_total series
+        # by mode and code, and the two logs (the writer's temporary directory goes with it)
+        writer_log, writer_metrics = proc.log(), get(proc.metrics_url)[1].decode()
 
     sleeps: list[float] = []
     files: set[str] = set()
     with PayloadReader(run_root, sleep=sleeps.append) as reader:
         for (via, direct), (_, _, prompt_len) in zip(answers, jobs, strict=True):
             assert (via[0], direct[0]) == (200, 200), (
-                f"through the writer {via[0]} {via[2][:1000]!r}, straight {direct[0]} "
-                f"{direct[2][:1000]!r}; the writer's log:\n{writer_log}"
+                f"through the writer {via[0]} {via[1]} {via[2][:1000]!r}, straight {direct[0]} "
+                f"{direct[1]} {direct[2][:1000]!r}; the writer's requests: "
+                f"{[line for line in writer_metrics.splitlines() if 'requests_total{' in line]}"
+                f"\nthe writer's log:\n{writer_log}\nthe fake vLLM's log:\n{fake.log()}"
             )
             assert via[1]["x-payloadrun-mode"] == "handle", via[1]
             files |= check_by_handle_equals_inline(

@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.random  # at start, not lazily by the first requests' threads at once
 from aiohttp import web
 
 from payloadrun import serving
