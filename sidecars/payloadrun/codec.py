@@ -19,7 +19,9 @@ import base64
 import binascii
 import io
 import math
+import re
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -193,6 +195,31 @@ _NPY_HEADER_READERS = {  # format version: (header length field, numpy's header 
     (1, 0): ("<H", npy_format.read_array_header_1_0),
     (2, 0): ("<I", npy_format.read_array_header_2_0),
 }
+# numpy reads a header with ast.literal_eval, and CPython 3.11 keeps the AST constructor's
+# recursion depth in state its threads share: the writer's request threads reading headers at
+# once failed with "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905,
+# a 500 in make test). The header np.save writes (vLLM's numpy2base64 is np.save) is read here
+# without ast, and faster; any other goes through numpy, one thread at a time.
+_NPY_SAVE_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[A-Za-z]\d*)', 'fortran_order': (True|False), "
+    r"'shape': \((\d+(?:, \d+)*,?)?\), \} *\n"
+)
+_NUMPY_HEADER = threading.Lock()
+
+
+def npy_save_header(text: str) -> tuple[tuple[int, ...], bool, np.dtype] | None:
+    """(shape, fortran_order, dtype) of an .npy header as np.save writes it; None for any other
+    (numpy's own reader decides those)."""
+    match = _NPY_SAVE_HEADER.fullmatch(text)
+    if match is None:
+        return None
+    descr, fortran_order, dims = match.groups()
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError):
+        return None
+    shape = tuple(int(d) for d in dims.rstrip(",").split(", ")) if dims else ()
+    return shape, fortran_order == "True", dtype
 
 
 def load_npy(raw: np.ndarray) -> np.ndarray:
@@ -200,8 +227,9 @@ def load_npy(raw: np.ndarray) -> np.ndarray:
 
     np.load on a byte stream reads the data 256 KiB at a time into a new array, two more copies
     of every byte; here numpy's own functions parse the header and the data stays where the
-    decoder put it. Anything unusual (format 3.0, a header over np.load's 10,000-byte limit,
-    zero-size items) goes through np.load itself, with its own checks and messages. Raises
+    decoder put it; a header as np.save writes it is read without numpy's ``ast`` (see
+    :func:`npy_save_header`). Anything unusual (format 3.0, a header over np.load's 10,000-byte
+    limit, zero-size items) goes through np.load itself, with its own checks and messages. Raises
     ValueError as np.load does: bad magic string, bad header, object dtype, data cut short.
     """
     raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
@@ -214,13 +242,17 @@ def load_npy(raw: np.ndarray) -> np.ndarray:
         if raw.size >= length_end:
             (header_len,) = struct.unpack(length_format, raw[magic_end:length_end].tobytes())
             if header_len <= _NPY_MAX_HEADER:
-                head = io.BytesIO(raw[: length_end + header_len].tobytes())
-                head.seek(magic_end)
-                shape, fortran_order, dtype = read_header(head, max_header_size=_NPY_MAX_HEADER)
+                offset = length_end + header_len
+                header = npy_save_header(raw[length_end:offset].tobytes().decode("latin1"))
+                if header is None:
+                    head = io.BytesIO(raw[:offset].tobytes())
+                    head.seek(magic_end)
+                    with _NUMPY_HEADER:
+                        header = read_header(head, max_header_size=_NPY_MAX_HEADER)
+                shape, fortran_order, dtype = header
                 if dtype.hasobject:
                     raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
                 if dtype.itemsize:
-                    offset = head.tell()
                     count = math.prod(shape)
                     need = count * dtype.itemsize
                     if raw.size - offset < need:
@@ -232,7 +264,8 @@ def load_npy(raw: np.ndarray) -> np.ndarray:
                     if fortran_order:
                         return arr.reshape(shape[::-1]).transpose()
                     return arr.reshape(shape)
-    return np.load(io.BytesIO(raw), allow_pickle=False)
+    with _NUMPY_HEADER:
+        return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
 def decode_npy_base64(text: Base64Text) -> np.ndarray:

@@ -16,6 +16,7 @@ from payloadrun.codec import (
     encode_sampling_mask_csr,
     mask_rows,
     mask_rows_from_csr,
+    npy_save_header,
     routing_pos,
     routing_rows,
 )
@@ -245,6 +246,55 @@ def test_npy_decode_equals_np_load(arr, version, slice_chars, monkeypatch):
     assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
     assert decoded.flags.f_contiguous == expected.flags.f_contiguous
     np.testing.assert_array_equal(decoded, expected)
+
+
+SAVED = {
+    "uint8": np.zeros((311, 48, 8), dtype=np.uint8),
+    "uint16": np.zeros((5,), dtype=np.uint16),
+    "big-endian": np.zeros((3, 4), dtype=">f4"),
+    "fortran": np.asfortranarray(np.zeros((2, 3), dtype=np.int64)),
+    "empty": np.zeros((0, 48, 8), dtype=np.uint8),
+    "scalar": np.array(7, dtype=np.uint16),
+}
+
+
+@pytest.mark.parametrize("name", SAVED)
+def test_a_header_as_np_save_writes_it_is_read_without_ast(name, monkeypatch):
+    """numpy reads headers with ast.literal_eval, whose AST state CPython 3.11's threads share
+    (the writer's request threads failed with "AST constructor recursion depth mismatch"): a
+    header np.save wrote is read without it, to what numpy reads; any other still goes to
+    numpy."""
+    raw = _npy_bytes(SAVED[name])
+    expected = np.load(io.BytesIO(raw), allow_pickle=False)
+    head = io.BytesIO(raw)
+    np.lib.format.read_magic(head)
+    numpy_header = np.lib.format.read_array_header_1_0(head)
+    header_len = int.from_bytes(raw[8:10], "little")
+    assert npy_save_header(raw[10 : 10 + header_len].decode("latin1")) == numpy_header
+
+    def no_ast(*_args, **_kwargs):
+        raise AssertionError("ast.literal_eval called")
+
+    monkeypatch.setattr("ast.literal_eval", no_ast)
+    decoded = decode_npy_base64(base64.b64encode(raw))
+    assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+    np.testing.assert_array_equal(decoded, expected)
+    structured = _npy_bytes(np.zeros(3, dtype=[("a", "<u2"), ("b", "u1")]))
+    with pytest.raises(AssertionError, match=r"ast\.literal_eval called"):
+        decode_npy_base64(base64.b64encode(structured))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{'descr': '<u2', 'shape': (5,), 'fortran_order': False, }\n",  # another key order
+        "{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (3,), }\n",  # structured
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (5,), }",  # no newline: cut short
+        "{'descr': 'x9', 'fortran_order': False, 'shape': (5,), }\n",  # no such type
+    ],
+)
+def test_any_other_header_is_left_to_numpy(text):
+    assert npy_save_header(text) is None
 
 
 @pytest.mark.parametrize("tail", [0, 1, 2])  # decoded length 3k, 3k+1, 3k+2: '', '==', '='
