@@ -459,7 +459,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         follower.observe(KIND, event)
 
     for kind in FOLLOWED:  # kopf watches each kind the status reads
-        follow_kind(registry, follower, kind, requeue if kind is WORKLOAD else None)
+        follow_kind(registry, follower, kind, requeue)
 
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
@@ -476,11 +476,11 @@ def follow_kind(
     registry: kopf.OperatorRegistry,
     follower: Follower,
     kind: Kind,
-    on_admission: Callable[[tuple[str, str]], None] | None = None,
+    requeue: Callable[[tuple[str, str]], None] | None = None,
 ) -> None:
     """Feed the follower every event of ``kind`` among the operator's children (the watch
-    itself selects them: :func:`configure_kopf`); for a Workload, ``on_admission`` the run
-    whose admission it changed (admitted, evicted, another flavor, gone)."""
+    itself selects them: :func:`configure_kopf`), and ``requeue`` the run whose child's event
+    calls for a reconcile (:func:`child_event_requeues`)."""
 
     @kopf.on.event(
         *watch_selector(kind),
@@ -489,24 +489,38 @@ def follow_kind(
     )
     async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
         obj = event.get("object")
-        if on_admission is None or not isinstance(obj, Mapping) or "metadata" not in obj:
+        if requeue is None or not isinstance(obj, Mapping) or "metadata" not in obj:
             follower.observe(kind.kind, event)
             return
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
-        before = queue.gate_key(follower.cache.children.get(key))
+        before = follower.cache.children.get(key)
         follower.observe(kind.kind, event)
-        after = queue.gate_key(follower.cache.children.get(key))
+        after = follower.cache.children.get(key)
         run = (meta.get("labels") or {}).get(LABEL_RUN)
-        if before != after and run:
-            on_admission((key[0], run))
+        if run and child_event_requeues(kind, event.get("type"), before, after):
+            requeue((key[0], run))
+
+
+def child_event_requeues(
+    kind: Kind, event_type: str | None, before: Mapping[str, Any] | None, after: Any
+) -> bool:
+    """Whether a child's watch event calls for its run's reconcile, which kopf's handlers of the
+    run never hear of: one of the run's children deleted (``before``: it was cached, so it was
+    the run's and not, say, LeaderWorkerSet's), which the reconcile makes again (a live run) or
+    leaves gone (a finished one), as controller-runtime's ``Owns()`` does; or a Workload whose
+    admission changed (admitted, evicted, another flavor)."""
+    if event_type == "DELETED":
+        return before is not None
+    return kind is WORKLOAD and queue.gate_key(before) != queue.gate_key(after)
 
 
 class Requeue:
-    """Reconciles a run again, from the API server's copy, when its Workload's admission
-    changed (admitted, evicted, another flavor, gone), which kopf's handlers of the run never
-    hear of; as they do, one at a time per run, within the reconciles' bound, retried after a
-    temporary failure."""
+    """Reconciles a run again, from the API server's copy, when a child's event calls for it
+    (:func:`child_event_requeues`: a child deleted, a Workload's admission changed); as kopf's
+    handlers do, one at a time per run, within the reconciles' bound, retried after a temporary
+    failure. A run already waiting for its turn is not queued twice: the pass it waits for reads
+    the run and its children when it starts."""
 
     def __init__(
         self,
@@ -519,11 +533,15 @@ class Requeue:
         self.op, self.follower, self.locks = op, follower, locks
         self.reconciling, self.drain = reconciling, drain
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: set[tuple[str, str]] = set()  # queued, their pass not started yet
 
     def __call__(self, key: tuple[str, str], delay: float = 0.0) -> None:
         if delay > 0:
             asyncio.get_running_loop().call_later(delay, self, key)
             return
+        if key in self._waiting:
+            return
+        self._waiting.add(key)
         task = asyncio.create_task(self._reconcile(key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -532,17 +550,18 @@ class Requeue:
         op = self.op
         logger = logging.LoggerAdapter(log, {"run": f"{key[0]}/{key[1]}"})
         with self.drain.working():
-            async with self.locks.hold(key), self.reconciling:
-                try:
+            try:
+                async with self.locks.hold(key), self.reconciling:
+                    self._waiting.discard(key)  # an event from now on needs a pass of its own
                     body = await op.client.get(API_VERSION, KIND, *key)
                     if body is None or body["metadata"].get("deletionTimestamp"):
                         return
                     await reconcile(op, body, logger, self.follower)
-                except kopf.TemporaryError as exc:
-                    self(key, exc.delay or op.settings.apply_retry_seconds)
-                except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    log.warning("%s/%s: reconcile after the queue's answer failed: %s", *key, exc)
-                    self(key, op.settings.apply_retry_seconds)
+            except kopf.TemporaryError as exc:
+                self(key, exc.delay or op.settings.apply_retry_seconds)
+            except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("%s/%s: reconcile after a child's event failed: %s", *key, exc)
+                self(key, op.settings.apply_retry_seconds)
 
 
 class RunLocks:

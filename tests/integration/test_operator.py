@@ -423,6 +423,55 @@ def test_workloads_changed_behind_the_operators_back_are_applied_again(operator,
     assert job.spec.backoff_limit == limit + change
 
 
+def test_workloads_deleted_behind_the_operators_back_are_made_again_at_once(
+    operator, api, namespace
+):
+    """A live run's StatefulSet and Job deleted by hand come back with no change of the run:
+    their DELETED events reach the follower's cache, which reconciles the run again (as
+    controller-runtime's Owns() does); before, they stayed gone until the run's next change.
+    The run's generation and its other children are untouched: nothing but the two is
+    written."""
+    body = load_example("multinode-by-handle.yaml")
+    name = body["metadata"]["name"]
+    create_run(api, namespace, body)
+    reconciled(api, namespace, name)
+    before = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
+    sts_name, job_name = f"{name}-inference", f"{name}-orchestrator"
+    old_sts = api["apps"].read_namespaced_stateful_set(sts_name, namespace)
+    old_job = api["batch"].read_namespaced_job(job_name, namespace)
+    deleted = time.monotonic()
+    api["apps"].delete_namespaced_stateful_set(sts_name, namespace)
+    api["batch"].delete_namespaced_job(job_name, namespace, propagation_policy="Background")
+
+    def made_again():
+        sts = (
+            api["apps"]
+            .list_namespaced_stateful_set(namespace, field_selector=f"metadata.name={sts_name}")
+            .items
+        )
+        jobs = (
+            api["batch"]
+            .list_namespaced_job(namespace, field_selector=f"metadata.name={job_name}")
+            .items
+        )
+        old = (old_sts.metadata.uid, old_job.metadata.uid)
+        fresh = [[o for o in found if o.metadata.uid not in old] for found in (sts, jobs)]
+        return fresh if all(fresh) else None
+
+    (sts,), (job,) = eventually("the two made again", made_again)
+    print(f"\ndeleted -> both made again: {time.monotonic() - deleted:.2f} s")
+    assert sts.spec.template == old_sts.spec.template and sts.spec.replicas == old_sts.spec.replicas
+    assert job.spec.template.spec.containers == old_job.spec.template.spec.containers
+    run = get_run(api, namespace, name)
+    assert run["metadata"]["generation"] == 1
+    assert run["status"]["observedGeneration"] == 1
+    after = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
+    remade = {("StatefulSet", sts_name), ("Job", job_name)}
+    assert {k: v for k, v in after.items() if k not in remade} == {
+        k: v for k, v in before.items() if k not in remade
+    }, "a child other than the two was written"
+
+
 def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     body = load_example("multinode-by-handle.yaml")
     name = body["metadata"]["name"]
