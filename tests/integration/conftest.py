@@ -240,9 +240,7 @@ def lws(kube_cluster: LocalCluster):
     its certificates its own (``payloadrun_devcluster.lws``). Its :class:`LwsInstall` says how
     long each step took. Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session
     runs no node or the manager is not built (``bash cluster/build.sh``)."""
-    from payloadrun_devcluster import lws
-
-    return install_addon(kube_cluster, lws.ADDON, lws.install)
+    return install_addon(kube_cluster, "lws")
 
 
 @pytest.fixture(scope="session")
@@ -254,25 +252,24 @@ def kueue(kube_cluster: LocalCluster):
     (``payloadrun_devcluster.kueue``). Its :class:`KueueInstall` says how long each step took.
     Skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) when the session runs no node or the
     manager is not built (``bash cluster/build.sh``)."""
-    from payloadrun_devcluster import kueue
-
-    return install_addon(kube_cluster, kueue.ADDON, kueue.install)
+    return install_addon(kube_cluster, "kueue")
 
 
-def install_addon(kube_cluster: LocalCluster, addon, install):
-    """An add-on (``payloadrun_devcluster.addons``) installed on the session's node, or the test
-    skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) saying what is missing."""
+def install_addon(kube_cluster: LocalCluster, fixture: str):
+    """The add-on of ``fixture`` (:data:`ADDON_FIXTURES`) installed on the session's node, or the
+    test skipped (failed under ``PAYLOADRUN_REQUIRE_CLUSTER``) saying what is missing."""
     from payloadrun_devcluster.addons import find_build
 
+    module = importlib.import_module(ADDON_FIXTURES[fixture])
     if not kube_cluster.with_node:
-        skip_or_fail(f"{addon.title} runs as a pod: the session's cluster runs no node")
+        skip_or_fail(f"{module.ADDON.title} runs as a pod: the session's cluster runs no node")
     try:
-        build = find_build(addon)
+        build = find_build(module.ADDON)
     except BinariesMissing as error:
         skip_or_fail(str(error))
         raise
-    early = EARLY_ADDONS.started(addon.name)
-    return early.result() if early else install(kube_cluster, build)
+    early = EARLY_ADDONS.started(module.ADDON.name)
+    return early.result() if early else module.install(kube_cluster, build)
 
 
 @pytest.fixture
