@@ -476,7 +476,7 @@ def follow_kind(
     registry: kopf.OperatorRegistry,
     follower: Follower,
     kind: Kind,
-    requeue: Callable[[tuple[str, str]], None] | None = None,
+    requeue: Callable[[tuple[str, str]], None],
 ) -> None:
     """Feed the follower every event of ``kind`` among the operator's children (the watch
     itself selects them: :func:`configure_kopf`), and ``requeue`` the run whose child's event
@@ -489,9 +489,8 @@ def follow_kind(
     )
     async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
         obj = event.get("object")
-        if requeue is None or not isinstance(obj, Mapping) or "metadata" not in obj:
-            follower.observe(kind.kind, event)
-            return
+        if not isinstance(obj, Mapping) or "metadata" not in obj:
+            return  # follower.observe would drop it too
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
         before = follower.cache.children.get(key)
