@@ -496,6 +496,50 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     assert "Traceback" not in operator.log_tail(200)
 
 
+def test_a_status_write_over_a_run_deleted_meanwhile_is_no_error(
+    kube_cluster, crd, api, namespace, monkeypatch
+):
+    """A pass that reads a run, then finds it gone when it writes the status (its namespace
+    being deleted, as a restart's resume meets the runs of namespaces on their way out): nothing
+    to write, no event, the run's series forgotten, and no error (which kopf would log with a
+    traceback and retry for a run that is no more)."""
+    import asyncio
+
+    import kopf
+
+    from payloadrun_operator.observed import readiness
+    from payloadrun_operator.observed.status import StatusUpdate
+    from payloadrun_operator.platform.kube import KubeClient
+    from payloadrun_operator.platform.metrics import OperatorMetrics
+    from payloadrun_operator.platform.runtime import Operator
+    from payloadrun_operator.platform.settings import OperatorSettings
+
+    body = load_example("singlenode-inline.yaml")
+    name = body["metadata"]["name"]
+    read = create_run(api, namespace, body)  # as a pass read it
+    api["custom"].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    update = StatusUpdate({"phase": "Pending"}, [("Normal", "Applied", "every child was applied")])
+
+    async def write() -> tuple[readiness.Write, Any]:
+        client = KubeClient()
+        client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
+        metrics = OperatorMetrics()
+        op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, metrics)
+        try:
+            written = await readiness.write_status(op, read, update, "2026-12-05T01:00:00Z")
+        finally:
+            await client.close()
+        return written, metrics.registry.get_sample_value(
+            "payloadrun_operator_runs", {"phase": update.phase, "mode": "Unknown"}
+        )
+
+    written, series = asyncio.run(write())
+    assert written is readiness.Write.GONE
+    assert series == 0  # observed, then forgotten with the run
+    assert run_events(api, namespace, name) == []
+
+
 def test_delete_collects_children_and_keeps_a_retained_claim(operator, api, namespace):
     body = load_example("multinode-by-handle.yaml")
     name = body["metadata"]["name"]

@@ -125,6 +125,7 @@ class Write(StrEnum):
     UNCHANGED = "unchanged"  # nothing to write
     WRITTEN = "written"
     CONFLICT = "conflict"  # the run changed since it was read: nothing written
+    GONE = "gone"  # the run was deleted since it was read (or its namespace): nothing to write
 
 
 def follows(run: dict[str, Any]) -> bool:
@@ -300,7 +301,8 @@ async def write_status(
     Nothing when nothing changed; else a merge patch guarded by the run's resourceVersion (a
     run changed since it was read is not overwritten: :attr:`Write.CONFLICT`, read it again),
     then an event per condition that changed (one the API server refuses is logged: the status
-    holds the transition). The run's phase and mode go to the metrics."""
+    holds the transition). The run's phase and mode go to the metrics. A run deleted since it
+    was read is :attr:`Write.GONE`, not an error."""
     meta, status = run["metadata"], run.get("status") or {}
     written = update.fields or {}
     mode = (
@@ -311,8 +313,16 @@ async def write_status(
     op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
     if update.fields is None:
         return Write.UNCHANGED
-    if await op.client.patch_status(dict(run), update.fields) is None:
-        return Write.CONFLICT
+    try:
+        if await op.client.patch_status(dict(run), update.fields) is None:
+            return Write.CONFLICT
+    except KubeApiError as exc:
+        if exc.status != 404:
+            raise
+        # Deleted meanwhile (a namespace's deletion takes its runs while a pass is under way):
+        # no status to write, no event to post, and no series to keep for it.
+        op.metrics.forget_run(meta["namespace"], meta["name"])
+        return Write.GONE
     posted = await asyncio.gather(
         *(
             op.client.post_event(dict(run), event_type, reason, message, now)
@@ -397,8 +407,8 @@ async def refresh_run(
         now,
         dropped=computed.dropped,
     )
-    if await write_status(op, run, update, now) is Write.CONFLICT:
-        return Refreshed(False)  # the run changed since it was read: its event follows
+    if await write_status(op, run, update, now) in (Write.CONFLICT, Write.GONE):
+        return Refreshed(False)  # the run changed since it was read (its event follows), or went
     group_restart = computed.fields.get(StatusField.LAST_INFERENCE_GROUP_RESTART)
     if group_restart is not None:  # recorded: said once, as a Warning
         await client.post_event(
