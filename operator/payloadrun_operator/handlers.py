@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -29,7 +29,6 @@ from payloadrun_operator.api.kinds import (
     FOLLOWED,
     LEADER_WORKER_SET,
     WORKLOAD,
-    Kind,
 )
 from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION
 from payloadrun_operator.api.names import (
@@ -39,9 +38,6 @@ from payloadrun_operator.api.names import (
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
-    LABEL_MANAGED_BY,
-    LABEL_RUN,
-    MANAGED_SELECTOR,
     run_workloads,
 )
 from payloadrun_operator.desired import context
@@ -85,8 +81,8 @@ RECORD = StatusDigestDiffBaseStorage(
 
 
 class QuietWatchHandlers(logging.Filter):
-    """Drops kopf's "Handler ... succeeded" line for the watch handlers: one per event of every
-    child would drown the log; a failure is still logged."""
+    """Drops kopf's "Handler ... succeeded" line for the runs' watch handler: one per event of
+    every run would drown the log; a failure is still logged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -113,16 +109,11 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     # Events are posted for condition transitions; per-handler log lines stay in the log.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.peering.standalone = True
-    # kopf keeps a worker for each object that had an event, holding that event's whole body
-    # until the next one or until it has been idle this long: a burst of a thousand runs'
-    # children held four thousand bodies for kopf's default of 5 s, the heap's high-water mark
-    # (bench/operator.py: RSS after 1,050 runs). A worker is cheap to start again.
+    # kopf keeps a worker for each run that had an event, holding that event's whole body until
+    # the next one or until it has been idle this long (its default, 5 s, made a burst's bodies
+    # the heap's high-water mark when kopf watched the children too: bench/operator.py, RSS
+    # after 1,050 runs). A worker is cheap to start again.
     kopf_settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
-    # The children's watches ask the API server for the operator's children only: kopf's
-    # `labels=` filter on a handler is applied in the operator, after every Job, StatefulSet and
-    # claim of the cluster has been sent to it and decoded.
-    for kind in FOLLOWED:
-        kopf_settings.watching.label_selectors[watch_selector(kind)] = MANAGED_SELECTOR
     # Resources are discovered once at start (the chart installs the CRD first): no watch on
     # CustomResourceDefinitions or Namespaces, so the RBAC needs neither. LeaderWorkerSet's API
     # too: one installed later is followed after a restart (platform/discovery.py).
@@ -449,69 +440,19 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.startup(registry=registry)
     async def start_following(**_: Any) -> None:
-        follower.start(op.namespaces)
+        # the children's watches are the follower's (observed/watching.py), not kopf's
+        follower.start(op.namespaces, requeue)
         beating.append(asyncio.create_task(op.heartbeat.beat_forever()))
         beating.append(asyncio.create_task(heap.trim_forever()))
 
-    # Watch handlers: no finalizer, no annotation; each event feeds the follower's cache.
+    # The runs' watch handler: no finalizer, no annotation; each event feeds the follower's cache.
     @kopf.on.event(**RESOURCE, registry=registry)
     async def follow_run_event(event: kopf.RawEvent, **_: Any) -> None:  # async: no thread
         follower.observe(KIND, event)
 
-    for kind in FOLLOWED:  # kopf watches each kind the status reads
-        follow_kind(registry, follower, kind, requeue)
-
     @kopf.on.delete(**RESOURCE, optional=True, registry=registry)
     def forget(namespace: str, name: str, **_: Any) -> None:
         op.metrics.forget_run(namespace, name)
-
-
-def watch_selector(kind: Kind) -> tuple[str, ...]:
-    """kopf's selector of ``kind``'s resource: (group, version, plural), or (version, plural)
-    for the core group."""
-    return (*kind.api_version.split("/"), kind.plural)
-
-
-def follow_kind(
-    registry: kopf.OperatorRegistry,
-    follower: Follower,
-    kind: Kind,
-    requeue: Callable[[tuple[str, str]], None],
-) -> None:
-    """Feed the follower every event of ``kind`` among the operator's children (the watch
-    itself selects them: :func:`configure_kopf`), and ``requeue`` the run whose child's event
-    calls for a reconcile (:func:`child_event_requeues`)."""
-
-    @kopf.on.event(
-        *watch_selector(kind),
-        labels={LABEL_MANAGED_BY: FIELD_MANAGER},
-        registry=registry,
-    )
-    async def follow_child_event(event: kopf.RawEvent, **_: Any) -> None:
-        obj = event.get("object")
-        if not isinstance(obj, Mapping) or "metadata" not in obj:
-            return  # follower.observe would drop it too
-        meta = obj["metadata"]
-        key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
-        before = follower.cache.children.get(key)
-        follower.observe(kind.kind, event)
-        after = follower.cache.children.get(key)
-        run = (meta.get("labels") or {}).get(LABEL_RUN)
-        if run and child_event_requeues(kind, event.get("type"), before, after):
-            requeue((key[0], run))
-
-
-def child_event_requeues(
-    kind: Kind, event_type: str | None, before: Mapping[str, Any] | None, after: Any
-) -> bool:
-    """Whether a child's watch event calls for its run's reconcile, which kopf's handlers of the
-    run never hear of: one of the run's children deleted (``before``: it was cached, so it was
-    the run's and not, say, LeaderWorkerSet's), which the reconcile makes again (a live run) or
-    leaves gone (a finished one), as controller-runtime's ``Owns()`` does; or a Workload whose
-    admission changed (admitted, evicted, another flavor)."""
-    if event_type == "DELETED":
-        return before is not None
-    return kind is WORKLOAD and queue.gate_key(before) != queue.gate_key(after)
 
 
 class Requeue:

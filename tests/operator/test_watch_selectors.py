@@ -1,29 +1,22 @@
-"""The children's watches ask the API server for the operator's children only, as kopf itself
-resolves its settings for each resource it watches; which of their events reconcile a run."""
+"""The children's watches: which step each event of a stream asks of the reflector; which of
+their events reconcile a run. (That they ask the API server for the operator's children only,
+and list again after 410 Gone, tests/integration/test_watching.py holds against the real one.)"""
 
-import kopf
-
-from payloadrun_operator.api.kinds import FOLLOWED, JOB, RUN, STATEFUL_SET, WORKLOAD
-from payloadrun_operator.api.names import MANAGED_SELECTOR
-from payloadrun_operator.handlers import child_event_requeues, configure_kopf
-from payloadrun_operator.platform.settings import OperatorSettings
+from payloadrun_operator.api.kinds import JOB, STATEFUL_SET, WORKLOAD
+from payloadrun_operator.observed.following import child_event_requeues
+from payloadrun_operator.observed.watching import Step, step_of, version_of
 
 
-def resource(kind) -> kopf.Resource:
-    group, _, version = kind.api_version.rpartition("/")
-    return kopf.Resource(group, version, kind.plural, kind=kind.kind, namespaced=True)
-
-
-def test_each_followed_kind_is_watched_with_the_managed_by_selector_and_runs_with_none():
-    settings = kopf.OperatorSettings()
-    configure_kopf(settings, OperatorSettings())
-    selectors = settings.watching.label_selectors
-    assert FOLLOWED  # claims, StatefulSets, Jobs at least
-    for kind in FOLLOWED:
-        assert list(selectors.collect(resource(kind))) == [MANAGED_SELECTOR], kind
-    assert list(selectors.collect(resource(RUN))) == []
-    # a kind the operator does not follow (pods: the benchmark's, the cluster's) gets none
-    assert list(selectors.collect(kopf.Resource("", "v1", "pods", namespaced=True))) == []
+def test_each_event_of_a_watch_stream_is_a_step_of_the_reflector():
+    job = {"metadata": {"name": "r-trainer", "resourceVersion": "12"}}
+    for kind in ("ADDED", "MODIFIED", "DELETED"):
+        assert step_of({"type": kind, "object": job}) is Step.DELIVER
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "40"}}}
+    assert step_of(bookmark) is Step.ADVANCE and version_of(bookmark) == "40"
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    assert step_of(gone) is Step.RELIST and version_of(gone) == ""
+    refused = {"type": "ERROR", "object": {"kind": "Status", "code": 500}}
+    assert step_of(refused) is Step.RECONNECT
 
 
 def test_a_childs_deletion_and_a_workloads_new_admission_requeue_its_run_nothing_else_does():

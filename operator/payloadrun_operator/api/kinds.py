@@ -2,9 +2,9 @@
 (the API path the client calls), whether the status follows it (watched, and listed by the
 managed-by label) and whether a cluster may lack its API (``optional``: an add-on such as
 LeaderWorkerSet, followed only where discovery finds it served). The client (kube.py), the
-watches (handlers.py), the follower's cache (following.py), discovery (platform/discovery.py)
-and the workloads (names.WORKLOADS) read this table, and a test holds every child the builders
-make to it."""
+watches (observed/watching.py), the follower's cache (following.py), discovery
+(platform/discovery.py) and the workloads (names.WORKLOADS) read this table, and a test holds
+every child the builders make to it."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ PLURALS = {(k.api_version, k.kind): k.plural for k in KINDS}
 # (apiVersion, kind) -> its Kind (a built child's row of the table).
 BY_KIND = {(k.api_version, k.kind): k for k in KINDS}
 # The kinds of child the status reads, as (apiVersion, kind): readiness lists them by the
-# managed-by label, and kopf watches each.
+# managed-by label, and the follower's reflectors watch each (observed/watching.py).
 CHILD_KINDS = tuple((k.api_version, k.kind) for k in KINDS if k.followed)
 FOLLOWED = tuple(k for k in KINDS if k.followed)
 # The add-ons' kinds, whose APIs the operator looks for at start.

@@ -1,8 +1,9 @@
 """Status from watch events, as controller-runtime's ``Owns()`` does it: a cache and a queue.
 
-kopf watches the runs and the kinds of child the status reads (:data:`kinds.CHILD_KINDS`) and
-hands every event to :meth:`Follower.observe`, which keeps the object in a :class:`Cache` and
-queues the run it belongs to (its own name, or a child's ``payloadrun.dev/run`` label). A few
+kopf watches the runs, the follower's reflectors (:mod:`watching`) the kinds of child the
+status reads (:data:`kinds.CHILD_KINDS`); every event goes to :meth:`Follower.observe`, which
+keeps the object in a :class:`Cache` and queues the run it belongs to (its own name, or a
+child's ``payloadrun.dev/run`` label). A few
 workers take runs off the queue and call :func:`readiness.refresh_run` with the cached run and
 children: a pod that becomes ready moves its StatefulSet's or Job's status, whose event reaches
 the run's ``Ready`` condition within milliseconds, and a run whose children did not change costs
@@ -15,10 +16,11 @@ a run's LeaderWorkerSet onto the StatefulSets it makes. LeaderWorkerSets themsel
 and watched only where the cluster served their API when the operator started
 (:mod:`platform.discovery`).
 
-kopf's watch handlers (``on.event``) put no finalizer on anything. The cache holds only what the
-status reads: managed fields and pod templates (a run's and its workloads') are dropped, so
-1,000 runs of 8 children stay small. It is filled by one list of each kind before the workers
-start (a run refreshed before its children arrive would flap to not-ready), and every
+Neither kopf's watch handler (``on.event``) nor the reflectors put a finalizer on anything. The
+cache holds only what the status reads: managed fields and pod templates (a run's and its
+workloads') are dropped, so 1,000 runs of 8 children stay small. It is filled by one list of
+each kind before the workers start (a run refreshed before its children arrive would flap to
+not-ready; each kind's watch starts from its list's version), and every
 ``resync_seconds`` every cached run is queued again: a safety net, as controller-runtime's
 ``SyncPeriod`` is, that costs no API call.
 
@@ -41,7 +43,7 @@ from typing import Any
 
 import aiohttp
 
-from payloadrun_operator.api.kinds import FOLLOWED, RUN, Kind
+from payloadrun_operator.api.kinds import FOLLOWED, RUN, WORKLOAD, Kind
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import (
     ANNOTATION_PREFIX,
@@ -50,9 +52,9 @@ from payloadrun_operator.api.names import (
     FIELD_MANAGER,
     LABEL_MANAGED_BY,
     LABEL_RUN,
-    MANAGED_SELECTOR,
 )
-from payloadrun_operator.observed import readiness
+from payloadrun_operator.observed import queue, readiness
+from payloadrun_operator.observed.watching import Reflector, WatchSettings
 from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 
@@ -259,6 +261,8 @@ class Follower:
         self._busy: set[RunKey] = set()
         self._again: set[RunKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._requeue: Callable[[RunKey], None] | None = None
+        self.reflectors: list[Reflector] = []  # the children's watches, once synced
         self.synced = asyncio.Event()
         op.metrics.status_pending.set_function(self.pending)
 
@@ -276,6 +280,22 @@ class Follower:
         run = self.cache.put(kind, obj, deleted=event.get("type") == "DELETED")
         if run is not None:
             self.add(run)
+
+    def observe_child(self, kind: Kind, event: Mapping[str, Any]) -> None:
+        """A watch event of one of the operator's children (:mod:`watching`): into the cache
+        (:meth:`observe`), and its run reconciled when the event calls for it
+        (:func:`child_event_requeues`)."""
+        obj = event.get("object")
+        if not isinstance(obj, Mapping) or "metadata" not in obj:
+            return  # observe would drop it too
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
+        before = self.cache.children.get(key)
+        self.observe(kind.kind, event)
+        after = self.cache.children.get(key)
+        run = (meta.get("labels") or {}).get(LABEL_RUN)
+        if run and self._requeue and child_event_requeues(kind, event.get("type"), before, after):
+            self._requeue((key[0], run))
 
     def add(self, run: RunKey, delay: float = 0.0) -> None:
         """Queue ``run`` (after ``delay`` seconds); once, however often it is added."""
@@ -308,7 +328,12 @@ class Follower:
             self.cache.put(kind, obj)
 
     # -- the workers' side --
-    def start(self, namespaces: Sequence[str]) -> None:
+    def start(
+        self, namespaces: Sequence[str], requeue: Callable[[RunKey], None] | None = None
+    ) -> None:
+        """List the runs and their children, then follow the children's watches; ``requeue``
+        reconciles a run whose child's event calls for it (:func:`child_event_requeues`)."""
+        self._requeue = requeue
         task = asyncio.create_task(self._run(namespaces))
         task.add_done_callback(_report_end)
         self._tasks.append(task)
@@ -322,40 +347,57 @@ class Follower:
     async def _run(self, namespaces: Sequence[str]) -> None:
         await self.op.client.logged_in()  # started by a startup handler, before kopf logs in
         await self._sync(namespaces)
-        workers = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+        tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+        tasks += [asyncio.create_task(reflector.run()) for reflector in self.reflectors]
         try:
             while True:
                 await asyncio.sleep(self._resync)
                 for run in list(self.cache.runs):
                     self.add(run)
         finally:
-            for worker in workers:
-                worker.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def followed(self) -> list[tuple[str, str]]:
         """The kinds of child the follower lists, as (apiVersion, kind): those the status reads
         (:data:`kinds.CHILD_KINDS`) whose API the cluster served at start (an add-on's may be
         missing: :mod:`platform.discovery`)."""
+        return [(k.api_version, k.kind) for k in self._followed_kinds()]
+
+    def _followed_kinds(self) -> list[Kind]:
         discovery = self.op.discovery
-        return [(k.api_version, k.kind) for k in FOLLOWED if not k.optional or discovery.serves(k)]
+        return [k for k in FOLLOWED if not k.optional or discovery.serves(k)]
+
+    def _listed(self, kind: Kind, scope: str | None, items: list[dict[str, Any]]) -> None:
+        for run in self.cache.replace(kind.kind, scope, items):
+            self.add(run)
 
     async def _sync(self, namespaces: Sequence[str]) -> None:
-        """One list of every kind the status reads, retried until it works."""
+        """One list of the runs and of every kind the status reads (each kind's, where its
+        watch starts), retried until it works."""
         scopes: Sequence[str | None] = namespaces or (None,)
         # learnt at login, before kopf's scan (done then: this waits for it, or does it when the
         # follower runs without kopf, as in tests)
         await self.op.discovery.discover(self.op.client)
-        kinds = [(API_VERSION, KIND, "")] + [
-            (api, kind, MANAGED_SELECTOR) for api, kind in self.followed()
+        settings = self.op.settings
+        watch = WatchSettings(settings.watch_server_timeout, settings.watch_inactivity_timeout)
+        self.reflectors = [
+            Reflector(
+                self.op.client, kind, scope, watch, listed=self._listed, observed=self.observe_child
+            )
+            for scope in scopes
+            for kind in self._followed_kinds()
         ]
         while True:
             try:
-                for scope in scopes:
-                    for api, kind, selector in kinds:
-                        listed = await self.op.client.list_objects(api, kind, scope, selector)
-                        for run in self.cache.replace(kind, scope, listed):
-                            self.add(run)
+                for scope in scopes:  # the runs: kopf watches them
+                    listed = await self.op.client.list_objects(API_VERSION, KIND, scope)
+                    for run in self.cache.replace(KIND, scope, listed):
+                        self.add(run)
+                for reflector in self.reflectors:
+                    if not reflector.version:  # listed before a failure: watched from there
+                        await reflector.list()
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 log.warning("listing the runs and their children failed (retrying): %s", exc)
@@ -406,3 +448,16 @@ async def live_object(
         if synced:
             return live
     return await op.client.get(kind.api_version, kind.kind, namespace, name)
+
+
+def child_event_requeues(
+    kind: Kind, event_type: str | None, before: Mapping[str, Any] | None, after: Any
+) -> bool:
+    """Whether a child's watch event calls for its run's reconcile, which kopf's handlers of the
+    run never hear of: one of the run's children deleted (``before``: it was cached, so it was
+    the run's and not, say, LeaderWorkerSet's), which the reconcile makes again (a live run) or
+    leaves gone (a finished one), as controller-runtime's ``Owns()`` does; or a Workload whose
+    admission changed (admitted, evicted, another flavor)."""
+    if event_type == "DELETED":
+        return before is not None
+    return kind is WORKLOAD and queue.gate_key(before) != queue.gate_key(after)

@@ -314,7 +314,7 @@ async def write_status(
     if update.fields is None:
         return Write.UNCHANGED
     try:
-        if await op.client.patch_status(dict(run), update.fields) is None:
+        if not await op.client.patch_status(dict(run), update.fields):
             return Write.CONFLICT
     except KubeApiError as exc:
         if exc.status != 404:
@@ -430,7 +430,7 @@ async def refresh_run(
         done = await client.patch_status(
             dict(workload), queue.duty_status(workload, computed.queue_duty, now, failed=failed)
         )
-        if done is None:  # Kueue wrote it meanwhile: its event brings the run back here
+        if not done:  # Kueue wrote it meanwhile: its event brings the run back here
             log.info("%s/%s: the Workload changed while it was written; again", ns, meta["name"])
     # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
     # checked at every pass, it costs no write when everything is stopped already.

@@ -1,16 +1,13 @@
 """Which add-on APIs the cluster serves (:data:`kinds.OPTIONAL`: LeaderWorkerSet, Kueue's),
 learnt once, at the operator's start, from the API server's discovery documents.
 
-Once at start, not as the cluster changes, because kopf watches only what it found when it
-started: the operator turns kopf's scanning off (``settings.scanning.disabled``), since a
-running scan watches every CustomResourceDefinition in the cluster (and, for a namespaced
-operator, every Namespace), which would need cluster-wide RBAC that nothing else needs. With
-scanning off, kopf resolves each watched resource once, as it starts, and leaves out (with a
-warning in the log) one whose API is missing. So the operator learns the same thing at the same
-moment: :meth:`Discovery.discover` runs in the login handler, which kopf calls before its own
-scan can make a request, so an API that appears between the two is one kopf watches and the
-operator does not use (its runs say so, and a restart mends it), never one it uses unwatched.
-An API installed later is used after the operator's next start (``kubectl rollout restart``):
+Once at start, not as the cluster changes: the follower's watches of the add-ons' kinds
+(observed/watching.py) are made once, from what this found, when its cache is first filled, as
+kopf resolves the runs' resource once (the operator turns kopf's scanning off,
+``settings.scanning.disabled``, since a running scan watches every CustomResourceDefinition in
+the cluster, and for a namespaced operator every Namespace, which would need cluster-wide RBAC
+that nothing else needs). :meth:`Discovery.discover` runs in the login handler, before the
+follower lists anything, so an API the operator uses is one it watches. An API installed later is used after the operator's next start (``kubectl rollout restart``):
 runs created meanwhile are reconciled then, as every run is at start.
 
 Discovery documents are readable by every authenticated user (the ``system:discovery``
