@@ -7,8 +7,9 @@ kopf resolves the runs' resource once (the operator turns kopf's scanning off,
 ``settings.scanning.disabled``, since a running scan watches every CustomResourceDefinition in
 the cluster, and for a namespaced operator every Namespace, which would need cluster-wide RBAC
 that nothing else needs). :meth:`Discovery.discover` runs in the login handler, before the
-follower lists anything, so an API the operator uses is one it watches. An API installed later is used after the operator's next start (``kubectl rollout restart``):
-runs created meanwhile are reconciled then, as every run is at start.
+follower lists anything, so an API the operator uses is one it watches. An API installed later
+is used after the operator's next start (``kubectl rollout restart``): runs created meanwhile
+are reconciled then, as every run is at start.
 
 Discovery documents are readable by every authenticated user (the ``system:discovery``
 ClusterRole): this needs no RBAC of its own.
