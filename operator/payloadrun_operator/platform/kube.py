@@ -113,6 +113,22 @@ class KubeApiError(Exception):
         self.message = message
 
 
+def refusal(resp: aiohttp.ClientResponse, raw: bytes, what: str) -> KubeApiError:
+    """The error of a refused call: the API server's Status (JSON, or protobuf where the call
+    asked for it), or only the HTTP status of a body that is neither (a proxy's page)."""
+    if resp.content_type == PROTOBUF:
+        payload: Any = protobuf_status(raw)
+    else:
+        try:
+            payload = loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            payload = {}
+    payload = payload if isinstance(payload, dict) else {}
+    return KubeApiError(
+        resp.status, payload.get("reason", resp.reason or ""), payload.get("message", ""), what
+    )
+
+
 class ChildRefused(KubeApiError):
     """Applying a child failed; ``child`` names it (``Service ns/name``)."""
 
@@ -191,26 +207,11 @@ class KubeClient:
             if method == "GET" and resp.status == 404:
                 return None
             raw = await resp.read()  # the connection goes back to the pool once read
-            if not decode and resp.status < 400:
-                return {}
-            if resp.content_type == PROTOBUF:
-                payload = protobuf_status(raw)
-            else:
-                try:
-                    payload = loads(raw) if raw else {}
-                except orjson.JSONDecodeError:
-                    if resp.status < 400:
-                        raise
-                    payload = {}  # a proxy's or a load balancer's page: the status says enough
             if resp.status >= 400:
-                payload = payload if isinstance(payload, dict) else {}
-                raise KubeApiError(
-                    resp.status,
-                    payload.get("reason", resp.reason or ""),
-                    payload.get("message", ""),
-                    what,
-                )
-            return payload
+                raise refusal(resp, raw, what)
+            if not decode:
+                return {}
+            return loads(raw) if raw else {}
 
     async def apply(
         self, manifest: dict[str, Any], manager: str = FIELD_MANAGER, *, answer: bool = True
@@ -307,17 +308,7 @@ class KubeClient:
             timeout=timeout,
         ) as resp:
             if resp.status >= 400:
-                try:
-                    payload = loads(await resp.read())
-                except orjson.JSONDecodeError:
-                    payload = {}
-                payload = payload if isinstance(payload, dict) else {}
-                raise KubeApiError(
-                    resp.status,
-                    payload.get("reason", resp.reason or ""),
-                    payload.get("message", ""),
-                    what,
-                )
+                raise refusal(resp, await resp.read(), what)
             pending = b""
             async for chunk in resp.content.iter_any():
                 *lines, pending = (pending + chunk).split(b"\n")
