@@ -4,7 +4,7 @@ children only, every change after the list, across the server's own ends of the 
 A watch from a version too old (410 Gone, which the reflector answers with a list) cannot be had
 from this API server on demand: its watch cache answers a watch from resourceVersion 1 with the
 objects as ADDED events, before and after etcd is compacted (checked), until its own window has
-moved on, which takes minutes. tests/operator/test_watch_selectors.py holds the reflector's step
+moved on, which takes minutes. tests/operator/test_watch_events.py holds the reflector's step
 for that event."""
 
 from __future__ import annotations
