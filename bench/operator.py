@@ -10,8 +10,8 @@ the floor under the operator's for a burst on this machine). The times are taken
 watch of the runs in this process, so the benchmark adds no list calls of its own. Goals: the
 operator's p95 for each burst at most 1.5 x that floor's, and its requests per created run at
 most the run's children's applies + 3 (kopf's annotation, the status as applied, the status
-from the children), counted as below without the election's Lease calls (a get and an update
-every 2 s, whatever the runs).
+from the children), counted as below without the election's Lease calls (an update every 2 s,
+whatever the runs, and a get when it was refused).
 
 Readiness: with those runs reconciled, the time from the children's status saying every pod is
 ready to the run's ``Ready`` condition being True, p50 and p95 over ``--ready-runs`` runs, one
@@ -207,7 +207,7 @@ def audited_requests(log: Path, since: float, until: float) -> Counter[str]:
 
 
 def for_runs(requests: Counter[str]) -> Counter[str]:
-    """The requests the runs cause: all but the election's Lease (a get and an update every 2 s
+    """The requests the runs cause: all but the election's Lease (an update every 2 s
     whatever the runs, which the idle figures count), so a burst's window does not charge its
     runs with them."""
     return Counter({what: n for what, n in requests.items() if not what.endswith(" leases")})
@@ -860,7 +860,7 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
     for label, burst in r.bursts.items():
         print(
             f"{label}: all reconciled in {burst.seconds:.1f} s; per run, operator CPU "
-            f"{burst.cpu / burst.runs * 1e3:.0f} ms, API server CPU "
+            f"{burst.cpu / burst.runs * 1e3:.1f} ms, API server CPU "
             f"{burst.apiserver_cpu / burst.runs * 1e3:.0f} ms, this process "
             f"{burst.bench_cpu / burst.runs * 1e3:.0f} ms; "
             f"{sum(burst.requests.values()) / burst.runs:.1f} operator requests, "

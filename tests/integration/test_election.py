@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from test_operator import (
 )
 
 from payloadrun_devkit.local_operator import LocalOperator
+from payloadrun_operator.__main__ import login
+from payloadrun_operator.platform import election
 
 pytestmark = pytest.mark.integration
 LEASE = "payloadrun-operator"
@@ -133,3 +136,66 @@ def test_a_clean_stop_hands_over_at_once(kube_api_client, two_operators, namespa
     lease = client.CoordinationV1Api(kube_api_client).read_namespaced_lease(LEASE, namespace)
     assert lease.spec.lease_transitions >= 1
     assert lease.spec.holder_identity.endswith(f"/{standby.pid}")
+
+
+class RecordingLeaseApi(election.LeaseApi):
+    """The real Lease calls, each one's method and answer recorded."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, int]] = []
+
+    def _call(self, method, path, body):
+        status, payload = super()._call(method, path, body)
+        self.calls.append((method, status))
+        return status, payload
+
+    def local_port(self) -> int:
+        assert self._connection is not None and self._connection.sock is not None
+        return self._connection.sock.getsockname()[1]
+
+
+@pytest.fixture
+def elector(kube_cluster, namespace, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api = RecordingLeaseApi(login, namespace, LEASE, timeout=5)
+    yield election.Elector(api, "in-process/1", election.Timing(6, 4, 1))
+    api._disconnect()
+
+
+def test_a_leader_renews_with_one_write_on_one_connection(elector):
+    api = elector.api
+    assert elector.try_once()  # no Lease yet: created
+    port = api.local_port()
+    api.calls.clear()
+    for _ in range(3):
+        assert elector.try_once()
+    # client-go's fast path: the Lease as last written, no read before each renewal
+    assert api.calls == [("PUT", 200)] * 3
+    assert api.local_port() == port  # no new connection, no TLS handshake per renewal
+
+
+def test_a_renewal_over_a_connection_the_server_dropped_goes_on_a_new_one(elector):
+    api = elector.api
+    assert elector.try_once()
+    port = api.local_port()
+    api._connection.sock.shutdown(socket.SHUT_RDWR)  # as an idle timeout or a restart does
+    api.calls.clear()
+    assert elector.try_once()
+    assert api.calls == [("PUT", 200)]
+    assert api.local_port() != port
+
+
+def test_a_leader_whose_lease_changed_reads_it_and_steps_down(kube_api_client, elector, namespace):
+    assert elector.try_once()
+    leases = client.CoordinationV1Api(kube_api_client)
+    lease = leases.read_namespaced_lease(LEASE, namespace)
+    lease.spec.holder_identity = "someone-else"
+    leases.replace_namespaced_lease(LEASE, namespace, lease)
+    elector.api.calls.clear()
+    assert not elector.try_once()
+    # the optimistic renewal refused, the Lease read: held by another, not yet expired
+    assert elector.api.calls == [("PUT", 409), ("GET", 200)]
+    assert not elector.leading
+    assert holder(kube_api_client, namespace) == "someone-else"

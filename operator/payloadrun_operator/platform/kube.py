@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -149,27 +150,54 @@ def object_path(api_version: str, kind: str, namespace: str | None, name: str | 
     return f"{path}/{name}" if name else path
 
 
+# Calls at once (a burst of runs queues here): each connection is a TLS handshake for both sides,
+# kept for the next call up to KEEPALIVE_SECONDS idle, under the API server's 90 s.
+CALL_CONNECTIONS = 16
+KEEPALIVE_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """One login's connections: the calls' pool, and the watches' apart."""
+
+    calls: aiohttp.ClientSession
+    watches: aiohttp.ClientSession
+
+    async def close(self) -> None:
+        await self.calls.close()
+        await self.watches.close()
+
+
 class KubeClient:
     """Async REST calls with kopf's credentials; call :meth:`login` before use."""
 
     def __init__(self, timeout: float = 30.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: Sessions | None = None
         self._closing: asyncio.Task[None] | None = None
         self._server = ""
         self._logged_in = asyncio.Event()
 
     def login(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from now on (kopf calls its login handler again on expiry)."""
-        old = self._session
+        old = self._sessions
         self._server = info.server.rstrip("/")
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=32),
-            headers=info.as_http_headers(),
-            timeout=self._timeout,
+        ssl, headers = info.as_ssl_context(), info.as_http_headers()
+        self._sessions = Sessions(
+            calls=aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    ssl=ssl, limit=CALL_CONNECTIONS, keepalive_timeout=KEEPALIVE_SECONDS
+                ),
+                headers=headers,
+                timeout=self._timeout,
+            ),
+            # a watch holds its connection for minutes: apart, so none waits for a call's
+            watches=aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl, limit=0), headers=headers
+            ),
         )
         self._logged_in.set()
-        if old is not None and not old.closed:
+        if old is not None:
             # close in the background: calls in flight keep their session until they finish
             with contextlib.suppress(RuntimeError):  # no running loop: nothing to close on
                 self._closing = asyncio.get_running_loop().create_task(old.close())
@@ -178,14 +206,14 @@ class KubeClient:
         """Return once :meth:`login` has been called (kopf logs in after its startup handlers)."""
         await self._logged_in.wait()
 
-    def _logged_in_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def _connected(self) -> Sessions:
+        if self._sessions is None:
             raise RuntimeError("KubeClient.login() was not called: kopf's login handler sets it")
-        return self._session
+        return self._sessions
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._sessions is not None:
+            await self._sessions.close()
 
     async def _request(
         self,
@@ -200,7 +228,7 @@ class KubeClient:
     ) -> dict[str, Any] | None:
         """The call's answer, decoded (``decode`` False: read and dropped, {}); None for a GET
         of nothing."""
-        session = self._logged_in_session()
+        session = self._connected().calls
         data = None if body is None else dumps(body)
         headers = {} if decode else {"Accept": UNREAD}
         if data is not None:
@@ -293,7 +321,7 @@ class KubeClient:
         or nothing, not even a bookmark, came for ``inactivity_seconds`` (:class:`TimeoutError`).
         A watch the server refuses raises :class:`KubeApiError` (410 Gone: the version is too
         old, list again); one it ends so is an ``ERROR`` event whose object is the Status."""
-        session = self._logged_in_session()
+        session = self._connected().watches
         params = {
             "watch": "true",
             "allowWatchBookmarks": "true",
