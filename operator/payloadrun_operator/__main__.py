@@ -24,7 +24,7 @@ from payloadrun.settings import env_of
 from payloadrun.version import add_version_flag
 from payloadrun_operator import render
 from payloadrun_operator.handlers import QuietWatchHandlers, register
-from payloadrun_operator.platform import credentials, election
+from payloadrun_operator.platform import credentials, election, heap
 from payloadrun_operator.platform.health import Endpoints, Health, health_app
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             target=elector.keep, args=(stop, heartbeat, lost), name="lease-renewal", daemon=True
         ).start()
     op.metrics.leader.set(1)  # acting: the Lease's holder, or alone without an election
+    heap.settle()
     health.role = "leader" if elector else "alone"
     try:
         kopf.run(

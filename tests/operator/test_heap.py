@@ -1,4 +1,5 @@
-"""The operator's heap trim gives freed pages back to the system (a real process, real RSS)."""
+"""The operator's heap trim gives freed pages back to the system (a real process, real RSS); what
+the operator built to start is frozen out of the garbage collector's passes."""
 
 import subprocess
 import sys
@@ -52,3 +53,28 @@ def test_a_drained_burst_is_trimmed_once_and_not_every_run_after_it():
     with drain.working():
         pass
     assert trims == [100.0, now[0]] and drain.trims == 2
+
+
+SETTLED = """
+import gc
+from payloadrun_operator.api.schema_check import run_schema
+from payloadrun_operator.platform.heap import YOUNG_THRESHOLD, settle
+
+settle()
+schema = run_schema()
+tracked = {id(o) for o in gc.get_objects()}
+print(id(schema) in tracked, id(schema["properties"]["spec"]) in tracked)
+print(gc.get_freeze_count() > 10_000, gc.get_threshold()[0] == YOUNG_THRESHOLD)
+late = {}
+late["self"] = late  # made after: the collector still sees it
+print(any(o is late for o in gc.get_objects()))
+"""
+
+
+def test_what_starting_built_is_out_of_the_collectors_passes_and_what_follows_is_not():
+    out = subprocess.run(
+        [sys.executable, "-c", SETTLED], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "False False", out  # the schema a run is checked against: frozen
+    assert out[1] == "True True", out
+    assert out[2] == "True", out
