@@ -112,6 +112,8 @@ class LeaseApi:
         self._info: Any = None
         self._connection: http.client.HTTPConnection | None = None
         self._prefix = ""  # the server URL's path, if it has one (a proxy's)
+        # one call at a time on the connection: the renewals' thread, and a release at exit
+        self._lock = threading.Lock()
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._info is None:
@@ -168,26 +170,27 @@ class LeaseApi:
         raise AssertionError("unreachable")
 
     def _unreachable(self, exc: BaseException) -> str:
-        return f"cannot reach the API server at {self._info.server}: {exc or type(exc).__name__}"
+        return (
+            f"cannot reach the API server at {self._info.server}: {str(exc) or type(exc).__name__}"
+        )
 
     def _call(
         self, method: str, path: str, body: dict[str, Any] | None
     ) -> tuple[int, dict[str, Any]]:
         data = None if body is None else json.dumps(body).encode()
-        for attempt in (1, 2):
+        with self._lock:
             status, raw = self._exchange(method, path, data)
-            if status == 401 and attempt == 1:
-                self._info = None  # log in again: the token may have expired
+            if status == 401:  # log in again once: the token may have expired
+                self._info = None
                 self._disconnect()
-                continue
-            try:
-                payload = json.loads(raw or b"{}")
-            except ValueError:
-                if status < 400:
-                    raise
-                payload = {}
-            return status, payload if isinstance(payload, dict) else {}
-        raise AssertionError("unreachable")
+                status, raw = self._exchange(method, path, data)
+        try:
+            payload = json.loads(raw or b"{}")
+        except ValueError:
+            if status < 400:
+                raise
+            payload = {}
+        return status, payload if isinstance(payload, dict) else {}
 
     @property
     def _path(self) -> str:
