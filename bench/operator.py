@@ -13,7 +13,7 @@ Bursts: each "at once", the floor's and the operator's, is ``--bursts`` bursts (
 each, the floor's all before the operator starts, which would otherwise watch their children),
 and the p95 compared is the median of the bursts' p95s. One burst's p95 is one of its three
 slowest runs, two seconds of a machine shared by the API server, etcd, the operator and this
-process: on 2 vCPUs the same code gave a single burst's ratio anywhere from 1.2 to 1.8. Goals: the
+process: on 2 vCPUs the same code gave a single burst's ratio anywhere from 1.2 to 1.6. Goals: the
 operator's p95 for each burst at most 1.5 x that floor's, and its requests per created run at
 most the run's children's applies + 3 (kopf's annotation, the status as applied, the status
 from the children), counted as below without the election's Lease calls (an update every 2 s,
