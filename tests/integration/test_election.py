@@ -150,9 +150,9 @@ class RecordingLeaseApi(election.LeaseApi):
         self.calls.append((method, status))
         return status, payload
 
-    def local_port(self) -> int:
+    def connected_socket(self) -> socket.socket:
         assert self._connection is not None and self._connection.sock is not None
-        return self._connection.sock.getsockname()[1]
+        return self._connection.sock
 
 
 @pytest.fixture
@@ -167,24 +167,24 @@ def elector(kube_cluster, namespace, monkeypatch):
 def test_a_leader_renews_with_one_write_on_one_connection(elector):
     api = elector.api
     assert elector.try_once()  # no Lease yet: created
-    port = api.local_port()
+    sock = api.connected_socket()
     api.calls.clear()
     for _ in range(3):
         assert elector.try_once()
     # client-go's fast path: the Lease as last written, no read before each renewal
     assert api.calls == [("PUT", 200)] * 3
-    assert api.local_port() == port  # no new connection, no TLS handshake per renewal
+    assert api.connected_socket() is sock  # no new connection, no TLS handshake per renewal
 
 
 def test_a_renewal_over_a_connection_the_server_dropped_goes_on_a_new_one(elector):
     api = elector.api
     assert elector.try_once()
-    port = api.local_port()
-    api._connection.sock.shutdown(socket.SHUT_RDWR)  # as an idle timeout or a restart does
+    dropped = api.connected_socket()
+    dropped.shutdown(socket.SHUT_RDWR)  # as an idle timeout or a restart does
     api.calls.clear()
     assert elector.try_once()
-    assert api.calls == [("PUT", 200)]
-    assert api.local_port() != port
+    assert api.calls == [("PUT", 200)]  # sent again, on a new connection
+    assert api.connected_socket() is not dropped and dropped.fileno() == -1
 
 
 def test_a_leader_whose_lease_changed_reads_it_and_steps_down(kube_api_client, elector, namespace):
