@@ -65,7 +65,10 @@ def connections_to(port: int) -> set[int]:
     """This process's established TCP connections to ``port`` on loopback: their local ports."""
     mine = set()
     for fd in Path("/proc/self/fd").iterdir():
-        target = os.readlink(fd) if fd.exists() else ""
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed since the listing (a resolver's thread, say)
+            continue
         if target.startswith("socket:["):
             mine.add(target[len("socket:[") : -1])
     found = set()
