@@ -143,9 +143,7 @@ def elector_of(
         config.lease_renew_deadline_seconds,
         config.lease_retry_seconds,
     )
-    api = election.LeaseApi(
-        login, lease_namespace(config, namespaces), config.lease_name, timeout=timing.retry_period
-    )
+    api = election.LeaseApi(login, lease_namespace(config, namespaces), config.lease_name)
     return election.Elector(api, identity, timing)
 
 

@@ -6,9 +6,13 @@ on a short lease so the takeover is quick: 6 s, renewed every second, given up a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
+import threading
+import time
+import urllib.parse
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from test_operator import (
 )
 
 from payloadrun_devkit.local_operator import LocalOperator
+from payloadrun_devkit.slow_proxy import SlowProxy
 from payloadrun_operator.__main__ import login
 from payloadrun_operator.platform import election
 
@@ -145,8 +150,8 @@ class RecordingLeaseApi(election.LeaseApi):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, int]] = []
 
-    def _call(self, method, path, body):
-        status, payload = super()._call(method, path, body)
+    def _call(self, method, path, body, timeout):
+        status, payload = super()._call(method, path, body, timeout)
         self.calls.append((method, status))
         return status, payload
 
@@ -159,7 +164,7 @@ class RecordingLeaseApi(election.LeaseApi):
 def elector(kube_cluster, namespace, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    api = RecordingLeaseApi(login, namespace, LEASE, timeout=5)
+    api = RecordingLeaseApi(login, namespace, LEASE)
     yield election.Elector(api, "in-process/1", election.Timing(6, 4, 1))
     api._disconnect()
 
@@ -199,3 +204,68 @@ def test_a_leader_whose_lease_changed_reads_it_and_steps_down(kube_api_client, e
     assert elector.api.calls == [("PUT", 409), ("GET", 200)]
     assert not elector.leading
     assert holder(kube_api_client, namespace) == "someone-else"
+
+
+@pytest.fixture
+def slow_api_server(kube_cluster, monkeypatch):
+    """The API server behind a proxy that holds its answers back (``proxy.delay``), and a
+    login that goes through it."""
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    info = login()
+    url = urllib.parse.urlsplit(info.server)
+    with SlowProxy((url.hostname, url.port)) as proxy:
+        through = dataclasses.replace(info, server=f"https://{url.hostname}:{proxy.port}")
+        yield proxy, lambda: through
+
+
+def keep_for(elector: election.Elector, seconds: float) -> tuple[list[str], float | None]:
+    """Run the renewals for ``seconds`` (or until lost): why it was lost, and when."""
+    stop = threading.Event()
+    lost: list[str] = []
+    lost_at: list[float] = []
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        lost_at.append(time.monotonic())
+
+    renewals = threading.Thread(target=elector.keep, args=(stop, election.Heartbeat(), on_lost))
+    renewals.start()
+    renewals.join(seconds)
+    stop.set()
+    renewals.join()
+    return lost, (lost_at[0] if lost_at else None)
+
+
+def test_a_leader_whose_api_server_answers_slowly_keeps_its_lease(slow_api_server, namespace):
+    """Answers that take longer than a retry period, but come before the renew deadline, keep
+    the leader leading (client-go's renewals wait until the deadline): a busy API server must
+    not make the operator exit while every renewal would be answered."""
+    proxy, through = slow_api_server
+    api = RecordingLeaseApi(through, namespace, LEASE)
+    elector = election.Elector(api, "in-process/1", election.Timing(10, 8, 1))
+    assert elector.try_once()  # connected, leading
+    proxy.delay = 3.0  # three retry periods, well inside the renew deadline
+    api.calls.clear()
+    lost, _ = keep_for(elector, 10)
+    assert lost == []
+    assert len(api.calls) >= 2 and set(api.calls) == {("PUT", 200)}
+    api._disconnect()
+
+
+def test_a_leader_whose_api_server_hangs_stops_before_its_lease_expires(
+    slow_api_server, namespace
+):
+    """A renewal that gets no answer is given up at the renew deadline, not after it: the
+    leader stops before a standby may take the Lease (a lease duration after it last changed)."""
+    proxy, through = slow_api_server
+    api = RecordingLeaseApi(through, namespace, LEASE)
+    timing = election.Timing(6, 4, 1)
+    elector = election.Elector(api, "in-process/1", timing)
+    assert elector.try_once()
+    proxy.delay = 60.0  # no answer before the test ends
+    lost, lost_at = keep_for(elector, 30)
+    assert lost == ["the Lease could not be renewed for 4 s"]
+    assert lost_at is not None and elector.renewed_at is not None
+    assert timing.renew_deadline <= lost_at - elector.renewed_at < timing.lease_duration
+    api._disconnect()

@@ -20,6 +20,12 @@ The API calls are synchronous (``http.client``, one kept-alive connection) on th
 own, apart from kopf's event loop: a loop blocked by a long handler cannot delay a renewal into a
 lost lease, and a loop that hangs stops the renewals (:class:`Heartbeat`), so a hung leader
 gives its place up.
+
+A renewal waits for its answer until the renew deadline, not one retry period (client-go bounds
+its renewals by the deadline, and kube-controller-manager's Lease client times out at it): an
+API server under load that answers in 3 s keeps its leader, where a 2 s timeout made every
+renewal fail and the leader exit although each one would have been answered. A call still never
+outlives the deadline, so a leader that cannot renew stops before a standby may take over.
 """
 
 from __future__ import annotations
@@ -104,11 +110,10 @@ class LeaseApi:
     connection: a renewal every retry period would otherwise cost the API server a TLS handshake
     each time."""
 
-    def __init__(self, login: Callable[[], Any], namespace: str, name: str, timeout: float) -> None:
+    def __init__(self, login: Callable[[], Any], namespace: str, name: str) -> None:
         self._login = login
         self.namespace = namespace
         self.name = name
-        self._timeout = timeout
         self._info: Any = None
         self._connection: http.client.HTTPConnection | None = None
         self._prefix = ""  # the server URL's path, if it has one (a proxy's)
@@ -126,14 +131,11 @@ class LeaseApi:
             url = urllib.parse.urlsplit(self._info.server)
             self._prefix = url.path.rstrip("/")
             if url.scheme == "http":
-                self._connection = http.client.HTTPConnection(
-                    url.hostname or "", url.port, timeout=self._timeout
-                )
+                self._connection = http.client.HTTPConnection(url.hostname or "", url.port)
             else:
                 self._connection = http.client.HTTPSConnection(
                     url.hostname or "",
                     url.port,
-                    timeout=self._timeout,
                     context=self._info.as_ssl_context(),
                 )
         return self._connection
@@ -143,14 +145,20 @@ class LeaseApi:
             self._connection.close()
             self._connection = None
 
-    def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
-        """One request and its whole answer (read, so the connection can carry the next). A
-        kept-alive connection the server closed meanwhile is found when it is used: the request
-        is sent once more on a new one: a PUT carries the Lease's resourceVersion and a POST its
-        name, so one that had arrived after all is answered 409, read as "changed meanwhile"."""
+    def _exchange(
+        self, method: str, path: str, data: bytes | None, timeout: float
+    ) -> tuple[int, bytes]:
+        """One request and its whole answer (read, so the connection can carry the next), each
+        wait on the socket at most ``timeout`` seconds. A kept-alive connection the server closed
+        meanwhile is found when it is used: the request is sent once more on a new one: a PUT
+        carries the Lease's resourceVersion and a POST its name, so one that had arrived after
+        all is answered 409, read as "changed meanwhile"."""
         for last in (False, True):
             connection = self._connect()
             reused = connection.sock is not None
+            connection.timeout = timeout  # a new connection's connect and reads
+            if reused:
+                connection.sock.settimeout(timeout)
             try:
                 connection.request(
                     method,
@@ -175,15 +183,20 @@ class LeaseApi:
         )
 
     def _call(
-        self, method: str, path: str, body: dict[str, Any] | None
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float
     ) -> tuple[int, dict[str, Any]]:
         data = None if body is None else json.dumps(body).encode()
-        with self._lock:
-            status, raw = self._exchange(method, path, data)
+        # a release at exit does not wait out a renewal's whole deadline for its turn
+        if not self._lock.acquire(timeout=timeout):
+            raise ApiUnreachable("the Lease's connection is busy with another call")
+        try:
+            status, raw = self._exchange(method, path, data, timeout)
             if status == 401:  # log in again once: the token may have expired
                 self._info = None
                 self._disconnect()
-                status, raw = self._exchange(method, path, data)
+                status, raw = self._exchange(method, path, data, timeout)
+        finally:
+            self._lock.release()
         try:
             payload = json.loads(raw or b"{}")
         except ValueError:
@@ -196,15 +209,15 @@ class LeaseApi:
     def _path(self) -> str:
         return LEASES.format(namespace=self.namespace) + f"/{self.name}"
 
-    def get(self) -> dict[str, Any] | None:
-        status, lease = self._call("GET", self._path, None)
+    def get(self, timeout: float) -> dict[str, Any] | None:
+        status, lease = self._call("GET", self._path, None, timeout)
         if status == 404:
             return None
         if status != 200:
             raise LeaseError(f"reading Lease {self.namespace}/{self.name}", status, lease)
         return lease
 
-    def create(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+    def create(self, spec: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """The new Lease, or None when another candidate created it first."""
         body = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -212,17 +225,19 @@ class LeaseApi:
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": spec,
         }
-        status, lease = self._call("POST", LEASES.format(namespace=self.namespace), body)
+        status, lease = self._call("POST", LEASES.format(namespace=self.namespace), body, timeout)
         if status == 409:
             return None
         if status != 201:
             raise LeaseError(f"creating Lease {self.namespace}/{self.name}", status, lease)
         return lease
 
-    def update(self, lease: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
+    def update(
+        self, lease: dict[str, Any], spec: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | None:
         """The updated Lease, or None when it changed since ``lease`` was read (409)."""
         body = {**lease, "spec": spec}
-        status, updated = self._call("PUT", self._path, body)
+        status, updated = self._call("PUT", self._path, body, timeout)
         if status == 409:
             return None
         if status != 200:
@@ -295,27 +310,33 @@ class Elector:
             self._observed, self._observed_at = record, now
         return now - self._observed_at
 
-    def try_once(self) -> bool:
-        """One attempt to take or renew the Lease; True if this candidate now holds it.
+    def try_once(self, deadline: float | None = None) -> bool:
+        """One attempt to take or renew the Lease; True if this candidate now holds it. Its
+        calls wait for their answers until ``deadline`` (on this candidate's clock; by default a
+        renew deadline from now) and no longer.
 
         A leader whose lease is still valid renews the Lease as it last wrote it, without
         reading it first (client-go's fast path): one request a retry period. If the Lease
         changed since (409), it reads it and decides as any candidate does.
         """
+        if deadline is None:
+            deadline = self._clock() + self.timing.renew_deadline
         if self._renewable():
             assert self._written is not None
             spec = self._written.get("spec") or {}
             renewed = self.api.update(
                 self._written,
                 claimed_spec(spec, self.identity, self._wall(), self.timing.lease_duration),
+                self._left(deadline),
             )
             if renewed is not None:
                 return self._held(renewed)
-        lease = self.api.get()
+        lease = self.api.get(self._left(deadline))
         now = self._wall()
         if lease is None:
             created = self.api.create(
-                claimed_spec({}, self.identity, now, self.timing.lease_duration)
+                claimed_spec({}, self.identity, now, self.timing.lease_duration),
+                self._left(deadline),
             )
             return self._held(created)
         spec = lease.get("spec") or {}
@@ -323,9 +344,18 @@ class Elector:
             self.leading = False
             return False
         updated = self.api.update(
-            lease, claimed_spec(spec, self.identity, now, self.timing.lease_duration)
+            lease,
+            claimed_spec(spec, self.identity, now, self.timing.lease_duration),
+            self._left(deadline),
         )
         return self._held(updated)
+
+    def _left(self, deadline: float) -> float:
+        """Seconds a call may wait for its answer: until ``deadline``, which has not passed."""
+        left = deadline - self._clock()
+        if left <= 0:
+            raise ApiUnreachable("no answer from the API server before the renew deadline")
+        return left
 
     def _renewable(self) -> bool:
         """Leading, with the Lease written less than a lease duration ago."""
@@ -345,11 +375,11 @@ class Elector:
         self.leading = True
         return True
 
-    def _attempt(self) -> bool:
+    def _attempt(self, deadline: float | None = None) -> bool:
         """:meth:`try_once`, with its failure logged once per distinct error (a standby that
         cannot reach the API server says so once, not every retry period)."""
         try:
-            held = self.try_once()
+            held = self.try_once(deadline)
         except (OSError, LeaseError, ValueError) as exc:
             if str(exc) != self.error:
                 log.warning(
@@ -391,11 +421,13 @@ class Elector:
         self, stop: threading.Event, heartbeat: Heartbeat, on_lost: Callable[[str], None]
     ) -> None:
         """Renew every retry period until ``stop``; ``on_lost(why)`` when another candidate holds
-        the Lease or ``renew_deadline`` passed since the last renewal."""
+        the Lease or ``renew_deadline`` passed since the last renewal. A renewal waits for its
+        answer until that deadline, and not past it."""
         while not stop.wait(self.timing.retry_period):
+            assert self.renewed_at is not None
             if heartbeat.stale(self.timing.renew_deadline / 2):
                 why = "the operator's event loop has not run for a while"
-            elif self._attempt():
+            elif self._attempt(self.renewed_at + self.timing.renew_deadline):
                 continue
             elif not self.leading:
                 holder = self._observed[0] if self._observed else "another candidate"
@@ -403,18 +435,18 @@ class Elector:
                 return
             else:
                 why = "the Lease could not be renewed"
-            assert self.renewed_at is not None
             if self._clock() - self.renewed_at >= self.timing.renew_deadline:
                 on_lost(f"{why} for {self.timing.renew_deadline:g} s")
                 return
 
     def release(self) -> None:
         """Give the Lease up (a clean stop), if this candidate still holds it."""
+        deadline = self._clock() + self.timing.retry_period  # a stop is not held up longer
         try:
-            lease = self.api.get()
+            lease = self.api.get(self._left(deadline))
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
-            self.api.update(lease, released_spec(lease["spec"], self._wall()))
+            self.api.update(lease, released_spec(lease["spec"], self._wall()), self._left(deadline))
             log.info("released Lease %s/%s", self.api.namespace, self.api.name)
         except (OSError, LeaseError, ValueError) as exc:
             log.warning("could not release the Lease (a standby takes it once it expires): %s", exc)
