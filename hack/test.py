@@ -11,14 +11,23 @@
 - ``unit``: everything else (``make unit``'s tests): CPU-bound, and nothing in it touches a
   cluster or glusterd, so it fills the cores the other two leave idle.
 
-The node's part is the one the whole waits for, so the other two take only the cores it leaves
-idle: each runs in a cpu cgroup of its own (``/sys/fs/cgroup/cpu`` or cgroup v2's root, when this
-process may make one: root) with the weight of niceness 10, which holds every process the part
-starts. Niceness alone did not: with the kernel's autogroups (one scheduling group per session)
-every process that starts a session of its own (a control plane's etcd and kube-apiserver, the
-sidecar processes the unit tests start) ran at a nice-0 group's weight beside the node's, and the
-node's part took 738 s in ``make test`` where it took 609 s alone. In the groups it takes what it
-takes alone (466 s beside the other two, 461 s alone, both without README.md#0; 2026-12-04).
+Each part runs in a cpu cgroup of its own (``/sys/fs/cgroup/cpu`` or cgroup v2's root, when this
+process may make one: root), which holds every process the part starts, whatever session it
+starts (niceness alone was lost to the kernel's autogroups, one scheduling group per session).
+The group's weight is what the part gets of the cores when all three want them: the node's and
+the control plane's parts the same (both wait on real API servers, leases and deadlines), the
+unit part a third of theirs (CPU-bound, no deadline but pytest's 600 s a test), so the unit
+tests take what the other two leave and none of the three is starved.
+
+Only the unit and control-plane parts had groups before (at the weight of niceness 10, 110 to
+the node's 1024), and the node's part ran in the root group, where each of its processes weighs
+as much as a whole group: on a machine slow enough that the node's part was busy, the other two
+got a few percent of the cores. On 2026-12-05 CI's run took 38 min and failed: the control
+plane's API server answered nothing for 60 s, the operator lost its Lease, one unit test went
+from 6 s alone to over 600 s and one from 5.7 to 61.9 s, while the node's tests took twice their
+time. When a part ends, its CPU time is printed (``cpu``: its processes' user and system
+seconds, from the cgroup's accounting) beside its wall time, so the next slow run says which
+part used the cores.
 
 The three expressions partition the suite (each is the others' complement), so every collected
 test runs in one part and only one, and none is skipped for the split. A test cannot land in the
@@ -52,9 +61,9 @@ NO_NODE = "integration and not node and not sharedfs"
 # unit part, which collects everything, fails when a test the node's part would run lies outside
 # them (tests/conftest.py reads PAYLOADRUN_NODE_PATHS), so none is left to no part.
 NODE_PATHS = ("tests/integration", "tests/sharedfs")
-# name: (marker expression, environment, niceness, pytest options). The node's part is the
-# longest (its tests wait on one node, one after another); the other two have minutes to spare,
-# so they yield the cores to it when both want them and take what it leaves idle.
+# name: (marker expression, environment, niceness, pytest options). The niceness is the weight
+# of the part's cpu cgroup (nice 0: 1024, nice 5: 335): the two parts that wait on API servers
+# alike, the CPU-bound unit part a third of either.
 PARTS = {
     "node": (
         f"({MACHINE}) and not ({NO_NODE})",
@@ -62,8 +71,8 @@ PARTS = {
         0,
         ["-o", f"testpaths={' '.join(NODE_PATHS)}"],
     ),
-    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 10, []),
-    "unit": (f"not ({MACHINE})", {"PAYLOADRUN_NODE_PATHS": os.pathsep.join(NODE_PATHS)}, 10, []),
+    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 0, []),
+    "unit": (f"not ({MACHINE})", {"PAYLOADRUN_NODE_PATHS": os.pathsep.join(NODE_PATHS)}, 5, []),
 }
 # pytest's sections after the progress dots: what a part prints when it ends
 SUMMARY_START = re.compile(
@@ -76,6 +85,7 @@ HEARTBEAT_S = 60.0
 NO_TESTS = 5  # pytest's exit status when a part selected nothing (PYTEST_ARGS name others')
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # the cpu controller's hierarchy (cgroup v1)
 CGROUP_V2 = Path("/sys/fs/cgroup")  # the unified hierarchy (cgroup v2)
+CGROUP_V1_CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, when apart
 CGROUP_PREFIX = "payloadrun-test-"  # a part's cpu cgroup: <prefix><part>-<this process's pid>
 
 
@@ -99,14 +109,23 @@ def cpu_cgroup_parent(v1: Path = CGROUP_V1_CPU, v2: Path = CGROUP_V2) -> Path | 
 
 class CpuGroup:
     """A cpu cgroup weighed as one task of ``niceness``; the processes a part starts in it
-    stay in it, whatever session they start."""
+    stay in it, whatever session they start. On cgroup v1 a group of the same name in the
+    cpuacct hierarchy (when it is mounted apart) counts their CPU time."""
 
-    def __init__(self, parent: Path, name: str, niceness: int) -> None:
+    def __init__(
+        self, parent: Path, name: str, niceness: int, cpuacct: Path = CGROUP_V1_CPUACCT
+    ) -> None:
         self.path = parent / name
         self.path.mkdir(exist_ok=True)
+        self.accounting: Path | None = None
         if (self.path / "cpu.shares").exists():  # v1
             (self.path / "cpu.shares").write_text(str(cpu_shares(niceness)))
-        else:  # v2
+            if (self.path / "cpuacct.usage").exists():  # cpu and cpuacct mounted together
+                self.accounting = self.path
+            elif (cpuacct / "cpuacct.usage").exists() and os.access(cpuacct, os.W_OK):
+                self.accounting = cpuacct / name
+                self.accounting.mkdir(exist_ok=True)
+        else:  # v2: cpu.stat is in every group
             (self.path / "cpu.weight.nice").write_text(str(niceness))
 
     def enter(self) -> None:
@@ -114,14 +133,28 @@ class CpuGroup:
         command runs, so each process it starts is born in it). A group that refuses it (cgroup
         v2's rule against processes beside child groups, say) leaves the part at niceness only:
         slower, never failing."""
-        with contextlib.suppress(OSError):
-            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        for group in {self.path, self.accounting or self.path}:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time (user and system) of every process that ran in the group, or None
+        when nothing counts it."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.accounting is not None:
+                return int((self.accounting / "cpuacct.usage").read_text()) / 1e9
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, value = line.split()
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        return None
 
     def remove(self) -> None:
         """Remove the group once its processes are gone (a process a part left running keeps
         it, and stays in it)."""
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        for group in {self.path, self.accounting or self.path}:
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
 
 @dataclass
@@ -165,6 +198,23 @@ def stamp(started: float) -> str:
     return f"[{took // 60:02d}:{took % 60:02d}]"
 
 
+def remove_stale_groups(parent: Path) -> None:
+    """An earlier run's groups (it was killed), each once empty: a process it holds keeps it."""
+    for hierarchy in (parent, CGROUP_V1_CPUACCT):
+        for stale in hierarchy.glob(f"{CGROUP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                stale.rmdir()
+
+
+def group_of(parent: Path, part: Part) -> CpuGroup | None:
+    """The part's cpu cgroup, or None (said) when the cgroup file system refuses one."""
+    try:
+        return CpuGroup(parent, f"{CGROUP_PREFIX}{part.name}-{os.getpid()}", part.niceness)
+    except OSError as error:  # a read-only cgroup file system: niceness only
+        print(f"{part.name}: no cpu cgroup ({error}); niceness only", flush=True)
+        return None
+
+
 def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="payloadrun-test-"))
     started = time.monotonic()
@@ -173,17 +223,11 @@ def main(argv: list[str]) -> int:
         for name, (marker, env, niceness, options) in PARTS.items()
     ]
     parent = cpu_cgroup_parent()
-    for stale in parent.glob(f"{CGROUP_PREFIX}*") if parent else ():  # an earlier run's, killed
-        with contextlib.suppress(OSError):
-            stale.rmdir()  # only once empty: a process it holds keeps it
+    if parent is not None:
+        remove_stale_groups(parent)
     for part in parts:
-        if part.niceness and parent is not None:
-            try:
-                part.group = CpuGroup(
-                    parent, f"{CGROUP_PREFIX}{part.name}-{os.getpid()}", niceness=part.niceness
-                )
-            except OSError as error:  # a read-only cgroup file system: niceness only
-                print(f"{part.name}: no cpu cgroup ({error}); niceness only", flush=True)
+        if parent is not None:
+            part.group = group_of(parent, part)
         with part.log.open("w") as out:
             part.process = subprocess.Popen(
                 part.command(argv),
@@ -224,11 +268,14 @@ def main(argv: list[str]) -> int:
                 continue
             running.remove(part)
             part.took = time.monotonic() - part.started
+            cpu = ""
             if part.group:
+                seconds = part.group.cpu_seconds()
+                cpu = f" (cpu {seconds:.0f} s)" if seconds is not None else ""
                 part.group.remove()
             print(
                 f"\n{stamp(started)} ===== {part.name} (pytest -m {part.marker!r}) ended: "
-                f"exit {code} in {part.took:.0f} s; log {part.log}",
+                f"exit {code} in {part.took:.0f} s{cpu}; log {part.log}",
                 flush=True,
             )
             print(summary(part.log.read_text(errors="replace")), end="", flush=True)

@@ -1,5 +1,6 @@
-"""hack/test.py (make test): the parts beside the node's run in cpu cgroups that hold every
-process they start, a new session's too (where a niceness alone was lost to the autogroups)."""
+"""hack/test.py (make test): each part runs in a cpu cgroup that holds every process it starts,
+a new session's too (where a niceness alone was lost to the autogroups), and counts their CPU
+time."""
 
 from __future__ import annotations
 
@@ -70,9 +71,18 @@ def test_a_new_session_started_in_a_parts_group_stays_in_it():
         cpu = cpu or [path for _, controllers, path in lines if controllers == ""]
         assert cpu == [f"/{group.path.name}"], result.stdout
         assert cpu_cgroup_of(os.getpid()) != f"/{group.path.name}"  # this process stays out
+        # a process of the group that used 0.3 s of CPU: the group counts at least that
+        burn = "import time\nwhile time.process_time() < 0.3:\n    pass\n"
+        before = group.cpu_seconds()
+        subprocess.run([sys.executable, "-c", burn], preexec_fn=group.enter, check=True)
+        after = group.cpu_seconds()
+        if before is None:
+            pytest.skip("no CPU accounting for cpu cgroups here")
+        assert after - before >= 0.3
     finally:
         group.remove()
     assert not group.path.exists()
+    assert group.accounting is None or not group.accounting.exists()
 
 
 def test_no_two_test_modules_share_a_name():

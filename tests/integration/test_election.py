@@ -80,7 +80,9 @@ def two_operators(kube_cluster, crd, namespace, tmp_path: Path):
 
 def leader_of(ops: list[LocalOperator]) -> tuple[LocalOperator, LocalOperator]:
     def one_leads():
-        leading = [op for op in ops if op.process and metric(op, "payloadrun_operator_leader") == 1]
+        # an operator that exited leads nothing (and has no metrics endpoint to ask)
+        alive = [op for op in ops if op.process and op.process.poll() is None]
+        leading = [op for op in alive if metric(op, "payloadrun_operator_leader") == 1]
         return leading if len(leading) == 1 else None
 
     (leader,) = eventually("exactly one leader", one_leads)
@@ -253,9 +255,7 @@ def test_a_leader_whose_api_server_answers_slowly_keeps_its_lease(slow_api_serve
     api._disconnect()
 
 
-def test_a_leader_whose_api_server_hangs_stops_before_its_lease_expires(
-    slow_api_server, namespace
-):
+def test_a_leader_whose_api_server_hangs_stops_before_its_lease_expires(slow_api_server, namespace):
     """A renewal that gets no answer is given up at the renew deadline, not after it: the
     leader stops before a standby may take the Lease (a lease duration after it last changed)."""
     proxy, through = slow_api_server
