@@ -62,7 +62,7 @@ NO_NODE = "integration and not node and not sharedfs"
 # them (tests/conftest.py reads PAYLOADRUN_NODE_PATHS), so none is left to no part.
 NODE_PATHS = ("tests/integration", "tests/sharedfs")
 # name: (marker expression, environment, niceness, pytest options). The niceness is the weight
-# of the part's cpu cgroup (nice 0: 1024, nice 5: 335): the two parts that wait on API servers
+# of the part's cpu cgroup (nice 0: 1024, nice 5: 336): the two parts that wait on API servers
 # alike, the CPU-bound unit part a third of either.
 PARTS = {
     "node": (
@@ -128,12 +128,18 @@ class CpuGroup:
         else:  # v2: cpu.stat is in every group
             (self.path / "cpu.weight.nice").write_text(str(niceness))
 
+    def groups(self) -> tuple[Path, ...]:
+        """The group's directories: the cpu hierarchy's, and the cpuacct one's if apart."""
+        if self.accounting in (None, self.path):
+            return (self.path,)
+        return (self.path, self.accounting)
+
     def enter(self) -> None:
         """Move the calling process into the group (a ``preexec_fn``: before the part's
         command runs, so each process it starts is born in it). A group that refuses it (cgroup
         v2's rule against processes beside child groups, say) leaves the part at niceness only:
         slower, never failing."""
-        for group in {self.path, self.accounting or self.path}:
+        for group in self.groups():
             with contextlib.suppress(OSError):
                 (group / "cgroup.procs").write_text(str(os.getpid()))
 
@@ -152,7 +158,7 @@ class CpuGroup:
     def remove(self) -> None:
         """Remove the group once its processes are gone (a process a part left running keeps
         it, and stays in it)."""
-        for group in {self.path, self.accounting or self.path}:
+        for group in self.groups():
             with contextlib.suppress(OSError):
                 group.rmdir()
 
