@@ -27,6 +27,7 @@ only, so the operator must not rely on it: it must label the LWS as if the label
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any
 
@@ -205,16 +206,31 @@ def test_groups_get_lws_variables_resolve_their_leader_and_recreate_whole(
     assert any(worker["metadata"]["name"] in e["message"] for e in events["items"]), events
 
 
+def caught_signals(status: str) -> int:
+    """The ``SigCgt`` mask of a ``/proc/<pid>/status``: bit n-1 set when signal n has a handler."""
+    (line,) = [line for line in status.splitlines() if line.startswith("SigCgt:")]
+    return int(line.split()[1], 16)
+
+
 def test_a_restarted_container_recreates_its_group(node_cluster, lws, namespace):
     """RecreateGroupOnPodRestart fires on a container's restart too (its restart count, init
     containers' included, issue 36 item 5): a worker's main process ends, the kubelet restarts
     it in place, and LWS recreates that whole group; the other group is left alone."""
     name = "crash"
+
+    def catches_sigterm(pod: str) -> bool:
+        status = kubectl(node_cluster, namespace, "exec", pod, "--", "cat", "/proc/1/status")
+        return bool(caught_signals(status) & 1 << (signal.SIGTERM - 1))
+
     apply(node_cluster, namespace, leaderworkerset(name))
     pods = pods_ready(node_cluster, namespace, name)
     before = {at: pod["metadata"]["uid"] for at, pod in pods.items()}
     worker = pods[(1, 1)]["metadata"]["name"]
-    # SIGTERM to the container's main process (it ends at once, exit code 0): a restart in place
+    # SIGTERM to the container's main process (it exits at once, 143): a restart in place. A
+    # container's PID 1 ignores a signal it has no handler for, and the pod is Ready as soon as
+    # the process starts, before Python has set its handler: sent then, it was lost (once, on a
+    # slow machine: no restart, a 180 s timeout). So first the handler, read off /proc/1/status.
+    wait_for("the worker's main process catches SIGTERM", lambda: catches_sigterm(worker))
     kubectl(node_cluster, namespace, "exec", worker, "--", "sh", "-c", "kill -TERM 1")
 
     def recreated() -> dict[tuple[int, int], dict[str, Any]] | None:
