@@ -28,6 +28,7 @@ class SlowProxy:
         self.port: int = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
+        self.connections = 0  # accepted so far
 
     def __enter__(self) -> SlowProxy:
         threading.Thread(target=self._accept, name="slow-proxy", daemon=True).start()
@@ -52,6 +53,7 @@ class SlowProxy:
                 return
             server = socket.create_connection(self.upstream)
             self._sockets += [client, server]
+            self.connections += 1
             asked = threading.Event()  # a request went up, its answer not yet started
             threading.Thread(target=self._up, args=(client, server, asked), daemon=True).start()
             threading.Thread(target=self._down, args=(server, client, asked), daemon=True).start()

@@ -407,8 +407,13 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
+        # kopf runs this once its own handlers are done, but not the tasks the operator started
+        # itself (kopf waits up to 5 s for those, then cancels them): each is stopped before
+        # the client closes, or a pass still running would fail on the closed session and kopf
+        # would re-raise that at exit (a traceback, exit status 1).
         for task in beating:
             task.cancel()
+        await requeue.stop()
         await follower.stop()
         await op.client.close()
 
@@ -474,8 +479,11 @@ class Requeue:
         self.reconciling, self.drain = reconciling, drain
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: set[tuple[str, str]] = set()  # queued, their pass not started yet
+        self._stopped = False
 
     def __call__(self, key: tuple[str, str], delay: float = 0.0) -> None:
+        if self._stopped:  # a retry's timer, or a child's event, after the operator stopped
+            return
         if delay > 0:
             asyncio.get_running_loop().call_later(delay, self, key)
             return
@@ -485,6 +493,19 @@ class Requeue:
         task = asyncio.create_task(self._reconcile(key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @property
+    def passes(self) -> int:
+        """Passes queued or running."""
+        return len(self._tasks)
+
+    async def stop(self) -> None:
+        """End every pass queued or running, and start none from now on."""
+        self._stopped = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _reconcile(self, key: tuple[str, str]) -> None:
         op = self.op
