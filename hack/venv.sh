@@ -8,12 +8,12 @@
 # and the development kit (devkit/, payloadrun_devkit), which no wheel or image carries.
 #
 #   PAYLOADRUN_CACHE   cache directory (default ~/.cache/payloadrun)
-#   PAYLOADRUN_EXTRAS  extras to install (default operator,torch,dev)
+#   PAYLOADRUN_EXTRAS  extras to install (default operator,torch,dev,verifiers)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}
-extras=${PAYLOADRUN_EXTRAS:-operator,torch,dev}
+extras=${PAYLOADRUN_EXTRAS:-operator,torch,dev,verifiers}
 python=${PYTHON:-python3}
 
 log() { printf '[venv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

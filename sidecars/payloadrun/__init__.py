@@ -17,6 +17,13 @@ The orchestrator
         ``final_token_row``, the row for the final token that routing never covers
     ``files_of(segments)``
         the files a batch holds, for the retention sidecar
+    ``TracePayload``, ``Node``
+        a multi-turn rollout (a tree of message nodes, verifiers' v1 traces): each turn's
+        segments attributed to the nodes it created (``attribute_turn``: node-local positions,
+        re-forwarded prefix rows dropped, the row that supersedes an earlier answer's final-token
+        placeholder), and a branch's segments rebased to branch positions (``branch_segments``);
+        ``TracePayload.files`` is every file its turns wrote (errors: ``TraceError``); the
+        entries, ``NodeSegment``, are an append-only delta stream
     ``RetentionClient``, ``AsyncRetentionClient``
         tell the retention sidecar what each batch holds, when the trainer has read it and what
         no batch will read (errors: ``RetentionError``, ``DiscardConflictError``,
@@ -76,6 +83,14 @@ _PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "sample_segments",
             "segments_from_json",
             "segments_to_json",
+        ),
+        "payloadrun.traces": (
+            "Node",
+            "NodeSegment",
+            "TraceError",
+            "TracePayload",
+            "attribute_turn",
+            "branch_segments",
         ),
         "payloadrun.retention.client": (
             "AsyncRetentionClient",
@@ -207,4 +222,12 @@ if TYPE_CHECKING:
         segments_to_json,
     )
     from payloadrun.settings import Env
+    from payloadrun.traces import (
+        Node,
+        NodeSegment,
+        TraceError,
+        TracePayload,
+        attribute_turn,
+        branch_segments,
+    )
     from payloadrun.version import __version__

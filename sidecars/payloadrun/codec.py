@@ -49,7 +49,13 @@ class PositionedRows:
 
 
 def compact_routed_experts(experts: np.ndarray) -> np.ndarray:
-    """Expert ids as uint8 when they all fit, else uint16; C-contiguous.
+    """Expert ids as uint8 or uint16, C-contiguous.
+
+    uint8 and uint16 arrays keep their dtype: it is vLLM's capturer's, fixed by the model's expert
+    count (uint16 above 256 experts), so every answer of a run has the same one, and a multi-turn
+    trace's turns read back in the dtype verifiers' inline path has (a uint16 answer whose ids
+    happen to fit in a byte must not come back uint8). Any other integer dtype (a form that
+    carries ids as int32 or int64) becomes uint8 when every id fits, else uint16.
 
     Raises when the array is not 3-D ``[tokens, layers, top_k]``, not of an integer dtype, holds a
     negative id, or holds an id above 65535 (no model has that many experts per layer; such a value
@@ -68,6 +74,8 @@ def compact_routed_experts(experts: np.ndarray) -> np.ndarray:
     if arr.size == 0:
         return np.ascontiguousarray(arr, dtype=np.uint8)
     if arr.dtype == np.uint8:  # every uint8 is a valid id: nothing to scan
+        return np.ascontiguousarray(arr)
+    if arr.dtype == np.uint16:  # the capturer's dtype above 256 experts: every id is valid
         return np.ascontiguousarray(arr)
     # Unsigned ids are never negative: one pass (max) decides; signed ones need min too.
     if np.issubdtype(arr.dtype, np.signedinteger):

@@ -34,8 +34,11 @@ def test_compact_to_uint16_above_255():
     assert out.tolist() == [[[256, 3]]]
 
 
-def test_compact_keeps_uint16_input_with_small_ids_small():
-    assert compact_routed_experts(np.ones((2, 3, 4), dtype=np.uint16)).dtype == np.uint8
+def test_compact_keeps_vllms_uint16_even_when_the_ids_fit_a_byte():
+    """vLLM's capturer picks uint16 from the model's expert count: every answer of the run has
+    it, and a multi-turn trace's rows must read back in verifiers' dtype, whatever the ids."""
+    arr = np.ones((2, 3, 4), dtype=np.uint16)
+    assert compact_routed_experts(arr) is arr
 
 
 def test_compact_makes_contiguous():
@@ -396,13 +399,14 @@ def test_prime_rl_and_csr_forms_decode_through_the_buffer(monkeypatch):
     ("arr", "dtype"),
     [
         (np.full((2, 3, 4), 255, dtype=np.uint8), np.uint8),
-        (np.full((2, 3, 4), 255, dtype=np.uint16), np.uint8),
+        (np.full((2, 3, 4), 255, dtype=np.uint16), np.uint16),
+        (np.full((2, 3, 4), 255, dtype=np.uint32), np.uint8),
         (np.full((2, 3, 4), 256, dtype=np.uint16), np.uint16),
         (np.full((2, 3, 4), 65535, dtype=np.uint32), np.uint16),
         (np.full((2, 3, 4), 65535, dtype=np.int64), np.uint16),
     ],
 )
-def test_compact_picks_the_smallest_dtype_for_any_integer_input(arr, dtype):
+def test_compact_keeps_vllms_dtypes_and_narrows_any_other_integer_input(arr, dtype):
     out = compact_routed_experts(arr)
     assert out.dtype == dtype and out.flags.c_contiguous
     np.testing.assert_array_equal(out, arr)

@@ -46,7 +46,11 @@ wait before answering), ``x-fake-stream-interval`` (seconds between SSE events),
 ``x-fake-disconnect`` (``headers``: close without answering; ``body``:
 send the headers and half the body, then close), ``x-fake-experts``, ``x-fake-layers``,
 ``x-fake-top-k``, ``x-fake-mask-width``, ``x-fake-routed-experts`` and ``x-fake-sampling-mask``
-(``0``/``1``), ``x-fake-content-encoding`` (``gzip`` or ``deflate``: compress a non-streaming
+(``0``/``1``), ``x-fake-salt`` (an integer: every output a function of the salt and the token
+position, not of the whole request, so the multi-turn tests can tell one turn's rows from
+another's at the same position: :func:`salted_routing`), ``x-fake-skip-rows`` (``N``: leave out
+the first ``N`` routing rows, as an engine that started them later than asked),
+``x-fake-content-encoding`` (``gzip`` or ``deflate``: compress a non-streaming
 answer whatever the client accepts, as a compressing middleware in front of vLLM may; any other
 value only labels the body with it). For benchmarks of what sits in front of it:
 ``x-fake-cache`` (``1``: answer a request identical to an earlier one, same path, body and
@@ -139,6 +143,8 @@ class FakeConfig:
     hold: int = 0  # hold answers until this many are ready, then send them together
     health_status: int = 200
     created: int | None = None  # a fixed timestamp makes responses byte-comparable
+    salt: int | None = None  # every output a function of the salt and the position (see sample)
+    skip_rows: int = 0  # leading routing rows left out, as an engine that started them later
     stats: Counter = field(default_factory=Counter)
 
 
@@ -171,6 +177,8 @@ def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
         ("sampling_mask", lambda v: v not in ("0", "false")),
         ("cache", lambda v: v not in ("0", "false")),
         ("hold", int),
+        ("salt", _salt),
+        ("skip_rows", _non_negative),
     ):
         value = headers.get("x-fake-" + name.replace("_", "-"))
         if value is not None:
@@ -179,6 +187,20 @@ def _knobs(config: FakeConfig, headers: Mapping[str, str]) -> FakeConfig:
             except ValueError as exc:
                 raise FakeRequestError(f"header x-fake-{name}: {exc}") from exc
     return dataclasses.replace(config, **changes) if changes else config
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _salt(value: str) -> int:
+    return int(value) & _MASK64
+
+
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"must be >= 0, got {number}")
+    return number
 
 
 def _encode(body: bytes, coding: str) -> bytes:
@@ -211,6 +233,39 @@ class Sampled:
     logprobs: list[float]
 
 
+# splitmix64's constants: a row's cells from (salt, choice, position, cell), well mixed
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX1)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX2)
+        return x ^ (x >> np.uint64(31))
+
+
+def salted_routing(
+    salt: int, lo: int, hi: int, prompt_len: int, choice: int, cfg: FakeConfig
+) -> np.ndarray:
+    """The routing rows of positions ``[lo, hi)`` under ``x-fake-salt``: each row a function of
+    the salt and its position alone (a prompt position's row the same in every choice, a
+    completion position's row the choice's own), so two requests with different salts disagree
+    on every row they share, and a request with ``routed_experts_prompt_start`` gets the same
+    rows as one without, from its start on."""
+    pos = np.arange(lo, hi, dtype=np.uint64)[:, None]
+    cells = np.arange(cfg.layers * cfg.top_k, dtype=np.uint64)[None, :]
+    owner = np.where(pos < prompt_len, np.uint64(0), np.uint64(choice + 1))
+    with np.errstate(over="ignore"):
+        x = (
+            np.uint64(salt) * np.uint64(_GOLDEN)
+            + owner * np.uint64(_MIX2)
+            + pos * np.uint64(_MIX1)
+            + cells
+        )
+    ids = _splitmix(_splitmix(x)) % np.uint64(cfg.experts)
+    return ids.astype(_expert_dtype(cfg.experts)).reshape(hi - lo, cfg.layers, cfg.top_k)
+
+
 def sample(
     cfg: FakeConfig,
     seed: int,
@@ -223,8 +278,11 @@ def sample(
     """``n`` deterministic completions of a prompt, with the arrays vLLM would capture.
 
     Routing has one row per forwarded token from ``prompt_start`` on: ``prompt_len +
-    completion_len - 1 - prompt_start`` rows (the last sampled token is never forwarded); the
-    prompt's rows are the same in every choice, as they are in vLLM.
+    completion_len - 1 - prompt_start`` rows (the last sampled token is never forwarded), less
+    the first ``skip_rows``; the prompt's rows are the same in every choice, as they are in vLLM.
+    Everything comes from ``seed`` (the request's body), or with ``salt`` from the salt alone:
+    the routing rows from :func:`salted_routing`, the tokens, masks and logprobs of choice ``i``
+    from a generator seeded with ``(salt, i)``.
     """
     if prompt_start > prompt_len:
         raise FakeRequestError(
@@ -235,14 +293,23 @@ def sample(
     rng = np.random.default_rng(seed)
     dtype = _expert_dtype(cfg.experts)
     shape = (cfg.layers, cfg.top_k)
-    prompt_rows = rng.integers(0, cfg.experts, (prompt_len - prompt_start, *shape), dtype=dtype)
+    prompt_rows = None
+    if cfg.salt is None:
+        prompt_rows = rng.integers(0, cfg.experts, (prompt_len - prompt_start, *shape), dtype=dtype)
     out = []
-    for _ in range(n):
+    for choice in range(n):
+        if cfg.salt is not None:
+            rng = np.random.default_rng([cfg.salt, choice])
         ids = rng.integers(0, cfg.vocab, max_tokens)
         experts = None
         if cfg.routed_experts:
-            completion_rows = rng.integers(0, cfg.experts, (max_tokens, *shape), dtype=dtype)
-            experts = np.concatenate([prompt_rows, completion_rows])[:-1]
+            if prompt_rows is None:
+                end = prompt_len + max_tokens - 1
+                experts = salted_routing(cfg.salt, prompt_start, end, prompt_len, choice, cfg)
+            else:
+                completion_rows = rng.integers(0, cfg.experts, (max_tokens, *shape), dtype=dtype)
+                experts = np.concatenate([prompt_rows, completion_rows])[:-1]
+            experts = experts[cfg.skip_rows :]
         mask = None
         if with_mask:
             counts = rng.integers(0, cfg.mask_width + 1, max_tokens)
