@@ -114,6 +114,59 @@ def test_a_stream_stays_with_its_api_server_and_the_others_take_the_rest(four, t
         stream.close()
 
 
+def test_a_session_stays_on_its_busy_api_server_and_the_rest_go_to_the_idle_one(four, tmp_path):
+    """A multi-turn rollout's turns (one X-Session-ID) reach the engine that holds its prefix in
+    cache, however busy; requests without a session still go where fewest are in flight."""
+    session = {"X-Session-ID": "rollout-7"}
+    with writer(",".join(four.urls[:2]), tmp_path / "payloads") as w:
+        first = http("POST", w.url + COMPLETIONS, _completion(0), session)
+        mine = first.headers[SERVER_HEADER]
+        other = next(_port(u) for u in four.urls[:2] if _port(u) != mine)
+        mine_url = next(u for u in four.urls[:2] if _port(u) == mine)
+        parts = urlsplit(w.url)
+        stream = httpclient.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        body = json.dumps({"prompt": "long turn", "max_tokens": 16, "stream": True}).encode()
+        stream.request("POST", COMPLETIONS, body, {"x-fake-stream-interval": "0.5", **session})
+        resp = stream.getresponse()
+        assert resp.readline().startswith(b"data: ")  # in flight on the session's server
+        assert resp.getheader(SERVER_HEADER) == mine
+        assert scrape(w)["payloadrun_writer_upstream_requests_in_flight", mine_url] == 1
+        turns = [http("POST", w.url + COMPLETIONS, _completion(i), session) for i in (1, 2)]
+        assert [r.headers[SERVER_HEADER] for r in turns] == [mine, mine]  # busy, still its own
+        others = [http("POST", w.url + COMPLETIONS, _completion(i)) for i in range(3, 6)]
+        assert [r.headers[SERVER_HEADER] for r in others] == [other] * 3
+        stream.close()
+
+
+def test_a_session_moves_only_while_its_api_server_is_gone(tmp_path):
+    """Its server refuses connections: the session's turns go to the other; once the server is
+    back (the writer's readiness check sees it), they return to it."""
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    with fake_vllm(port=ports[1]), writer(",".join(urls), tmp_path / "payloads") as w:
+        # sessions whose own server is the first (which is not running yet) and the second
+        with fake_vllm(port=ports[0]):
+            wait_ready(w.url, 200)
+            seen = {
+                s: http("POST", w.url + COMPLETIONS, _completion(0), {"X-Session-ID": s})
+                for s in (f"rollout-{i}" for i in range(12))
+            }
+            on = {s: r.headers[SERVER_HEADER] for s, r in seen.items()}
+        away = [s for s, port in on.items() if port == str(ports[0])]
+        stay = [s for s, port in on.items() if port == str(ports[1])]
+        assert away and stay, on
+        gone = [http("POST", w.url + COMPLETIONS, _completion(1), {"X-Session-ID": s})
+                for s in away + stay]  # fmt: skip
+        assert {r.headers[SERVER_HEADER] for r in gone} == {str(ports[1])}
+        with fake_vllm(port=ports[0]):
+            assert wait_ready(w.url, 200).status == 200
+            back = {
+                s: http("POST", w.url + COMPLETIONS, _completion(2), {"X-Session-ID": s})
+                for s in away + stay
+            }
+            assert {s: r.headers[SERVER_HEADER] for s, r in back.items()} == on
+
+
 def test_by_handle_from_the_second_api_server_reads_back_exact(four, tmp_path):
     root = tmp_path / "payloads"
     root.mkdir()

@@ -10,7 +10,14 @@ from payloadrun import settings
 from payloadrun.cli import build_parser
 from payloadrun.writer.cli import configs
 from payloadrun.writer.config import WriterConfig
-from payloadrun.writer.upstreams import DOWN_SECONDS, Upstreams, parse_upstreams, pick
+from payloadrun.writer.upstreams import (
+    DOWN_SECONDS,
+    Upstreams,
+    parse_upstreams,
+    pick,
+    pick_for_session,
+    session_order,
+)
 
 UP = (False, False, False, False)
 
@@ -88,6 +95,62 @@ def test_take_skips_what_a_request_tried():
     only = one.take(0.0)
     assert one.take(0.0, tried=[only]) is None
     assert only.in_flight == 1
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+URLS = [f"http://127.0.0.1:{p}" for p in range(8000, 8004)]
+
+
+def test_a_session_has_one_order_in_every_process():
+    order = session_order("rollout-17", URLS)
+    assert sorted(order) == [0, 1, 2, 3]
+    assert session_order("rollout-17", URLS) == order
+    # the same order, computed by a fresh interpreter (no per-process hash salt)
+    import subprocess
+    import sys
+
+    code = (
+        "from payloadrun.writer.upstreams import session_order; "
+        f"print(session_order('rollout-17', {URLS!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(order)
+
+
+def test_sessions_spread_over_the_upstreams():
+    firsts = collections.Counter(session_order(f"s{i}", URLS)[0] for i in range(4000))
+    assert sorted(firsts) == [0, 1, 2, 3]
+    assert min(firsts.values()) > 850  # 1,000 each, give or take a few standard deviations
+
+
+def test_an_upstream_gone_moves_only_its_own_sessions():
+    sessions = [f"s{i}" for i in range(400)]
+    before = {s: URLS[session_order(s, URLS)[0]] for s in sessions}
+    rest = [u for u in URLS if u != URLS[2]]
+    after = {s: rest[session_order(s, rest)[0]] for s in sessions}
+    moved = {s for s in sessions if before[s] != after[s]}
+    assert moved == {s for s in sessions if before[s] == URLS[2]}
+    assert moved  # some were on it
+
+
+def test_a_session_takes_its_first_upstream_that_is_up():
+    assert pick_for_session([2, 0, 3, 1], UP) == 2
+    assert pick_for_session([2, 0, 3, 1], (False, False, True, False)) == 0
+    assert pick_for_session([2, 0, 3, 1], (True,) * 4) == 2  # all down: still its own
+    assert pick_for_session([2, 0, 3, 1], UP, skip={2, 0}) == 3  # tried: the next
+    assert pick_for_session([2, 0], (False, False), skip={0, 2}) is None
+
+
+def test_a_session_ignores_the_counts_and_leaves_the_turns_alone():
+    ups = Upstreams(URLS)
+    mine = URLS[session_order("busy", URLS)[0]]
+    held = [ups.take(0.0, session="busy") for _ in range(5)]
+    assert {up.url for up in held} == {mine}  # five in flight there, none elsewhere
+    plain = [ups.take(0.0) for _ in range(3)]
+    assert mine not in {up.url for up in plain}  # without a session: the least busy
+    first = ups.take(0.0, tried=held[:1], session="busy")
+    assert first.url == URLS[session_order("busy", URLS)[1]]  # tried: the session's next
 
 
 # --- parse_upstreams and the config --------------------------------------------------------------

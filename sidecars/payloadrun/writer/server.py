@@ -74,7 +74,7 @@ from payloadrun.writer.metrics import WriterMetrics
 from payloadrun.writer.payload_root import StoreHolder, probe_root
 from payloadrun.writer.plan import Endpoint, Mode, RequestError, RequestPlan, endpoint_of
 from payloadrun.writer.root_monitor import RootHealth, RootMonitor
-from payloadrun.writer.upstreams import Upstream, Upstreams
+from payloadrun.writer.upstreams import SESSION_HEADER, Upstream, Upstreams
 from payloadrun.writer.write_threads import HeldThreads, WriteThreads
 
 log = logging.getLogger("payloadrun.writer")
@@ -370,16 +370,18 @@ class Writer:
         """vLLM's response (headers read) with the upstream that sent it, or the 502/504 to
         send instead.
 
-        The upstream is chosen per request (:mod:`~payloadrun.writer.upstreams`); one that
+        The upstream is chosen per request (:mod:`~payloadrun.writer.upstreams`: the session's
+        when the request names one in ``X-Session-ID``, else the least busy); one that
         fails to connect is marked down and the request goes to the next it has not tried
         (nothing was sent, so nothing runs twice), until none is left.
         """
         assert self.session is not None
         headers = request_headers(request.headers, by_handle=by_handle)
+        session_id = request.headers.get(SESSION_HEADER)
         tried: list[Upstream] = []
         failure: BaseException | None = None
         while True:
-            upstream = self.upstreams.take(time.monotonic(), tried)
+            upstream = self.upstreams.take(time.monotonic(), tried, session_id)
             if upstream is None:  # every upstream refused: the last failure is the answer
                 assert failure is not None
                 return self._upstream_error(failure, "sending the request", tried[-1])

@@ -7,6 +7,14 @@ connections it opened, so the writer spreads per request: each request goes to t
 the fewest requests in flight, ties broken round robin (:func:`pick`). A request stays with its
 upstream to the end of its answer, streamed or not.
 
+A request that names its session (the ``X-Session-ID`` header, :data:`SESSION_HEADER`: verifiers
+sends it with every turn of a rollout, and prime-rl's router hashes it to pick an engine) goes to
+its session's upstream instead, whatever the counts: the turns of a multi-turn rollout re-send the
+conversation so far, and only the engine that served the previous turn holds it in its prefix
+cache. The session's upstream is the first of :func:`session_order` (rendezvous hashing of the
+session over the upstreams' URLs) that is up, so a session moves only when its upstream is down,
+and only its own sessions move: they come back as soon as it is up again.
+
 An upstream that refused a connection (or did not accept one within ``--connect-timeout``) is
 *down* for :data:`DOWN_SECONDS`: :func:`pick` passes it over while another is up, and the request
 that met the failure goes on to an upstream it has not tried (nothing reached vLLM, so sending it
@@ -20,12 +28,17 @@ imports this module.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 # Seconds an upstream that failed to connect is passed over while another is up.
 DOWN_SECONDS = 2.0
+
+# The request header that names a multi-turn rollout's session (verifiers' SESSION_ID_HEADER,
+# the header prime-rl's router hashes with its consistent_hash policy).
+SESSION_HEADER = "X-Session-ID"
 
 
 def parse_upstreams(value: str) -> tuple[str, ...]:
@@ -99,6 +112,25 @@ def pick(
     return best
 
 
+def session_order(session: str, urls: Sequence[str]) -> list[int]:
+    """The upstreams' indices in ``session``'s order of preference (rendezvous hashing: each
+    upstream's weight is a hash of the session and its URL, the heaviest first). Stable across
+    processes and restarts; removing an upstream moves only the sessions it was first for."""
+    weights = [
+        hashlib.blake2b(f"{session}\n{url}".encode(), digest_size=8).digest() for url in urls
+    ]
+    return sorted(range(len(urls)), key=lambda i: weights[i], reverse=True)
+
+
+def pick_for_session(
+    order: Sequence[int], down: Sequence[bool], skip: Collection[int] = ()
+) -> int | None:
+    """A session's upstream: the first of ``order`` (:func:`session_order`) that is up and not in
+    ``skip``; when every one left is down, the first of those; None when every one is skipped."""
+    left = [i for i in order if i not in skip]
+    return next((i for i in left if not down[i]), left[0] if left else None)
+
+
 @dataclass(eq=False)
 class Upstream:
     """One local API server: its base URL (as configured, without a trailing ``/``: also the
@@ -118,22 +150,28 @@ class Upstreams:
 
     def __init__(self, urls: Sequence[str]) -> None:
         self.all = tuple(Upstream(url) for url in urls)
+        self.urls = tuple(urls)
         self._next = 0
 
-    def take(self, now: float, tried: Collection[Upstream] = ()) -> Upstream | None:
+    def take(
+        self, now: float, tried: Collection[Upstream] = (), session: str | None = None
+    ) -> Upstream | None:
         """The upstream for a request (its in-flight count taken), or None when it has tried
-        every one. :meth:`release` gives the count back when the request ends."""
+        every one: its ``session``'s when it names one, else the least busy.
+        :meth:`release` gives the count back when the request ends."""
         ups = self.all
         if len(ups) == 1:  # one upstream: nothing to decide
             chosen: Upstream | None = None if tried else ups[0]
         else:
             skip = [i for i, up in enumerate(ups) if up in tried] if tried else ()
-            index = pick(
-                [up.in_flight for up in ups], [up.is_down(now) for up in ups], self._next, skip
-            )
+            down = [up.is_down(now) for up in ups]
+            if session:
+                index = pick_for_session(session_order(session, self.urls), down, skip)
+            else:
+                index = pick([up.in_flight for up in ups], down, self._next, skip)
+                if index is not None:
+                    self._next = (index + 1) % len(ups)
             chosen = None if index is None else ups[index]
-            if index is not None:
-                self._next = (index + 1) % len(ups)
         if chosen is not None:
             chosen.in_flight += 1
         return chosen
