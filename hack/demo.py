@@ -343,6 +343,7 @@ class Demo:
     def data_path(self, out: Callable[[str], None] = say) -> None:
         """Section 6 (4 without a node). ``out`` takes its lines: a :class:`Held` when it runs
         beside the cluster's sections (:meth:`data_path_beside`)."""
+        from payloadrun.agentic import Shape
         from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
         from payloadrun.testing import processes
 
@@ -363,6 +364,11 @@ class Demo:
         w = Workload(
             batch_size=self.args.batch_size,
             group_size=8,
+            rollout=Shape(
+                prompt_tokens=self.args.prompt_tokens,
+                completion_tokens=self.args.max_tokens,
+                max_turns=self.args.turns,
+            ),
             max_off_policy_steps=self.args.max_off_policy_steps,
             steps=self.args.steps,
             seed=7,
@@ -378,8 +384,8 @@ class Demo:
         out(f"retention sidecar {retention.url} (metrics {retention.metrics_url})")
         tokens = f"{self.args.prompt_tokens}+{self.args.max_tokens}"
         out(
-            f"payload root {root}; batch {w.batch_size} rollouts of {tokens} tokens, "
-            f"max_off_policy_steps {w.max_off_policy_steps}"
+            f"payload root {root}; batch {w.batch_size} rollouts of 1-{self.args.turns} turns "
+            f"({tokens} tokens the first), max_off_policy_steps {w.max_off_policy_steps}"
         )
         self.reach += [
             f"writer metrics: curl {writer_metrics_url}",
@@ -400,11 +406,7 @@ class Demo:
             else:
                 out(line)
 
-        kw = {
-            "writer_url": writer,
-            "prompt_tokens": self.args.prompt_tokens,
-            "max_tokens": self.args.max_tokens,
-        }
+        kw = {"writer_url": writer}
         out("delete on consume (the retention sidecar):")
         consume = run_policy(w, DELETE_ON_CONSUME, root, url=retention.url, progress=progress, **kw)
         if tty:
@@ -424,6 +426,7 @@ class Demo:
     ) -> None:
         inline = handle_sent + avoided
         rollouts = consume.written_rollouts
+        turns = consume.written_files  # one request (and one file) a turn
         per_batch = inline / max(rollouts, 1) * consume.workload.batch_size
         section("Summary", out)
         out(f"{'':34}{'peak directory':>16}{'in batches':>12}{'peak files':>12}")
@@ -436,7 +439,8 @@ class Demo:
         out("")
         smaller = inline / max(handle_sent, 1)
         out(
-            f"responses for {rollouts} rollouts: inline {mb(inline)}, by handle {mb(handle_sent)} "
+            f"responses for {rollouts} rollouts ({turns} turns): inline {mb(inline)}, by handle "
+            f"{mb(handle_sent)} "
             f"({smaller:,.0f} times smaller); {mb(avoided)} kept off the wire"
         )
         out(
@@ -559,6 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-off-policy-steps", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=4, help="turns per rollout: 1 to this")
     parser.add_argument("--skip-cluster", action="store_true", help="only the data path")
     return parser
 

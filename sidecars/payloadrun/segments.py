@@ -39,6 +39,7 @@ FIELD_FILL = {ROUTED_EXPERTS: ROUTING_FILL, SAMPLING_MASK: MASK_PAD}
 # The dtypes a payload row may have: compact routing ids and int32 mask ids, plus the wider
 # integer types a caller may store for other per-token fields.
 ALLOWED_DTYPES = frozenset({"uint8", "uint16", "int32", "int64", "uint32", "float16", "float32"})
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}  # np.dtype(str): 1 us
 
 _JSON_KEYS = ("field", "file", "offset", "pos", "rows", "dtype", "shape")
 
@@ -88,7 +89,7 @@ class Segment:
 
     @property
     def row_bytes(self) -> int:
-        return np.dtype(self.dtype).itemsize * math.prod(self.shape)
+        return _ITEMSIZE[self.dtype] * math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -102,15 +103,7 @@ class Segment:
             return None
         if start == self.pos and stop == self.end:
             return self
-        return Segment(
-            field=self.field,
-            file=self.file,
-            offset=self.offset + (start - self.pos) * self.row_bytes,
-            pos=start,
-            rows=stop - start,
-            dtype=self.dtype,
-            shape=self.shape,
-        )
+        return self._derive(self.offset + (start - self.pos) * self.row_bytes, start, stop - start)
 
     def shift(self, delta: int) -> Segment:
         """The same bytes at positions moved by ``delta`` (rebasing to another coordinate)."""
@@ -118,9 +111,7 @@ class Segment:
             raise SegmentError(
                 f"shifting a segment at pos {self.pos} by {delta} would make pos negative"
             )
-        return Segment(
-            self.field, self.file, self.offset, self.pos + delta, self.rows, self.dtype, self.shape
-        )
+        return self._derive(self.offset, self.pos + delta, self.rows)
 
     def final_token(self) -> Segment:
         """A 1-row segment at ``end`` that points at this segment's last row.
@@ -131,15 +122,24 @@ class Segment:
         """
         if self.rows == 0:
             raise SegmentError("an empty segment has no last row to repeat for the final token")
-        return Segment(
-            field=self.field,
-            file=self.file,
-            offset=self.offset + (self.rows - 1) * self.row_bytes,
-            pos=self.end,
-            rows=1,
-            dtype=self.dtype,
-            shape=self.shape,
-        )
+        return self._derive(self.offset + (self.rows - 1) * self.row_bytes, self.end, 1)
+
+    def _derive(self, offset: int, pos: int, rows: int) -> Segment:
+        """A segment of this one's field, file, dtype and shape (checked when this one was made)
+        at other non-negative integers: without the checks, which cost more than the rest of a
+        multi-turn trace's algebra."""
+        seg = object.__new__(Segment)
+        for name, value in (
+            ("field", self.field),
+            ("file", self.file),
+            ("offset", offset),
+            ("pos", pos),
+            ("rows", rows),
+            ("dtype", self.dtype),
+            ("shape", self.shape),
+        ):
+            object.__setattr__(seg, name, value)
+        return seg
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -4,14 +4,21 @@
 It plays prime-rl's parts with files instead of models, to show what a retention policy does to
 the payload directory:
 
-- inference dispatches groups of rollouts at the current policy version ``k``; each rollout
-  finishes after a random delay and writes its files into ``v<k>`` (stragglers take many steps);
+- inference dispatches groups of rollouts at the current policy version; each rollout is
+  multi-turn and agentic (:mod:`payloadrun.agentic`: turns per rollout uniform from 1 to
+  ``--turns``, each turn a tool result or a user's reply and the model's answer, some turns
+  forking off an earlier node, some bridged on the previous answer), its turns spread over the
+  steps until it finishes (stragglers take many steps), and each turn writes one file into
+  ``v<k>``, ``k`` the policy version the turn was dispatched at (never older than its group's);
 - the orchestrator waits for whole groups, drops some (``--drop-rate``: zero-advantage groups, the
   files discarded), sweeps groups older than ``min_fresh_version(step, m)`` (finished ones
   discarded; cancelled in-flight ones leave their files for the backstop), and records each
-  batch's files;
-- the trainer reads batch ``s - lag`` (every file must still exist: a missing one is a retention
-  bug and is counted) and publishes ``v{s - lag}``: ``policy_updated``.
+  batch's files: every file any turn of its rollouts wrote, each once
+  (:attr:`payloadrun.traces.TracePayload.files`), a turn no branch reads included;
+- the trainer reads batch ``s - lag``, every branch of every rollout
+  (:func:`payloadrun.traces.branch_segments`; every file a branch points into, and every file
+  of the batch, must still exist: a missing one is a retention bug and is counted) and publishes
+  ``v{s - lag}``: ``policy_updated``.
 
 Under ``--policy delete-on-consume`` it drives a retention sidecar over HTTP (its own child process
 on a free loopback port, or ``--url``). Under ``--policy version-sweep`` it does what public
@@ -37,10 +44,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from payloadrun.agentic import Rollout, Shape, Turn, completion
 from payloadrun.helptext import HelpFormatter, plain
 from payloadrun.paths import PayloadRoot, payload_dir, version_dir_name
 from payloadrun.reasons import Deletion
 from payloadrun.retention.policy import backstop_bound, min_fresh_version
+from payloadrun.segments import ROUTED_EXPERTS, Segment, files_of
 from payloadrun.store import FILE_SUFFIX
 
 DELETE_ON_CONSUME = "delete-on-consume"
@@ -54,10 +63,10 @@ class Workload:
 
     batch_size: int = 512
     group_size: int = 16
-    files_per_rollout: int = 1
-    bytes_per_file: int = 4096
-    max_off_policy_steps: int = 32
-    steps: int = 40
+    rollout: Shape = field(default_factory=Shape)  # each rollout's turns (payloadrun.agentic)
+    row_bytes: int = 64  # a token's routing row in the files written without a writer
+    max_off_policy_steps: int = 8  # the operator's default spec.maxOffPolicySteps
+    steps: int = 24
     drop_rate: float = 0.1
     straggler_rate: float = 0.03
     trainer_lag: int = 1
@@ -70,8 +79,8 @@ class Workload:
                 f"batch size {self.batch_size} must be a positive multiple of the group size "
                 f"{self.group_size}"
             )
-        if self.files_per_rollout < 0 or self.bytes_per_file < 0:
-            raise ValueError("files and bytes per rollout must be >= 0")
+        if self.row_bytes < 1:
+            raise ValueError(f"a routing row is at least 1 byte, got {self.row_bytes}")
         if self.steps < 1 or self.max_off_policy_steps < 0 or self.trainer_lag < 0:
             raise ValueError("steps must be >= 1; max_off_policy_steps and lag >= 0")
         if not 0 <= self.drop_rate < 1 or not 0 <= self.straggler_rate <= 1:
@@ -80,10 +89,6 @@ class Workload:
     @property
     def groups_per_batch(self) -> int:
         return self.batch_size // self.group_size
-
-    @property
-    def batch_bytes(self) -> int:
-        return self.batch_size * self.files_per_rollout * self.bytes_per_file
 
 
 @dataclass
@@ -107,9 +112,11 @@ class Summary:
     policy: str
     workload: Workload
     steps: list[StepRecord] = field(default_factory=list)
-    written_files: int = 0
+    written_files: int = 0  # one a turn
     written_bytes: int = 0
-    written_rollouts: int = 0
+    written_rollouts: int = 0  # rollouts whose every turn was written
+    rollout_bytes: int = 0  # the bytes of those rollouts
+    branches_read: int = 0
     dropped_groups: int = 0
     stale_groups: int = 0
     cancelled_groups: int = 0
@@ -129,10 +136,11 @@ class Summary:
 
     @property
     def batch_bytes(self) -> int:
-        """A batch's payload bytes, from the mean rollout written (inference decides its size)."""
+        """A batch's payload bytes, from the mean whole rollout written (inference decides its
+        size)."""
         if not self.written_rollouts:
-            return self.workload.batch_bytes
-        return round(self.written_bytes / self.written_rollouts * self.workload.batch_size)
+            return 0
+        return round(self.rollout_bytes / self.written_rollouts * self.workload.batch_size)
 
     @property
     def peak_batches(self) -> float:
@@ -150,15 +158,34 @@ class Summary:
 
 
 @dataclass
+class _Rollout:
+    trace: Rollout
+    turn_steps: list[int]  # the step each turn is written at, the last one's when it finishes
+    written: int = 0  # turns written
+    nbytes: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.written == len(self.turn_steps)
+
+
+@dataclass
 class _Group:
     version: int
-    done_at: list[int]  # per rollout: the step its files are written
-    files: list[str] = field(default_factory=list)
-    written: int = 0  # rollouts whose files exist
+    rollouts: list[_Rollout]
 
     @property
     def complete(self) -> bool:
-        return self.written == len(self.done_at)
+        return all(r.done for r in self.rollouts)
+
+    @property
+    def last_step(self) -> int:
+        """The step its last turn is written at."""
+        return max(r.turn_steps[-1] for r in self.rollouts)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for r in self.rollouts for f in r.trace.files]
 
 
 class _Retention:
@@ -242,75 +269,83 @@ def measure(root: PayloadRoot) -> tuple[int, int]:
 
 
 class LocalFiles:
-    """Inference as plain file writes: ``files_per_rollout`` files of ``bytes_per_file`` each."""
+    """Inference as plain file writes: a turn's file holds its routing rows, ``row_bytes`` each
+    (one per forwarded token: from the turn's ``routed_experts_prompt_start`` to the last
+    forwarded token), as the writer would lay them out."""
 
     def __init__(self, workload: Workload, root: PayloadRoot) -> None:
         self.w = workload
         self.root = root
-        self.payload = os.urandom(workload.bytes_per_file)
+        self.noise = memoryview(os.urandom(1 << 16))
 
-    def write(self, version: int, rng: random.Random) -> tuple[list[str], int]:
+    def write(self, turn: Turn, version: int, rng: random.Random) -> tuple[list[int], list]:
+        answer = completion(rng, self.w.rollout)
+        rows = len(turn.prompt_ids) + len(answer) - 1 - turn.prompt_start
         d = self.root.path / version_dir_name(version)
         d.mkdir(exist_ok=True)
-        files = []
-        for _ in range(self.w.files_per_rollout):
-            path = d / f"{uuid.UUID(int=rng.getrandbits(128)).hex}{FILE_SUFFIX}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.write(fd, self.payload)
-            finally:
-                os.close(fd)
-            files.append(str(path))
-        return files, len(files) * len(self.payload)
+        path = d / f"{uuid.UUID(int=rng.getrandbits(128)).hex}{FILE_SUFFIX}"
+        size = rows * self.w.row_bytes
+        if size > len(self.noise):  # the rows' bytes, whatever they are: random, made once
+            self.noise = memoryview(os.urandom(2 * size))
+        data = self.noise[:size]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        routing = Segment(
+            ROUTED_EXPERTS, str(path), 0, turn.prompt_start, rows, "uint8", (self.w.row_bytes,)
+        )
+        return answer, [routing]
 
 
 class ThroughWriter:
-    """Inference through a writer sidecar: each rollout is one tokens-in generate request.
+    """Inference through a writer sidecar: each turn is one tokens-in generate request.
 
-    The request names ``payload_dir = <root>/v<k>``; the writer takes the routed experts and the
-    sampling mask off the (vLLM-format) response, writes them into one file and returns its
-    segments, whose files the loop then tracks like any other. ``wire`` counts the response
-    bytes that came back (segments) against the bytes the same responses carry inline.
+    The request names ``payload_dir = <root>/v<k>``, the rollout's session (``X-Session-ID``)
+    and, on a bridged turn, ``routed_experts_prompt_start``; the writer takes the routed experts
+    and the sampling mask off the (vLLM-format) response, writes them into one file and returns
+    its segments. ``handle_bytes`` counts the response bytes that came back.
     """
 
-    def __init__(self, url: str, root: PayloadRoot, *, prompt_tokens: int, max_tokens: int):
+    def __init__(self, url: str, root: PayloadRoot, workload: Workload):
         self.url = url.rstrip("/") + "/inference/v1/generate"
         self.root = root
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
+        self.w = workload
         self.handle_bytes = 0
 
-    def write(self, version: int, rng: random.Random) -> tuple[list[str], int]:
+    def write(
+        self, turn: Turn, version: int, rng: random.Random, session: str = ""
+    ) -> tuple[list[int], list]:
         import urllib.request
 
-        from payloadrun.segments import PAYLOAD_DIR_ARG, choice_segments, files_of
+        from payloadrun.segments import PAYLOAD_DIR_ARG, choice_segments
+        from payloadrun.writer.upstreams import SESSION_HEADER
 
         body = {
             "model": "simulate",
-            "token_ids": [rng.randrange(150_000) for _ in range(self.prompt_tokens)],
+            "token_ids": turn.prompt_ids,
             "sampling_params": {
-                "max_tokens": self.max_tokens,
+                "max_tokens": self.w.rollout.completion_tokens,
                 "temperature": 1.0,
+                "routed_experts_prompt_start": turn.prompt_start,
                 "extra_args": {PAYLOAD_DIR_ARG: payload_dir(self.root.path, version)},
             },
         }
-        req = urllib.request.Request(
-            self.url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", SESSION_HEADER: session}
+        req = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
         with urllib.request.urlopen(req, timeout=60) as resp:
             raw = resp.read()
         self.handle_bytes += len(raw)
-        segments = []
-        for choice in json.loads(raw)["choices"]:
-            handles = choice_segments(choice)
-            if handles is None:
-                raise RuntimeError(
-                    f"the writer at {self.url} answered inline (fallback "
-                    f"{resp.headers.get('X-Payloadrun-Fallback')!r}): is its payload root "
-                    f"{str(self.root.path)!r}?"
-                )
-            segments += handles
-        return files_of(segments), sum(s.nbytes for s in segments)
+        choice = json.loads(raw)["choices"][0]
+        segments = choice_segments(choice)
+        if segments is None:
+            raise RuntimeError(
+                f"the writer at {self.url} answered inline (fallback "
+                f"{resp.headers.get('X-Payloadrun-Fallback')!r}): is its payload root "
+                f"{str(self.root.path)!r}?"
+            )
+        return choice["token_ids"], segments
 
 
 class _Loop:
@@ -332,14 +367,14 @@ class _Loop:
         self.summary = Summary(policy=policy, workload=workload)
         self.inflight: list[_Group] = []
         self.ready: deque[_Group] = deque()
-        self.recorded: dict[int, list[str]] = {}
+        self.recorded: dict[int, list[_Group]] = {}
         self.policy_version = 0
 
     def dispatch(self, step: int) -> None:
         """Inference: keep enough groups in flight for this batch and part of the next."""
         w = self.w
         target = math.ceil(w.groups_per_batch * (1 + w.inflight_batches) / (1 - w.drop_rate))
-        soon = sum(1 for g in self.inflight if g.done_at[-1] <= step + 1)  # not stragglers
+        soon = sum(1 for g in self.inflight if g.last_step <= step + 1)  # not stragglers
         while soon + len(self.ready) < target:
             soon += 1
             # A group finishes within its step or the next; its rollouts at random before that.
@@ -348,15 +383,26 @@ class _Loop:
             done = sorted(step + self.rng.randint(0, last) for _ in range(w.group_size))
             if self.rng.random() < w.straggler_rate:
                 done[-1] = step + self.rng.randint(2, 2 * w.max_off_policy_steps + 2)
-            self.inflight.append(_Group(self.policy_version, done))
+            rollouts = [self._rollout(step, d) for d in done]
+            self.inflight.append(_Group(self.policy_version, rollouts))
+
+    def _rollout(self, step: int, done: int) -> _Rollout:
+        """A rollout dispatched at ``step`` whose last turn is written at ``done``: its turns
+        evenly spread over the time from the start of ``step`` to the end of ``done``, each
+        written in the step it ends in."""
+        trace = Rollout(self.w.rollout, random.Random(self.rng.getrandbits(64)))
+        turns = self.w.rollout.turns(self.rng)
+        steps = [step + ((done - step + 1) * (t + 1) - 1) // turns for t in range(turns)]
+        return _Rollout(trace, steps)
 
     def finish_rollouts(self, step: int) -> int:
-        """Rollouts due by ``step`` write their files; whole groups are dropped or queued."""
+        """Turns due by ``step`` write their files; whole groups are dropped or queued."""
         written = 0
         still: list[_Group] = []
         for g in self.inflight:
-            while g.written < len(g.done_at) and g.done_at[g.written] <= step:
-                written += self._write_rollout(g)
+            for r in g.rollouts:
+                while not r.done and r.turn_steps[r.written] <= step:
+                    written += self._write_turn(r)
             if not g.complete:
                 still.append(g)
             elif self.rng.random() < self.w.drop_rate:
@@ -367,14 +413,27 @@ class _Loop:
         self.inflight = still
         return written
 
-    def _write_rollout(self, group: _Group) -> int:
-        files, nbytes = self.inference.write(group.version, self.rng)
-        group.files += files
-        group.written += 1
-        self.summary.written_files += len(files)
+    def _write_turn(self, rollout: _Rollout) -> int:
+        """One turn, into the directory of the policy it is dispatched at (the current one,
+        never older than its group's)."""
+        trace = rollout.trace
+        turn = trace.next_turn()
+        if isinstance(self.inference, ThroughWriter):
+            answer, segments = self.inference.write(
+                turn, self.policy_version, trace.rng, session=f"rollout-{id(rollout):x}"
+            )
+        else:
+            answer, segments = self.inference.write(turn, self.policy_version, trace.rng)
+        trace.commit(turn, answer, segments)
+        nbytes = sum(s.nbytes for s in segments)
+        rollout.written += 1
+        rollout.nbytes += nbytes
+        self.summary.written_files += len(files_of(segments))
         self.summary.written_bytes += nbytes
-        self.summary.written_rollouts += 1
-        return len(files)
+        if rollout.done:
+            self.summary.written_rollouts += 1
+            self.summary.rollout_bytes += rollout.nbytes
+        return len(files_of(segments))
 
     def build_batch(self, step: int) -> int:
         """Orchestrator: drop stale groups, record the oldest whole groups as batch ``step``."""
@@ -390,16 +449,21 @@ class _Loop:
             self.inflight = [g for g in self.inflight if g.version >= fresh]
         count = min(self.w.groups_per_batch, len(self.ready))
         batch = [self.ready.popleft() for _ in range(count)]
-        files = [f for g in batch for f in g.files]
-        self.recorded[step] = files
-        self.retention.record(step, files)
+        self.recorded[step] = batch
+        self.retention.record(step, [f for g in batch for f in g.files])
         return count * self.w.group_size
 
     def train(self, step: int) -> None:
-        """Trainer: read batch ``step`` in full (every file must exist), publish ``v{step}``."""
-        for f in self.recorded.pop(step, []):
-            if not os.path.exists(f):
-                self.summary.missing_files += 1
+        """Trainer: read batch ``step`` in full, every branch of every rollout (every file a
+        branch points into, and every file of the batch, must exist), publish ``v{step}``."""
+        for group in self.recorded.pop(step, []):
+            for rollout in group.rollouts:
+                branches = rollout.trace.branch_segments()
+                self.summary.branches_read += len(branches)
+                read = {f for segments in branches for f in files_of(segments)}
+                for f in read | set(rollout.trace.files):
+                    if not os.path.exists(f):
+                        self.summary.missing_files += 1
         self.retention.policy_updated(step)
         self.policy_version = step
 
@@ -463,8 +527,6 @@ def run_policy(
     progress: Callable[[StepRecord], None] | None = None,
     sidecar_args: tuple[str, ...] = (),
     writer_url: str | None = None,
-    prompt_tokens: int = 64,
-    max_tokens: int = 16,
 ) -> Summary:
     """Run ``workload`` under ``policy`` on ``root`` (starting a sidecar unless ``url``).
 
@@ -478,9 +540,7 @@ def run_policy(
     payload_root = PayloadRoot(root)
     inference = None
     if writer_url is not None:
-        inference = ThroughWriter(
-            writer_url, payload_root, prompt_tokens=prompt_tokens, max_tokens=max_tokens
-        )
+        inference = ThroughWriter(writer_url, payload_root, workload)
     play = functools.partial(simulate, policy=policy, progress=progress, inference=inference)
     if policy == VERSION_SWEEP:
         for path in payload_root.version_dirs().values():
@@ -539,8 +599,10 @@ def format_summary(s: Summary) -> str:
             f"peak directory: {_mb(s.peak_bytes)}, {s.peak_files} files "
             f"({s.peak_batches:.2f} batches of {_mb(s.batch_bytes)})",
             f"final directory: {_mb(s.final_bytes)}, {s.final_files} files",
-            f"written: {s.written_files} files, {_mb(s.written_bytes)}; groups dropped "
+            f"written: {s.written_files} files (one a turn, {s.written_rollouts} whole rollouts of "
+            f"1-{w.rollout.max_turns} turns), {_mb(s.written_bytes)}; groups dropped "
             f"{s.dropped_groups}, stale {s.stale_groups}, cancelled in flight {s.cancelled_groups}",
+            f"branches the trainer read: {s.branches_read}",
             f"deleted: {deleted or 'nothing'}",
             f"trainer reads of missing files: {s.missing_files}",
             f"time: {s.seconds:.2f} s",
@@ -574,25 +636,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="get each rollout's payload file from this writer sidecar (a tokens-in generate "
         "request with payload_dir) instead of writing files; its payload root must be --root",
     )
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per batch")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per group")
+    shape = d.rollout
     p.add_argument(
-        "--prompt-tokens", type=int, default=64, help="prompt tokens per request, with --writer-url"
+        "--turns",
+        type=int,
+        default=shape.max_turns,
+        help="turns per rollout: uniform from 1 to this (1: single-turn rollouts)",
+    )
+    p.add_argument(
+        "--fork-rate",
+        type=float,
+        default=shape.fork_rate,
+        help="the share of later turns that fork off an earlier node instead of the latest answer",
+    )
+    p.add_argument(
+        "--bridge-rate",
+        type=float,
+        default=shape.bridge_rate,
+        help="the share of turns on an answer that ask routing from its final token on "
+        "(routed_experts_prompt_start); the others re-forward their whole prompt",
+    )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=shape.prompt_tokens, help="the first turn's prompt"
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=shape.new_tokens,
+        help="the new message of each later turn (a tool result, a user's reply)",
     )
     p.add_argument(
         "--max-tokens",
         type=int,
-        default=16,
-        help="completion tokens per request, with --writer-url",
+        default=shape.completion_tokens,
+        help="completion tokens of each answer",
     )
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rollouts per batch")
-    p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per group")
     p.add_argument(
-        "--files-per-rollout",
+        "--row-bytes",
         type=int,
-        default=d.files_per_rollout,
-        help="payload files each rollout writes",
-    )
-    p.add_argument(
-        "--bytes-per-file", type=int, default=d.bytes_per_file, help="bytes of each payload file"
+        default=d.row_bytes,
+        help="bytes of a token's routing row in the files written without --writer-url "
+        "(Qwen3-30B-A3B's: 384)",
     )
     p.add_argument(
         "--max-off-policy-steps",
@@ -622,8 +708,15 @@ def run(args: argparse.Namespace) -> int:
         workload = Workload(
             batch_size=args.batch_size,
             group_size=args.group_size,
-            files_per_rollout=args.files_per_rollout,
-            bytes_per_file=args.bytes_per_file,
+            rollout=Shape(
+                prompt_tokens=args.prompt_tokens,
+                new_tokens=args.new_tokens,
+                completion_tokens=args.max_tokens,
+                max_turns=args.turns,
+                fork_rate=args.fork_rate,
+                bridge_rate=args.bridge_rate,
+            ),
+            row_bytes=args.row_bytes,
             max_off_policy_steps=args.max_off_policy_steps,
             steps=args.steps,
             drop_rate=args.drop_rate,
@@ -649,8 +742,6 @@ def run(args: argparse.Namespace) -> int:
             url=args.url,
             progress=progress,
             writer_url=args.writer_url,
-            prompt_tokens=args.prompt_tokens,
-            max_tokens=args.max_tokens,
         )
     print(format_summary(summary), file=out)
     if args.json:

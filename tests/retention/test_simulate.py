@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 
+from payloadrun.agentic import Shape
 from payloadrun.cli import main
 from payloadrun.simulate import DELETE_ON_CONSUME, VERSION_SWEEP, Workload, run_policy
 
 SMALL = Workload(
     batch_size=32,
     group_size=4,
-    bytes_per_file=256,
-    files_per_rollout=2,
+    rollout=Shape(prompt_tokens=12, new_tokens=6, completion_tokens=3, max_turns=5),
+    row_bytes=16,
     max_off_policy_steps=3,
     steps=14,
     drop_rate=0.2,
@@ -25,6 +26,11 @@ def test_delete_on_consume_keeps_a_few_batches_and_loses_nothing(tmp_path):
     sweep = run_policy(SMALL, VERSION_SWEEP, tmp_path / "sweep")
     assert doc.missing_files == 0 and sweep.missing_files == 0
     assert doc.written_files == sweep.written_files  # the same workload
+    assert doc.written_bytes == sweep.written_bytes
+    # multi-turn: one file a turn, several turns a rollout, and the trainer read every branch
+    assert doc.written_files > 2 * doc.written_rollouts
+    trained = sum(r.batch_rollouts for r in doc.steps)  # every batch is trained by the end
+    assert doc.branches_read > trained  # a branch a rollout, more where a turn forked
     assert doc.peak_batches <= 3.5 < sweep.peak_batches
     assert doc.deleted["consumed"]["files"] > 0
     assert doc.deleted["discarded"]["files"] > 0
