@@ -66,13 +66,15 @@ demo: cluster-binaries node ## the main job: cluster, chart, operator, runs, dat
 bench: ## data-plane benchmark: store and reader against raw I/O on this disk
 	@$(PY) bench/dataplane.py
 
-bench-all: cluster-binaries node ## every benchmark (docs/benchmarks.md): data plane, writer, retention, shared filesystem, the writer's deadline, spread over API servers, operator, failover
+bench-all: cluster-binaries node vllm ## every benchmark (docs/benchmarks.md): data plane, writer, retention, multi-turn traces, shared filesystem, the writer's deadline, spread over API servers, session affinity, operator, failover
 	@-$(PY) bench/dataplane.py
 	@-$(PY) bench/writer.py
 	@-$(PY) bench/loop_latency.py
 	@-$(PY) bench/retention.py
+	@-$(PY) bench/multiturn.py
 	@-$(PY) bench/sharedfs.py
 	@-$(PY) bench/writer_deadline.py
 	@-$(PY) bench/spread.py
+	@-$(PY) bench/session_affinity.py
 	@-$(PY) bench/operator.py
 	@-$(PY) bench/failover.py
