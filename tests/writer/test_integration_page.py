@@ -31,6 +31,7 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 STEPS = 3  # the page's loop
 KEPT, DROPPED = 3, 1  # rollouts a step keeps in its batch, and discards
 OPENAI_ANSWERS = 2  # a completion and a chat completion, discarded
+MULTI_TURN_FILES = 3  # the multi-turn section's rollout: one file a turn, consumed at step 4
 
 
 def page_program() -> str:
@@ -41,7 +42,8 @@ def test_the_page_is_one_program_of_several_blocks():
     program = page_program()
     assert len(BLOCK.findall(PAGE.read_text())) >= 5
     for name in ("segments_to_json", "segments_from_json", "record_batch", "policy_updated",
-                 "discard", "extra_body", "PayloadReader"):  # fmt: skip
+                 "discard", "extra_body", "PayloadReader", "TracePayload", "bridged_on",
+                 "X-Session-ID"):  # fmt: skip
         assert name in program, name
 
 
@@ -96,7 +98,8 @@ def test_the_integration_page_runs(tmp_path: Path):
         # what each call deleted: the consumed batches, the dropped rollouts and the OpenAI
         # answers; nothing is left
         status = _wait_deleted(retention.url, root)
-        assert status["deleted"]["consumed"]["files"] == STEPS * KEPT, status
+        assert f"multi-turn: 2 branches read, {MULTI_TURN_FILES} files recorded" in result.stdout
+        assert status["deleted"]["consumed"]["files"] == STEPS * KEPT + MULTI_TURN_FILES, status
         assert status["deleted"]["discarded"]["files"] == STEPS * DROPPED + OPENAI_ANSWERS, status
 
 
