@@ -117,10 +117,11 @@ def render(message: Message) -> list[int]:
     return [zlib.crc32(text + bytes([i])) % 150_000 for i in range(2 + len(text) % 3)]
 
 
-def generate(prompt_ids: list[int], start: int, version: int) -> tuple[list[int], list[Segment]]:
-    """One tokens-in generate request through the writer, the payloads by handle."""
+def generate(prompt_ids: list[int], start: int) -> tuple[list[int], list[Segment]]:
+    """One tokens-in generate request through the writer, the payloads by handle: the answer's
+    completion ids and segments."""
     url = os.environ[Env.INFERENCE_URL].rstrip("/") + "/inference/v1/generate"
-    directory = payload_dir(os.environ[Env.PAYLOAD_ROOT], version)
+    directory = payload_dir(os.environ[Env.PAYLOAD_ROOT], 0)  # policy v0
     params = {
         "max_tokens": 8,
         "temperature": 1.0,
@@ -138,7 +139,13 @@ def generate(prompt_ids: list[int], start: int, version: int) -> tuple[list[int]
     return choice["token_ids"], segments
 
 
-def ask(rollout: ByHandleTrace, prompt: list[Message], answer: AssistantMessage, bridge: bool):
+def ask(
+    rollout: ByHandleTrace,
+    prompt: list[Message],
+    answer: AssistantMessage,
+    bridge: bool,
+    generate=generate,
+):
     """One turn: render (bridged on the stored prefix, or whole), generate, commit."""
     turn = graph.prepare_turn(rollout.trace, prompt)
     bridged = bridge and turn.previous_renderer_token_ids() is not None
@@ -154,7 +161,7 @@ def ask(rollout: ByHandleTrace, prompt: list[Message], answer: AssistantMessage,
         prompt_ids += ids
     prompt_ids += GENERATION_PROMPT
     start = max(turn.path_len - 1, 0) if bridged else 0  # routed_experts_prompt_start
-    completion, segments = generate(prompt_ids, start, version=0)
+    completion, segments = generate(prompt_ids, start)
     tokens = TurnTokens(prompt_ids=prompt_ids, completion_ids=completion, message_spans=spans,
                         bridged=bridged)  # fmt: skip
     response = Response(id="", created=0, model="policy", message=answer, finish_reason="stop",
@@ -162,19 +169,21 @@ def ask(rollout: ByHandleTrace, prompt: list[Message], answer: AssistantMessage,
     return rollout.commit(turn, response, segments)
 
 
-def agentic_rollout() -> ByHandleTrace:
-    """Three turns: a question, a tool call and its result (bridged), a fork off the system."""
-    rollout = ByHandleTrace(Trace(task=TraceTask(type="example", data={}),
-                                  agent=AgentInfo(config=AgentConfig())))  # fmt: skip
+def agentic_rollout(generate=generate, rollout: ByHandleTrace | None = None) -> ByHandleTrace:
+    """Three turns: a question, a tool call and its result (bridged), a fork off the system.
+    ``generate`` sends a turn (this module's: to the writer at $PAYLOADRUN_INFERENCE_URL)."""
+    if rollout is None:
+        rollout = ByHandleTrace(Trace(task=TraceTask(type="example", data={}),
+                                      agent=AgentInfo(config=AgentConfig())))  # fmt: skip
     system = SystemMessage(content="You can call get_weather(city).")
     question = UserMessage(content="Is it raining in Paris?")
     call = AssistantMessage(tool_calls=[ToolCall(id="call_0", name="get_weather",
                                                  arguments='{"city": "Paris"}')])  # fmt: skip
     result = ToolMessage(tool_call_id="call_0", content='{"rain": true}')
-    ask(rollout, [system, question], call, bridge=False)
-    ask(rollout, [system, question, call, result], AssistantMessage(content="Yes."), bridge=True)
+    ask(rollout, [system, question], call, False, generate)
+    ask(rollout, [system, question, call, result], AssistantMessage(content="Yes."), True, generate)
     other = UserMessage(content="And in Rome?")
-    ask(rollout, [system, other], AssistantMessage(content="Let me check."), bridge=False)
+    ask(rollout, [system, other], AssistantMessage(content="Let me check."), False, generate)
     return rollout
 
 

@@ -10,7 +10,9 @@
    in Auto mode falls back to inline, with its reason.
 4. With the node, a run whose pods really run: the fake vLLM behind the writer sidecar, the
    orchestrator with the retention sidecar, a trainer reading from its read-only mount; one
-   rollout by handle through the inference Service, read by the trainer, deleted on consume.
+   rollout by handle through the inference Service, read by the trainer, deleted on consume;
+   then an agentic rollout of three turns (a tool call, a fork), every branch read back by the
+   trainer and compared with verifiers' own inline branch (``hack/demo_agentic.py``).
 5. The data path at scale: a vLLM-format upstream behind the writer sidecar, the retention
    sidecar, and the simulator as orchestrator and trainer, on a temporary payload root; then the
    same rollouts under the version-sweep baseline, and what the inline transport would have sent.
@@ -37,6 +39,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import demo_agentic
 
 from payloadrun_devcluster import node_unsupported_reason, running_node_state_dir
 from payloadrun_devcluster.binaries import BinariesMissing, find_binaries, run_build
@@ -309,6 +313,8 @@ class Demo:
             return answer if "True" not in answer else None
 
         say("  -> " + wait_until("the consumed files deleted", deleted, timeout=30, interval=0.2))
+        say("an agentic rollout by handle (docs/integration.md#multi-turn-rollouts-by-handle):")
+        demo_agentic.run(in_pod, say)
         self.finish(pod("trainer"))
 
     def finish(self, trainer_pod: str) -> None:
