@@ -71,8 +71,13 @@ class StalledVolume:
                 os.kill(pid, signal.SIGCONT)
 
     def crash(self) -> None:
-        """Close the service as a crash would: the deletions it holds fail, the queue drops."""
+        """Close the service as a crash would: the deletions it holds fail, the queue drops.
+
+        A worker's death alone fails nothing (its calls are sent again to a new worker); the
+        sidecar's death takes its worker along. So the worker is killed once the deleter stops
+        (``stop``: no call is sent again), as if the sidecar's process had gone with it."""
         if self.kind == "worker":
+            self.svc.queue._deleter.stop()
             os.kill(self.svc.queue._deleter.pid, signal.SIGKILL)
         self._crashing = True
         self.svc.close()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import os
+import random
 import select
 import signal
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -200,33 +205,84 @@ def test_a_call_that_finds_its_worker_gone_before_it_took_the_call_goes_to_a_new
     assert worker.scan().files == 0 and worker.restarts == [1]  # the new one stays
 
 
-def test_calls_waiting_on_a_killed_worker_fail_with_worker_gone(root):
-    """A call the worker may have begun (sent, not answered) fails: it is not sent again."""
-    # a worker that never answers: its input is never read (stopped), then it is killed
+def test_a_call_its_worker_died_on_is_sent_once_more_to_a_new_one(root):
+    """A call the worker may have begun (sent, not answered) goes to a new worker: every
+    operation is idempotent."""
+    files = make_files(root, 2, 3)
     slow = ProcessDeleter(root, threads=1, retry=FAST)
     try:
         pid = slow.pid
         os.kill(pid, signal.SIGSTOP)
-        errors: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                slow.scan()
-            except BaseException as exc:
-                errors.append(exc)
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        wait_unanswered(slow, 1)  # sent: the worker may take it whenever it runs
-        assert caller.is_alive()  # waiting for an answer
-        os.kill(pid, signal.SIGKILL)
-        caller.join(10)
-        assert not caller.is_alive()
-        assert len(errors) == 1 and isinstance(errors[0], WorkerGoneError)
-        assert "exited" in str(errors[0])
-        assert slow.unanswered == 0
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(slow.scan)
+            wait_unanswered(slow, 1)  # sent: the worker may take it whenever it runs
+            assert not call.done()  # waiting for an answer
+            os.kill(pid, signal.SIGKILL)
+            assert call.result(10).files == 3  # answered, by the new worker
+        assert slow.pid != pid and slow.unanswered == 0
+        assert existing(files) == files
     finally:
         slow.close()
+
+
+def hung_workers(deleter: ProcessDeleter) -> None:
+    """From the next start on, ``deleter``'s workers read nothing and never answer (a worker
+    that hangs), so each call waits until the test kills the worker holding it."""
+    deleter._command = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_a_call_whose_second_worker_dies_too_fails_saying_so(root):
+    deleter = ProcessDeleter(root, threads=1, retry=FAST)
+    try:
+        hung_workers(deleter)
+        os.kill(deleter.pid, signal.SIGKILL)  # the next call starts a hung worker
+        wait_exited(deleter.pid)
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(deleter.measure, "v0", ["a.bin"])
+            for _ in range(2):  # the first worker, then the one the call is sent again to
+                wait_unanswered(deleter, 1)
+                holder = deleter.pid
+                os.kill(holder, signal.SIGKILL)
+                wait_for(lambda holder=holder: deleter.pid != holder or call.done())
+            with pytest.raises(WorkerGoneError, match="and so did the one it was sent to again"):
+                call.result(10)
+    finally:
+        deleter.close()
+
+
+def blocked_writing(pid: int) -> bool:
+    """Whether a thread of ``pid`` sleeps in a write to a pipe (its reader not reading)."""
+    return any("pipe_write" in Path(f).read_text() for f in glob.glob(f"/proc/{pid}/task/*/wchan"))
+
+
+def test_a_worker_killed_while_writing_a_reply_ends_every_call(root):
+    """The worker dies in the middle of a reply larger than the pipe's buffer: the reader gets
+    a partial line (asserted: a kill before the write would give a clean end of file), every
+    call waiting on that worker ends, answered by the next one, and its answer is whole."""
+    names = [f"missing-{i:06d}.bin" for i in range(60_000)]  # measure: about 180 KB of reply
+    make_files(root, 0, 1)
+    deleter = ProcessDeleter(root, threads=1, retry=FAST)
+    try:
+        pid = deleter.pid
+        os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(2) as pool:
+            small = pool.submit(deleter.scan)
+            wait_unanswered(deleter, 1)
+            big = pool.submit(deleter.measure, "v0", names)
+            wait_unanswered(deleter, 2)
+            # the reply reader takes this lock for each whole line it read: held, it stops
+            # reading after the first reply, so the second blocks the worker in its write
+            with deleter._lock:
+                os.kill(pid, signal.SIGCONT)
+                wait_for(lambda: blocked_writing(pid))
+                os.kill(pid, signal.SIGKILL)
+                wait_exited(pid)
+            assert small.result(10).files == 1
+            assert big.result(10) == [-1] * len(names)  # sent again, answered whole
+        assert deleter.replies_cut_short == 1
+        assert deleter.unanswered == 0 and deleter.pid != pid
+    finally:
+        deleter.close()
 
 
 def test_after_close_calls_are_refused(root):
@@ -265,12 +321,9 @@ def test_retries_count_the_same_whether_the_size_was_known(root, known):
     assert all(f.label == "io_error" for f in out.failures)
 
 
-def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
-    service_factory, root
-):
-    # no later round in this service's life: what it left is the next start's to delete
+def test_a_killed_workers_chunks_go_to_a_new_one_and_are_counted_once(service_factory, root):
     svc = service_factory(chunk_files=50, retry=Retry(later_s=3600))
-    files = make_files(root, 0, 400)
+    files = make_files(root, 0, 400, size=250)
     svc.record_batch(1, files)
     # measured: the chunks below are the worker's only calls
     wait_for(lambda: svc.status()["sizing_files"] == 0)
@@ -282,11 +335,91 @@ def test_the_service_journals_what_a_dead_worker_left_and_a_restart_deletes_it(
     wait_unanswered(deleter, 4)
     os.kill(pid, signal.SIGKILL)
     assert svc.wait_idle(20)
-    assert svc.metrics.delete_errors.labels("worker_gone")._value.get() == 4
-    assert svc.metrics.delete_given_up._value.get() == 4 * 50
-    assert svc.metrics.worker_restarts._value.get() == 1  # the chunks not sent yet went on
-    assert len(existing(files)) == 4 * 50  # what the dead worker never answered is still there
-    svc.close()
-    again = service_factory()  # same run id: the journal keeps the deferred files
-    assert again.wait_idle(20)
-    assert existing(files) == []
+    assert existing(files) == []  # the four calls were sent again, the rest went on
+    assert svc.metrics.delete_errors.labels("worker_gone")._value.get() == 0
+    assert svc.metrics.worker_restarts._value.get() == 1
+    assert svc.status()["deleted"]["consumed"] == {"files": 400, "bytes": 400 * 250}
+
+
+def test_a_chunk_two_workers_died_on_is_journaled_in_doubt_and_counted_once(service_factory, root):
+    """Both the worker that took a chunk and the one it was sent to again die: the chunk is
+    deferred (journaled) with its sizes, and the round that deletes it counts what the dead
+    workers removed too."""
+    svc = service_factory(chunk_files=50, retry=Retry(attempts=1, backoff_s=0.001, later_s=0.1))
+    files = make_files(root, 0, 50, size=300)
+    svc.record_batch(1, files)
+    wait_for(lambda: svc.status()["sizing_files"] == 0)
+    deleter = svc.queue._deleter
+    working = deleter._command
+    os.unlink(files[0])  # as if the first dead worker had removed it before dying
+    hung_workers(deleter)
+    os.kill(deleter.pid, signal.SIGKILL)
+    wait_exited(deleter.pid)
+    svc.policy_updated(1)
+    wait_unanswered(deleter, 1)  # the chunk, on a worker that never answers
+    first = deleter.pid
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: deleter.pid != first and deleter.unanswered == 1)  # sent again
+    deleter._command = working  # the workers after this one work
+    os.kill(deleter.pid, signal.SIGKILL)
+    assert svc.wait_idle(20)
+    wait_for(lambda: not svc.queue.deferred_files and not existing(files))  # a later round
+    assert svc.metrics.delete_errors.labels("worker_gone")._value.get() == 1
+    assert svc.status()["deleted"]["consumed"] == {"files": 50, "bytes": 50 * 300}
+
+
+def test_random_worker_kills_under_concurrent_calls_lose_nothing(service_factory, root):
+    """The worker SIGKILLed at random moments (bounded: at most 20 kills, over at most 20 s)
+    while batches are recorded, consumed and discarded from several threads and their files
+    deleted: no call hangs, every consumed and discarded file is gone, and the counters equal
+    the files and bytes that went, whichever worker removed them."""
+    rng = random.Random(7)
+    retry = Retry(attempts=2, backoff_s=0.001, later_s=0.1)
+    svc = service_factory(chunk_files=16, max_off_policy_steps=100, retry=retry)
+    batches = [make_files(root, step % 3, 160, size=100 + step) for step in range(1, 13)]
+    loose = [make_files(root, 3, 96, size=77 + n) for n in range(4)]
+    sizes = {f: Path(f).stat().st_size for group in [*batches, *loose] for f in group}
+    gone = list(sizes)
+
+    def done() -> bool:
+        return svc.wait_idle(0) and not svc.queue.deferred_files and not existing(gone)
+
+    kills = 0
+    stop = threading.Event()
+
+    def killer() -> None:
+        nonlocal kills
+        deadline = time.monotonic() + 20
+        while kills < 20 and time.monotonic() < deadline and not stop.is_set():
+            stop.wait(rng.uniform(0.002, 0.05))
+            if done():
+                return
+            pid = svc.queue._deleter.pid
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+
+    def orchestrate(steps: range) -> None:
+        for step in steps:
+            svc.record_batch(step, batches[step - 1])
+            svc.policy_updated(step)
+            time.sleep(rng.uniform(0, 0.02))  # a trainer step, shortened
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            calls = [pool.submit(orchestrate, range(1, 7)), pool.submit(orchestrate, range(7, 13))]
+            calls += [pool.submit(svc.discard, group) for group in loose]
+            for call in calls:
+                call.result(timeout=20)  # no call hangs
+        wait_for(done, timeout=40)  # nothing hangs: every deletion ends, deferred ones too
+    finally:
+        stop.set()
+        thread.join(5)
+    print(f"{kills} kills, deleted {svc.status()['deleted']}")
+    assert kills >= 3, f"only {kills} kills landed: nothing was tested"
+    deleted = svc.status()["deleted"]
+    assert deleted["consumed"]["files"] + deleted["discarded"]["files"] == len(gone)
+    assert deleted["consumed"]["bytes"] == sum(sizes[f] for group in batches for f in group)
+    assert deleted["discarded"]["bytes"] == sum(sizes[f] for group in loose for f in group)

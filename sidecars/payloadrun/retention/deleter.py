@@ -16,7 +16,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -105,13 +105,18 @@ def unlink_names(
     unlink: Callable[..., None] = os.unlink,
     stop: threading.Event | None = None,
     shown_as: str | None = None,
+    ours: Collection[str] = frozenset(),
 ) -> Removed:
     """Unlink ``root/dir_name/<name>`` for each name; counts what was really removed.
 
     ``sizes`` gives each file's size when it is known (measured when its batch was recorded, see
     :meth:`LocalDeleter.measure`), -1 when not: a known size spares the ``stat`` that would
     otherwise read it just before the unlink, which is most of the cost of a deletion after the
-    unlink itself. ``stop`` cuts retries short at shutdown (the journal replays what is left).
+    unlink itself. ``ours`` names files an earlier attempt may have removed whose answer was lost
+    (its deletion worker died before answering): one of them found gone, its size known, was
+    removed by that attempt, and is counted here, so that the counters hold every file removed
+    whichever attempt removed it. ``stop`` cuts retries short at shutdown (the journal replays
+    what is left).
     Errors name the directory ``shown_as`` (default ``dir_name``), so a caller deep in a tree can
     name the path.
     """
@@ -130,6 +135,9 @@ def unlink_names(
                     total += known
                     continue
                 except FileNotFoundError:
+                    if ours and name in ours:
+                        files += 1
+                        total += known
                     continue
                 except OSError as exc:
                     failed = exc  # the first attempt: reported and retried below
@@ -302,7 +310,13 @@ class Census:
 class Deleter(Protocol):
     """Every deletion of one payload root (:class:`LocalDeleter`, or the worker process's)."""
 
-    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome: ...
+    def unlink(
+        self,
+        dir_name: str,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        ours: Collection[str] = (),
+    ) -> Outcome: ...
     def measure(self, dir_name: str, names: Sequence[str]) -> list[int]: ...
     def remove_tree(self, dir_name: str) -> Outcome: ...
     def scan(self) -> Census: ...
@@ -344,8 +358,15 @@ class LocalDeleter:
                 self._root_fd = os.open(self._root_path, _ROOT_FLAGS)
             return self._root_fd
 
-    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome:
-        """:func:`unlink_names`; ``sizes[i]`` is -1 where the size is not known."""
+    def unlink(
+        self,
+        dir_name: str,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        ours: Collection[str] = (),
+    ) -> Outcome:
+        """:func:`unlink_names`; ``sizes[i]`` is -1 where the size is not known, ``ours`` the
+        names an attempt whose answer was lost may have removed."""
         out = Outcome()
         try:
             root_fd = self._root()
@@ -361,6 +382,7 @@ class LocalDeleter:
             on_error=out.hook,
             unlink=self._unlink,
             stop=self.stopping,
+            ours=frozenset(ours),
         )
         return out
 

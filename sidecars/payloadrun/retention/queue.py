@@ -21,6 +21,7 @@ under the service's lock, which the queue shares so that the journal's order is 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -55,6 +56,14 @@ class Job:
     # The backstop's step, swept once the event's own deletions have run: a file both would
     # delete is then counted once, under the event's reason, and the emptied v<k> goes.
     sweep: int | None = None
+
+
+@contextlib.contextmanager
+def _suppress_worker_gone(dir_name: str) -> Iterator[None]:
+    try:
+        yield
+    except (WorkerGoneError, RuntimeError) as exc:
+        log.debug("measuring files in %s before deleting them failed: %s", dir_name, exc)
 
 
 def _by_dir(keys: Iterable[str]) -> dict[str, list[str]]:
@@ -113,6 +122,9 @@ class DeletionQueue:
         self.queue_files = 0
         self.sizing_files = 0
         self._sizes: dict[str, int] = {}  # pending files' sizes, measured at record time
+        # files a deletion worker may have removed before it died unanswered: counted as removed
+        # when found gone (their sizes are kept in _sizes until then)
+        self._in_doubt: set[str] = set()
         self.dir_bytes = 0
         self.dir_files = 0
         self.version_dirs = 0
@@ -289,7 +301,8 @@ class DeletionQueue:
                 names = [n for n, k in zip(names, keys, strict=True) if k not in held]
                 keys = [k for k in keys if k not in held]
             sizes = list(map(self._sizes.pop, keys, itertools.repeat(-1)))
-        removed = self._unlink(reason, dir_name, names, sizes) if names else deleter.Removed()
+            ours = {n for n, k in zip(names, keys, strict=True) if k in self._in_doubt}
+        removed = self._unlink(reason, dir_name, names, sizes, ours) if names else deleter.Removed()
         try:
             gone = rmdir_after and deleter.rmdir_if_empty(self._root_fd, dir_name)
         except OSError as exc:  # the directory goes with a later sweep
@@ -303,20 +316,39 @@ class DeletionQueue:
                 self.version_dirs = max(0, self.version_dirs - 1)
 
     def _unlink(
-        self, reason: Deletion, dir_name: str, names: list[str], sizes: list[int]
+        self, reason: Deletion, dir_name: str, names: list[str], sizes: list[int], ours: set[str]
     ) -> deleter.Removed:
-        """The deleter's unlink of one chunk; a worker gone keeps the chunk for the next start."""
+        """The deleter's unlink of one chunk, its files' sizes known first (measured now when
+        they were not at record time: a worker that dies after removing some leaves the sizes
+        to count them by). A worker gone keeps the chunk for the next round, in doubt."""
         assert self._deleter is not None
+        unknown = [i for i, size in enumerate(sizes) if size < 0]
+        if unknown:
+            with _suppress_worker_gone(dir_name):  # unmeasured: they are stat-ed as they go
+                measured = self._deleter.measure(dir_name, [names[i] for i in unknown])
+                for i, size in zip(unknown, measured, strict=True):
+                    sizes[i] = size
         try:
-            out = self._deleter.unlink(dir_name, names, sizes)
+            out = self._deleter.unlink(dir_name, names, sizes, ours)
         except WorkerGoneError as exc:
+            keys = [f"{dir_name}/{n}" for n in names]
+            with self._lock:
+                self._sizes.update(
+                    (k, size) for k, size in zip(keys, sizes, strict=True) if size >= 0
+                )
+                self._in_doubt.update(keys)
             self._chunk_deferred(reason, dir_name, names, exc)
             return deleter.Removed()
+        dir_failed = False
         for failure in out.failures:
             if failure.final and failure.where == dir_name:  # the directory itself failed
+                dir_failed = True
                 self._chunk_deferred(reason, dir_name, names, failure.error(), failure.label)
             else:
                 failure.report(lambda *error: self._on_error(*error, reason=reason))
+        if ours and not dir_failed:  # found gone or removed now: counted, no longer in doubt
+            with self._lock:
+                self._in_doubt.difference_update(f"{dir_name}/{n}" for n in ours)
         return out.removed
 
     def _chunk_deferred(

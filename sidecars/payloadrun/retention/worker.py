@@ -11,7 +11,8 @@ answer, whatever the worker does, and a deletion the worker never finished is re
 
 The two sides speak JSON lines over the worker's stdin and stdout (stderr is the sidecar's)::
 
-    -> {"id": 7, "op": "unlink", "dir": "v12", "names": ["a.bin", ...], "sizes": [4096, -1, ...]}
+    -> {"id": 7, "op": "unlink", "dir": "v12", "names": ["a.bin", ...], "sizes": [4096, -1, ...],
+        "ours": ["a.bin", ...]}
     <- {"id": 7, "ok": {"files": 2, "bytes": 8192, "failures": [[label, where, errno, ...]]}}
     -> {"id": 8, "op": "measure", "dir": "v13", "names": [...]}   <- {"id": 8, "ok": [4096, ...]}
     -> {"id": 9, "op": "tree", "dir": ".retention-trash"}         (the same answer as unlink)
@@ -21,10 +22,16 @@ The two sides speak JSON lines over the worker's stdin and stdout (stderr is the
 An operation that raised answers ``{"id": n, "error": "..."}``. End of input stops the worker
 after the operations running then. :class:`ProcessDeleter` is the sidecar's side: the same
 methods as :class:`~payloadrun.retention.deleter.LocalDeleter`, each a round trip. A worker
-that died is started again at the next call. A call that finds its worker gone before the worker
-took it (its input pipe is broken: nothing reads it any more) goes to the new worker; the calls
-the worker may have begun (sent, not answered) fail with :class:`WorkerGoneError`, and their
-files stay in the journal.
+that died (the OOM killer's SIGKILL, say) is started again at the next call, and every call ends:
+
+- a call that finds its worker gone before the worker took it (its input pipe is broken: nothing
+  reads it any more) goes to the new worker;
+- a call the worker may have begun (sent, not answered, or answered with a line its death cut
+  short: :attr:`ProcessDeleter.replies_cut_short`) is sent once more, to a new worker: every
+  operation is idempotent, and an unlink sent again names its files in ``ours``, so that the
+  ones the dead worker removed (gone now, their sizes known) are counted too;
+- a call whose second worker dies as well fails with :class:`WorkerGoneError`, saying so; its
+  files stay in the journal, and the deletion queue tries them again.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
@@ -76,7 +83,8 @@ class WorkerGoneError(RuntimeError):
 def _answer(deleter: LocalDeleter, request: dict[str, Any]) -> Any:
     op = request["op"]
     if op == "unlink":
-        return _outcome(deleter.unlink(request["dir"], request["names"], request["sizes"]))
+        names, sizes, ours = request["names"], request["sizes"], request.get("ours", ())
+        return _outcome(deleter.unlink(request["dir"], names, sizes, ours))
     if op == "measure":
         return deleter.measure(request["dir"], request["names"])
     if op == "tree":
@@ -198,6 +206,8 @@ class _Worker:
 
     proc: subprocess.Popen[bytes]
     waiting: dict[int, Future[Any]] = field(default_factory=dict)
+    # one call's line at a time on its input (held while writing, never with the deleter's lock)
+    sending: threading.Lock = field(default_factory=threading.Lock)
     # its input pipe broke: it can take no call, whatever ``poll`` says (``poll`` answers None
     # while the reply reader is inside ``wait``, even for a process that has exited)
     gone: bool = False
@@ -233,30 +243,52 @@ class ProcessDeleter:
         self._worker: _Worker | None = None
         self._next_id = 0
         self._closed = False
+        self._stopping = False  # stop(): no call is sent again after its worker's death
+        # replies a worker's death cut short (a partial last line): each call is sent again
+        self.replies_cut_short = 0
         with self._lock:
             self._running()  # fail at start, not at the first deletion
 
     # ------------------------------------------------------------------------ the operations
 
-    def unlink(self, dir_name: str, names: Sequence[str], sizes: Sequence[int]) -> Outcome:
-        got = self._call("unlink", dir=dir_name, names=list(names), sizes=list(sizes))
+    def unlink(
+        self,
+        dir_name: str,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        ours: Collection[str] = (),
+    ) -> Outcome:
+        """A chunk's unlink; sent again after a worker's death with every name in ``ours``."""
+        names = list(names)
+        got = self._call(
+            "unlink",
+            {"ours": names},
+            dir=dir_name,
+            names=names,
+            sizes=list(sizes),
+            ours=sorted(ours),
+        )
         return _parse_outcome(got)
 
     def measure(self, dir_name: str, names: Sequence[str]) -> list[int]:
-        return self._call("measure", dir=dir_name, names=list(names))
+        return self._call("measure", {}, dir=dir_name, names=list(names))
 
     def remove_tree(self, dir_name: str) -> Outcome:
-        return _parse_outcome(self._call("tree", dir=dir_name))
+        return _parse_outcome(self._call("tree", {}, dir=dir_name))
 
     def scan(self) -> Census:
-        return Census(*self._call("scan"))
+        return Census(*self._call("scan", {}))
 
     def stop(self) -> None:
-        """Cut the worker's retries short (it still answers every call)."""
+        """Cut the worker's retries short (it still answers every call); after its death, send
+        no call again and start no other worker: the sidecar is stopping, the journal replays
+        the rest."""
         with self._lock:
-            if self._worker is not None and self._worker.alive():
-                with contextlib.suppress(OSError):  # gone already: nothing to cut short
-                    _send(self._worker.proc, {"op": "stop"})
+            self._stopping = True
+            worker = self._worker if self._worker is not None and self._worker.alive() else None
+        if worker is not None:
+            with worker.sending, contextlib.suppress(OSError):  # gone: nothing to cut short
+                _send(worker.proc, {"op": "stop"})
 
     def close(self) -> None:
         """Stop the worker once the operations running now are answered."""
@@ -290,32 +322,58 @@ class ProcessDeleter:
 
     # --------------------------------------------------------------------------- the protocol
 
-    def _call(self, op: str, **fields: Any) -> Any:
+    def _call(self, op: str, again: dict[str, Any], **fields: Any) -> Any:
+        """One operation's answer; sent once more, with ``again`` over its fields, when the
+        worker that took it died before its answer came whole."""
+        answer = self._send_call(op, fields)  # raises when no worker could take it
+        try:
+            reply = answer.result()
+        except WorkerGoneError as exc:
+            if self._stopping:
+                raise
+            log.warning("the deletion worker died before answering %s (%s): sent again", op, exc)
+            answer = self._send_call(op, {**fields, **again})
+            try:
+                reply = answer.result()
+            except WorkerGoneError as again_exc:
+                raise WorkerGoneError(
+                    f"the deletion worker died before answering {op}, and so did the one it "
+                    f"was sent to again ({again_exc}); its files stay in the journal"
+                ) from again_exc
+        if "error" in reply:
+            raise RuntimeError(f"the deletion worker failed {op}: {reply['error']}")
+        return reply["ok"]
+
+    def _send_call(self, op: str, fields: dict[str, Any]) -> Future[Any]:
+        """Write the call to a live worker; the future of its reply.
+
+        The write holds the worker's own send lock, never the deleter's: a request larger than
+        the pipe's buffer waits for the worker to read it, and the worker reads only while its
+        replies are read, which the reply reader does under the deleter's lock."""
         answer: Future[Any] = Future()
-        with self._lock:
-            for attempt in range(1, SEND_ATTEMPTS + 1):
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            with self._lock:
                 worker = self._running()
                 self._next_id += 1
                 call_id = self._next_id
                 worker.waiting[call_id] = answer
-                try:
+            try:
+                with worker.sending:
                     _send(worker.proc, {"id": call_id, "op": op, **fields})
-                    break
-                except OSError as exc:
-                    # Nothing reads the worker's input: it exited (or is exiting) and never
-                    # took this call, whose line it cannot have read whole. Another worker can.
-                    del worker.waiting[call_id]
+                return answer
+            except OSError as exc:
+                # Nothing reads the worker's input: it exited (or is exiting) and never took
+                # this call, whose line it cannot have read whole. Another worker can.
+                with self._lock:
+                    worker.waiting.pop(call_id, None)
                     self._drop(worker)
-                    if attempt == SEND_ATTEMPTS:
-                        raise WorkerGoneError(
-                            f"the deletion worker is gone ({exc}), {SEND_ATTEMPTS} workers "
-                            "running: each exited before it could take a call (see its errors "
-                            "above, on the sidecar's stderr)"
-                        ) from exc
-        reply = answer.result()
-        if "error" in reply:
-            raise RuntimeError(f"the deletion worker failed {op}: {reply['error']}")
-        return reply["ok"]
+                if attempt == SEND_ATTEMPTS:
+                    raise WorkerGoneError(
+                        f"the deletion worker is gone ({exc}), {SEND_ATTEMPTS} workers "
+                        "running: each exited before it could take a call (see its errors "
+                        "above, on the sidecar's stderr)"
+                    ) from exc
+        raise AssertionError("unreachable")
 
     def _running(self) -> _Worker:
         """The live worker, started (again) if needed (lock held)."""
@@ -323,6 +381,8 @@ class ProcessDeleter:
             raise WorkerGoneError("the deletion worker is closed")
         if self._worker is not None and self._worker.alive():
             return self._worker
+        if self._stopping:  # the sidecar is stopping: no new worker, the journal replays it
+            raise WorkerGoneError("the deletion worker is gone and the sidecar is stopping")
         if self._worker is not None:
             code = self._worker.proc.returncode
             log.warning("the deletion worker is gone (exit code %s); starting a new one", code)
@@ -345,19 +405,39 @@ class ProcessDeleter:
             worker.proc.kill()  # a process that closed its input cannot do any more work
 
     def _read_replies(self, worker: _Worker) -> None:
-        """Hand each answer to its caller; when the worker's output ends, fail what is left."""
+        """Hand each answer to its caller; when the worker's output ends, however it ends (a
+        last line its death cut short included), fail every call it left unanswered."""
         assert worker.proc.stdout is not None
-        for line in worker.proc.stdout:
-            reply = json.loads(line)
+        try:
+            for line in worker.proc.stdout:
+                if not line.endswith(b"\n"):  # it died while writing this reply
+                    with self._lock:
+                        self.replies_cut_short += 1
+                    log.warning(
+                        "the deletion worker died while answering: its reply was cut short "
+                        "after %d bytes",
+                        len(line),
+                    )
+                    break
+                try:
+                    reply = json.loads(line)
+                    call_id = reply["id"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.error("the deletion worker's reply is not one: %s: %.200r", exc, line)
+                    continue
+                with self._lock:
+                    answer = worker.waiting.pop(call_id, None)
+                if answer is not None:
+                    answer.set_result(reply)
+        finally:
+            with contextlib.suppress(OSError):  # it may be alive and writing garbage: stop it
+                worker.proc.kill()
+            code = worker.proc.wait()
             with self._lock:
-                answer = worker.waiting.pop(reply["id"], None)
-            if answer is not None:
-                answer.set_result(reply)
-        code = worker.proc.wait()
-        with self._lock:
-            left, worker.waiting = worker.waiting, {}
-        for answer in left.values():
-            answer.set_exception(WorkerGoneError(f"the deletion worker exited (code {code})"))
+                worker.gone = True
+                left, worker.waiting = worker.waiting, {}
+            for answer in left.values():
+                answer.set_exception(WorkerGoneError(f"the deletion worker exited (code {code})"))
 
 
 def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
