@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from payloadrun_operator.api import schema_check
+from payloadrun_operator.api import schema_check, validation
 from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.builders import BuiltRun, build_run
@@ -54,10 +54,7 @@ def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[st
     except ValidationError as exc:
         if found:  # the schema's errors say it in the API server's words
             return None, errors
-        details = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        return None, [*errors, details]
+        return None, [*errors, *validation.messages(exc)]
     return (None if found else spec), errors + validation_errors(spec)
 
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from payloadrun import settings
 from payloadrun.settings import SettingsError, parse_bool, parse_int, setting
 from payloadrun_operator import __version__
+from payloadrun_operator.api import validation
 from payloadrun_operator.api.models import NetworkPolicyPeer
 
 DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
@@ -68,9 +69,7 @@ def _peers(raw: str) -> tuple[dict[str, Any], ...]:
         try:
             peers.append(NetworkPolicyPeer.model_validate(peer).manifest())
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'the peer'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = "; ".join(validation.messages(exc, prefix="", where="the peer"))
             raise ValueError(
                 f"peer {i} ({json.dumps(peer)}) is not a NetworkPolicy peer of "
                 f"podSelector/namespaceSelector/ipBlock ({problems}), e.g. {example}"
