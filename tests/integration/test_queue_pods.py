@@ -356,9 +356,12 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_where_it_was(
         events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=low")[
             "items"
         ]
-        assert any("evicted by Kueue (Preempted" in e["message"] for e in events), [
-            e["message"] for e in events
-        ]
+        preemptor = get(cluster, namespace, "payloadrun", "high")["metadata"]["uid"]
+        # Kueue names the workload that took the quota by its job-uid label: the run's uid
+        assert any(
+            "evicted by Kueue (Preempted" in e["message"] and f"JobUID: {preemptor}" in e["message"]
+            for e in events
+        ), [e["message"] for e in events]
         # what a suspended run keeps: its claim (and the files on it, seen after it resumes)
         assert get(cluster, namespace, "pvc", claim)["status"]["phase"] == "Bound"
 

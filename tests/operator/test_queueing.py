@@ -89,6 +89,8 @@ def test_the_workload_is_the_runs_own_and_names_its_queue_and_priority():
     assert meta["labels"]["payloadrun.dev/run"] == NAME
     assert "app.kubernetes.io/component" not in meta["labels"]
     assert "kueue.x-k8s.io/queue-name" not in meta["labels"]  # Kueue reads spec.queueName
+    # as Kueue's own integrations do: its preemption messages name the job by this label
+    assert meta["labels"]["kueue.x-k8s.io/job-uid"] == OWNER["uid"]
     spec = workload["spec"]
     assert spec["queueName"] == "team-a"
     assert spec["priorityClassRef"] == {

@@ -68,6 +68,10 @@ LWS_ENV = (LWS_LEADER_ADDRESS, "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 # StatefulSet and LeaderWorkerSet integrations leave the run's children alone.
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+# the uid of the job a Workload admits, as Kueue's own integrations label it: Kueue's preemption
+# message names the preempting job by it ("Preempted to accommodate a workload (UID: ...,
+# JobUID: ...)"), so a preempted run's event names the run that took its quota
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 QUEUE_WORKLOAD_PREFIX = "payloadrun-"
 # Kueue puts it on a Workload that holds quota; the owner of a Workload takes it off.
 KUEUE_FINALIZER = "kueue.x-k8s.io/resource-in-use"

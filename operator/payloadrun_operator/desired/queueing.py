@@ -96,6 +96,7 @@ def workload_manifest(
     sets = pod_sets(built)
     meta = metadata(ctx, names.queue_workload_name(ctx.name), INFERENCE)
     meta["labels"].pop(names.LABEL_COMPONENT)  # the whole run's, not a component's
+    meta["labels"][names.JOB_UID_LABEL] = ctx.uid
     spec: Manifest = {"queueName": queue, "podSets": sets}
     if priority is not None:
         name, value = priority
