@@ -386,10 +386,66 @@ def test_a_template_port_of_another_container_on_the_writers_port_is_refused_in_
         }
     }
     assert errors_of(spec) == [
-        "spec.inference.workerTemplate: container proxy declares port 8001, which the writer "
+        "spec.inference.workerTemplate.spec.containers[proxy].ports: container proxy declares "
+        "port 8001, which the writer "
         "sidecar listens on in the same pod: use another port (or change the operator's in the "
         "spec)"
     ]
+
+
+def api_server_port_clash(port: int, where: str, container_kind: str = "containers") -> str:
+    return (
+        f"{where}.spec.{container_kind}[proxy].ports: container proxy declares port {port}, the "
+        f"port of {'http' if port == 8000 else f'http-{port - 8100}'} in the main container "
+        "vllm of the same pod (one of the two could not bind it): use another port"
+    )
+
+
+@pytest.mark.parametrize("mode", ["ByHandle", "Inline"])
+def test_another_container_on_an_api_servers_port_is_refused_in_a_one_pod_replica(mode):
+    """Kubernetes only warns of a duplicate port; at run time that rank could not bind."""
+    spec = run_spec()
+    spec["payloads"] = {"mode": mode}
+    spec["inference"]["template"] = {"spec": {"initContainers": [
+        {"name": "proxy", "image": "p", "restartPolicy": "Always",
+         "ports": [{"containerPort": 8000}]}]}}  # fmt: skip
+    assert errors_of(spec) == [
+        api_server_port_clash(8000, "spec.inference.template", "initContainers")
+    ]
+
+
+@pytest.mark.parametrize("mode", ["ByHandle", "Inline"])
+@pytest.mark.parametrize("template", ["template", "workerTemplate"])
+def test_another_container_on_an_api_servers_port_is_refused_in_a_group(mode, template):
+    spec = group_spec()
+    spec["payloads"] = {"mode": mode}
+    spec["inference"][template] = {"spec": {"containers": [
+        {"name": "proxy", "image": "p", "ports": [{"containerPort": 8101}]}]}}  # fmt: skip
+    where = f"spec.inference.{template}"
+    errors = errors_of(spec)
+    # the template serves both pods of a group when it is the only one given
+    assert set(errors) == {api_server_port_clash(8101, where)}, errors
+
+
+def test_the_main_containers_own_api_server_ports_are_merged_not_refused():
+    spec = group_spec()
+    spec["inference"]["template"] = {"spec": {"containers": [
+        {"name": "vllm", "ports": [{"containerPort": 8100, "name": "http-0"}]}]}}  # fmt: skip
+    assert errors_of(spec) == []
+    leader, _ = group_templates(spec)
+    (vllm,) = [c for c in leader["spec"]["containers"] if c["name"] == "vllm"]
+    assert [p["containerPort"] for p in vllm["ports"]] == [8100, 8101]
+
+
+def test_another_container_on_torchruns_port_is_refused():
+    spec = run_spec()
+    spec["trainer"]["template"] = {"spec": {"containers": [
+        {"name": "helper", "image": "x", "ports": [{"containerPort": 29500}]}]}}  # fmt: skip
+    (error,) = errors_of(spec)
+    assert error.startswith(
+        "spec.trainer.template.spec.containers[helper].ports: container helper declares port "
+        "29500, the port of dist in the main container trainer of the same pod"
+    ), error
 
 
 def test_lws_labels_and_variables_in_a_template_are_refused():

@@ -58,6 +58,17 @@ def test_a_model_refusal_names_its_field_once_in_plain_words(changes, expected):
     assert refusals(**changes) == [expected]
 
 
+def test_admission_and_render_refuse_another_container_on_an_api_servers_port():
+    """The operator's admission, which render runs too, with the field's path."""
+    template = {"spec": {"containers": [{"name": "proxy", "image": "p",
+                                         "ports": [{"containerPort": 8000}]}]}}  # fmt: skip
+    assert refusals(**{"spec.inference.template": template}) == [
+        "spec.inference.template.spec.containers[proxy].ports: container proxy declares port "
+        "8000, the port of http in the main container vllm of the same pod (one of the two "
+        "could not bind it): use another port"
+    ]
+
+
 def test_the_operators_peer_setting_says_which_peer_in_the_same_words():
     with pytest.raises(ValueError) as info:
         _peers('[{"podSelector": {}}, {}]')

@@ -165,7 +165,8 @@ def test_env_the_operator_sets_or_a_name_given_twice_is_refused(spec_dict):
                     "containers": [{"name": "orchestrator", "ports": [{"containerPort": 9402}]}]
                 }
             },
-            "spec.orchestrator.template: container orchestrator declares port 9402, which the "
+            "spec.orchestrator.template.spec.containers[orchestrator].ports: container "
+            "orchestrator declares port 9402, which the "
             "retention sidecar's metrics listens on in the same pod: use another port (or change "
             "the operator's in the spec)",
         ),
@@ -548,7 +549,8 @@ def test_another_containers_port_named_like_the_operators_is_refused(spec_dict):
         "spec": {"containers": [{"name": "helper", "image": "x", "ports": ports}]}
     }
     assert refused(spec_dict) == [
-        "spec.trainer.template: container helper names a port dist, the name of one of the "
+        "spec.trainer.template.spec.containers[helper].ports: container helper names a port "
+        "dist, the name of one of the "
         "operator's ports in the same pod (port names are unique in a pod): rename it"
     ]
 

@@ -217,27 +217,45 @@ def _taken(pod: Mapping[str, Any], parts: Parts, where: str) -> list[str]:
                 f"{where}.spec.volumes has a volume named {name}, which the operator adds: "
                 "rename it"
             )
+    return errors + _port_clashes(pod, parts, where)
+
+
+def _port_clashes(pod: Mapping[str, Any], parts: Parts, where: str) -> list[str]:
+    """Ports a template's containers declare that another one of the pod listens on: the
+    operator's sidecars' (anywhere), its main container's (the API servers', torchrun's: in any
+    other container; the main container's own declaration merges, :func:`_fill_main`), or a
+    port name of the operator's. Kubernetes only warns of a duplicate port, and at run time
+    one of the two cannot bind."""
+    errors = []
     owned_names = {p["name"] for p in parts.ports} | {
         p["name"] for c in parts.sidecars for p in c.get("ports") or [] if p.get("name")
     }
-    for container in containers_of(pod):
-        if container.get("name") == parts.main:
-            continue  # the main container's own ports merge with the operator's (_fill_main)
-        for port in container.get("ports") or []:
-            if port.get("name") in owned_names:
-                errors.append(
-                    f"{where}: container {container.get('name')} names a port "
-                    f"{port['name']}, the name of one of the operator's ports in the same pod "
-                    "(port names are unique in a pod): rename it"
-                )
-    for port, user in parts.reserved_ports.items():
-        for container in containers_of(pod):
-            if any(p.get("containerPort") == port for p in container.get("ports") or []):
-                errors.append(
-                    f"{where}: container {container.get('name')} declares port {port}, which "
-                    f"the {user} listens on in the same pod: use another port (or change the "
-                    "operator's in the spec)"
-                )
+    main_ports = {p["containerPort"]: p["name"] for p in parts.ports}
+    for kind in ("containers", "initContainers"):
+        for container in pod.get(kind) or []:
+            name = container.get("name")
+            path = f"{where}.spec.{kind}[{name}].ports"
+            is_main = kind == "containers" and name == parts.main
+            for port in container.get("ports") or []:
+                number = port.get("containerPort")
+                if not is_main and port.get("name") in owned_names:
+                    errors.append(
+                        f"{path}: container {name} names a port {port['name']}, the name of one "
+                        "of the operator's ports in the same pod (port names are unique in a "
+                        "pod): rename it"
+                    )
+                if not is_main and number in main_ports:
+                    errors.append(
+                        f"{path}: container {name} declares port {number}, the port of "
+                        f"{main_ports[number]} in the main container {parts.main} of the same "
+                        "pod (one of the two could not bind it): use another port"
+                    )
+                if number in parts.reserved_ports:
+                    errors.append(
+                        f"{path}: container {name} declares port {number}, which the "
+                        f"{parts.reserved_ports[number]} listens on in the same pod: use another "
+                        "port (or change the operator's in the spec)"
+                    )
     return errors
 
 
