@@ -38,10 +38,11 @@ from payloadrun_operator.api.names import (
     DIFFBASE_KEY,
     FIELD_MANAGER,
     FINALIZER,
+    INFERENCE,
     run_workloads,
 )
-from payloadrun_operator.desired import context
-from payloadrun_operator.desired.admission import admit
+from payloadrun_operator.desired import context, group_check
+from payloadrun_operator.desired.admission import Admission, admit
 from payloadrun_operator.desired.builders import BuiltRun
 from payloadrun_operator.observed import outcome, prerequisites, queue, readiness
 from payloadrun_operator.observed.following import Follower, live_object
@@ -162,7 +163,7 @@ async def reconcile(
     meta = body["metadata"]
     queue_name = queue.queue_name(meta)
     gate = await queue_gate(op, follower, meta, queue_name)
-    admission = admit(body, op.settings, queue_admitted=gate.admitted)
+    admission = await admitted(op, follower, body, gate.admitted)
     if admission.built is None:
         message = "; ".join(admission.errors)
         logger.warning("rejected: %s", message)
@@ -368,6 +369,41 @@ async def bring_workload(
     if follower is not None:
         follower.wrote(obj)
     return plan, obj
+
+
+async def admitted(
+    op: Operator, follower: Follower | None, body: kopf.Body, queue_admitted: bool
+) -> Admission:
+    """:func:`admit`, and for a group run the API server's own check of its pod templates."""
+    admission = admit(body, op.settings, queue_admitted=queue_admitted)
+    if admission.built is not None:
+        refused = await refused_group_templates(op, follower, admission.built)
+        if refused:
+            return Admission(None, errors=refused)
+    return admission
+
+
+async def refused_group_templates(
+    op: Operator, follower: Follower | None, built: BuiltRun
+) -> list[str]:
+    """A group run's pod templates the API server refuses as StatefulSets (a dry run each,
+    :mod:`desired.group_check`), checked when its LeaderWorkerSet is to be applied (new, or its
+    inputs changed): nobody else checks them before LeaderWorkerSet's controller fails on them."""
+    if built.ctx.spec.inference.pods_per_replica == 1 or not op.discovery.serves(LEADER_WORKER_SET):
+        return []
+    lws = built.workload(INFERENCE)
+    if workload_plan(lws, await live_workload(op, follower, lws)) != WorkloadPlan.APPLY:
+        return []
+    has_worker = built.ctx.spec.inference.worker_template is not None
+    refused = []
+    for path, statefulset in group_check.statefulsets(lws, has_worker):
+        try:
+            await op.client.dry_run_create(statefulset)
+        except KubeApiError as exc:
+            if exc.status != 422:  # not the template's fault (quota, a webhook away): applied
+                continue
+            refused.append(group_check.refusal(exc.message, path, statefulset))
+    return list(dict.fromkeys(refused))
 
 
 async def live_workload(

@@ -374,6 +374,51 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         operator.stop()
 
 
+def test_a_group_template_the_api_server_refuses_is_refused_before_anything_is_applied(
+    kube_cluster, crd, api, namespace, lws_api, tmp_path
+):
+    """LeaderWorkerSet's webhook does not check pod templates, and its controller's refusal is
+    only a Warning event on it (v0.9.0's controllers): the operator has the API server check
+    each template as a StatefulSet (a dry run) before it applies the LeaderWorkerSet."""
+    lws_api()
+    body = group_run()
+    name = body["metadata"]["name"]
+    worker = copy.deepcopy(body["spec"]["inference"]["template"])  # the vllm container's
+    worker["spec"]["containers"].append(
+        {"name": "proxy", "image": "proxy:1", "ports": [{"containerPort": -1}]}
+    )
+    body["spec"]["inference"]["workerTemplate"] = worker
+    operator = local_operator(kube_cluster, namespace, tmp_path / "operator.log")
+    try:
+        api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        run = eventually(
+            "Validated InvalidSpec", has_condition(api, namespace, name, "Validated", "InvalidSpec")
+        )
+        message = condition(run, "Validated")["message"]
+        assert message.startswith(
+            "spec.inference.workerTemplate: the API server refuses its pods as a StatefulSet's"
+        ), message
+        assert (
+            "spec.inference.workerTemplate.spec.containers[proxy].ports[0].containerPort: "
+            "Invalid value: -1: must be between 1 and 65535, inclusive" in message
+        ), message
+        assert "spec.inference.template:" not in message  # the leaders' template is fine
+        assert run_children(api, namespace, name) == []  # nothing half-made
+        # the same spec with the port mended is applied
+        run["spec"]["inference"]["workerTemplate"]["spec"]["containers"][-1]["ports"] = [
+            {"containerPort": 9000}
+        ]
+        api["custom"].replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, run)
+        eventually(
+            "the run applied", has_condition(api, namespace, name, "Applied", "ChildrenApplied")
+        )
+        assert ("LeaderWorkerSet", names.inference_groups_name(name)) in run_children(
+            api, namespace, name
+        )
+    finally:
+        operator.stop()
+
+
 def test_statefulsets_leaderworkerset_makes_are_never_the_runs_children(
     kube_cluster, crd, api, namespace, lws_api, monkeypatch
 ):

@@ -282,6 +282,20 @@ class KubeClient:
             await asyncio.sleep(APPLY_BACKOFF_SECONDS[attempt - 1])
         raise AssertionError("unreachable")
 
+    async def dry_run_create(self, manifest: dict[str, Any]) -> None:
+        """Have the API server check ``manifest`` as it would a create, every admission step
+        included, and persist nothing (``dryRun=All``); its refusal raises :class:`KubeApiError`.
+        The answer is not decoded."""
+        meta = manifest["metadata"]
+        await self._request(
+            "POST",
+            object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]),
+            f"checking a {manifest['kind']} in {meta['namespace']} (dry run)",
+            body=manifest,
+            params={"dryRun": "All"},
+            decode=False,
+        )
+
     async def list_objects(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
     ) -> list[dict[str, Any]]:
