@@ -67,7 +67,7 @@ def test_every_pod_runs_two_api_servers_behind_one_writer_and_learns_its_group(c
     assert group["PAYLOADRUN_INFERENCE_HEAD_ADDRESS"] == "$(LWS_LEADER_ADDRESS)"
     assert group["PAYLOADRUN_INFERENCE_DP_SIZE"] == "4"
     assert group["PAYLOADRUN_INFERENCE_API_SERVERS_PER_POD"] == "2"
-    assert group["PAYLOADRUN_INFERENCE_DP_RPC_PORT"] == "29550"
+    assert group["PAYLOADRUN_INFERENCE_DP_RPC_PORT"] == "13345"  # prime-rl 559b447's default
     assert group["PAYLOADRUN_INFERENCE_POD_INDEX"] == {
         "fieldRef": {"fieldPath": "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"}
     }
