@@ -117,6 +117,8 @@ class Summary:
     written_rollouts: int = 0  # rollouts whose every turn was written
     rollout_bytes: int = 0  # the bytes of those rollouts
     branches_read: int = 0
+    recorded_files: int = 0  # named by record_batch (each batch's files once)
+    discarded_files: int = 0  # named by discard
     dropped_groups: int = 0
     stale_groups: int = 0
     cancelled_groups: int = 0
@@ -407,6 +409,7 @@ class _Loop:
                 still.append(g)
             elif self.rng.random() < self.w.drop_rate:
                 self.summary.dropped_groups += 1
+                self.summary.discarded_files += len(g.files)
                 self.retention.discard(g.files)
             else:
                 self.ready.append(g)
@@ -442,7 +445,9 @@ class _Loop:
         if stale:
             self.summary.stale_groups += len(stale)
             self.ready = deque(g for g in self.ready if g.version >= fresh)
-            self.retention.discard([f for g in stale for f in g.files])
+            stale_files = [f for g in stale for f in g.files]
+            self.summary.discarded_files += len(stale_files)
+            self.retention.discard(stale_files)
         cancelled = [g for g in self.inflight if g.version < fresh]
         if cancelled:  # cancelled in flight: nobody claims their files (the backstop does)
             self.summary.cancelled_groups += len(cancelled)
@@ -450,7 +455,9 @@ class _Loop:
         count = min(self.w.groups_per_batch, len(self.ready))
         batch = [self.ready.popleft() for _ in range(count)]
         self.recorded[step] = batch
-        self.retention.record(step, [f for g in batch for f in g.files])
+        files = [f for g in batch for f in g.files]
+        self.summary.recorded_files += len(files)
+        self.retention.record(step, files)
         return count * self.w.group_size
 
     def train(self, step: int) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from payloadrun_devcluster import addons, kueue
 from payloadrun_devcluster.binaries import BinariesMissing, expected_binaries
+from payloadrun_devkit.required import skip_or_fail
 
 SCOPED = {"matchLabels": {"payloadrun.dev/kueue-tests": "true"}}
 
@@ -199,10 +200,10 @@ def test_upstreams_config_renders_with_the_overlay(tmp_path):
     try:
         build = kueue.find_build()
     except BinariesMissing as error:
-        pytest.skip(str(error))
+        skip_or_fail(str(error))
     kubectl = expected_binaries().kubectl
     if not os.access(kubectl, os.X_OK):
-        pytest.skip(f"kubectl is not built: {kubectl}")
+        skip_or_fail(f"kubectl is not built: {kubectl}")
 
     def render(directory: Path) -> str:
         return subprocess.run(

@@ -12,6 +12,7 @@ import pytest
 
 from payloadrun_devcluster import lws
 from payloadrun_devcluster.binaries import BinariesMissing, expected_binaries
+from payloadrun_devkit.required import skip_or_fail
 
 
 def patch_of(kustomization: dict) -> list[dict]:
@@ -105,10 +106,10 @@ def test_upstreams_config_renders_with_the_overlay(tmp_path):
     try:
         build = lws.find_build()
     except BinariesMissing as error:
-        pytest.skip(str(error))
+        skip_or_fail(str(error))
     kubectl = expected_binaries().kubectl
     if not os.access(kubectl, os.X_OK):
-        pytest.skip(f"kubectl is not built: {kubectl}")
+        skip_or_fail(f"kubectl is not built: {kubectl}")
     overlay_dir = tmp_path / "overlay"
     overlay_dir.mkdir()
     (overlay_dir / "kustomization.yaml").write_text(

@@ -27,6 +27,7 @@ from typing import Any
 
 import kopf
 import pytest
+from addon_api import AddonApi
 from example_runs import example_run
 from kubernetes.client.rest import ApiException
 from test_operator import eventually
@@ -73,19 +74,12 @@ def lws_crd_file() -> Path:
 
 
 @pytest.fixture(scope="module")
-def lws_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
-    """Installs LeaderWorkerSet's CRD when called (and waits until discovery serves it); at the
-    module's end, deletes it if this module installed it (another session's real LeaderWorkerSet
-    stays)."""
-    there_before = lws_served(kube_cluster)
-    installed: list[bool] = []
+def lws_api(kube_cluster, crd) -> Iterator[AddonApi]:
+    """LeaderWorkerSet's CRD (``config/crd/bases`` of the build), without its controller."""
 
     def install() -> None:
-        if lws_served(kube_cluster):
-            return
         applied = kube_cluster.kubectl("apply", "--server-side", "-f", str(lws_crd_file()))
         assert applied.returncode == 0, applied.stderr
-        installed.append(True)
         kube_cluster.wait_established(LWS_CRD)
         eventually("LeaderWorkerSet's API in discovery", lambda: lws_served(kube_cluster))
         # and its storage ready: a list answers 429 "storage is (re)initializing" for a moment
@@ -95,13 +89,16 @@ def lws_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
             "LeaderWorkerSets listed", lambda: kube_cluster.request("GET", listing)[0] == 200
         )
 
-    yield install
-    if installed and not there_before:
-        # gone before the next module's operator starts: one that found the API would watch a
-        # resource about to vanish
+    def remove() -> None:
+        # gone before an operator starts: one that found the API would watch a resource about
+        # to vanish
         deleted = kube_cluster.kubectl("delete", "crd", LWS_CRD, "--wait=true", "--timeout=60s")
         assert deleted.returncode == 0, deleted.stderr
         eventually("LeaderWorkerSet's API gone", lambda: not lws_served(kube_cluster))
+
+    api = AddonApi(lambda: lws_served(kube_cluster), install, remove)
+    yield api
+    api.restore()
 
 
 def local_operator(kube_cluster, namespace: str, log: Path) -> LocalOperator:
@@ -291,8 +288,7 @@ def failed_group_pod(api, namespace: str, lws_name: str, group: int, exit_code: 
 def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
     kube_cluster, crd, api, namespace, lws_api, tmp_path
 ):
-    if lws_served(kube_cluster):
-        pytest.skip("LeaderWorkerSet's API is installed already (by another test of this session)")
+    lws_api.remove()  # whatever installed it before: this test starts without it
     body = group_run()
     name = body["metadata"]["name"]
     lws_name = names.inference_groups_name(name)
@@ -322,7 +318,7 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         operator.stop()
 
     # LeaderWorkerSet installed, the operator started again: the run created before is applied
-    lws_api()
+    lws_api.install()
     operator = local_operator(kube_cluster, namespace, tmp_path / "after.log")
     try:
         run = eventually(
@@ -380,7 +376,7 @@ def test_a_group_template_the_api_server_refuses_is_refused_before_anything_is_a
     """LeaderWorkerSet's webhook does not check pod templates, and its controller's refusal is
     only a Warning event on it (v0.9.0's controllers): the operator has the API server check
     each template as a StatefulSet (a dry run) before it applies the LeaderWorkerSet."""
-    lws_api()
+    lws_api.install()
     body = group_run()
     name = body["metadata"]["name"]
     worker = copy.deepcopy(body["spec"]["inference"]["template"])  # the vllm container's
@@ -426,7 +422,7 @@ def test_statefulsets_leaderworkerset_makes_are_never_the_runs_children(
     StatefulSets it makes; the follower lists and watches by those labels, and leaves out what
     another controller owns: here a leader StatefulSet controlled by the LeaderWorkerSet, named
     even as the run's own inference StatefulSet would be."""
-    lws_api()
+    lws_api.install()
     body = group_run()
     name = body["metadata"]["name"]
     run = api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)

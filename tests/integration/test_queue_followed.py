@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from addon_api import AddonApi
 from example_runs import example_run
 from test_groups_followed import condition, get_run, has_condition, local_operator, run_children
 from test_operator import eventually
@@ -67,33 +68,31 @@ def kueue_crd_files() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def kueue_api(kube_cluster, crd) -> Iterator[Callable[[], None]]:
-    """Installs Kueue's Workload, ResourceFlavor and WorkloadPriorityClass CRDs when called (no
-    controller, no webhooks); deletes them at the module's end if this module installed them."""
-    there_before = kueue_served(kube_cluster)
-    installed: list[bool] = []
+def kueue_api(kube_cluster, crd) -> Iterator[AddonApi]:
+    """Kueue's Workload, ResourceFlavor and WorkloadPriorityClass CRDs (no controller, no
+    webhooks)."""
 
     def install() -> None:
-        if kueue_served(kube_cluster):
-            return
         for path in kueue_crd_files():
             applied = kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
             assert applied.returncode == 0, applied.stderr
-        installed.append(True)
         for plural in CRDS:
             kube_cluster.wait_established(f"{plural}.{KUEUE_GROUP}")
         eventually("Kueue's API in discovery", lambda: kueue_served(kube_cluster))
         listing = f"{DISCOVERY}/{WORKLOAD.plural}?limit=1"
         eventually("Workloads listed", lambda: kube_cluster.request("GET", listing)[0] == 200)
 
-    yield install
-    if installed and not there_before:
+    def remove() -> None:
         for plural in CRDS:
             deleted = kube_cluster.kubectl(
                 "delete", "crd", f"{plural}.{KUEUE_GROUP}", "--wait=true", "--timeout=60s"
             )
             assert deleted.returncode == 0, deleted.stderr
         eventually("Kueue's API gone", lambda: not kueue_served(kube_cluster))
+
+    api = AddonApi(lambda: kueue_served(kube_cluster), install, remove)
+    yield api
+    api.restore()
 
 
 def queued_run(queue: str | None = QUEUE) -> dict[str, Any]:
@@ -200,8 +199,7 @@ def stopped(api, namespace: str, run: str) -> bool:
 def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
     kube_cluster, crd, api, namespace, kueue_api, tmp_path
 ):
-    if kueue_served(kube_cluster):
-        pytest.skip("Kueue's API is installed already (by another test of this session)")
+    kueue_api.remove()  # whatever installed it before: this test starts without it
     body = queued_run()
     name = body["metadata"]["name"]
     operator = local_operator(kube_cluster, namespace, tmp_path / "before.log")
@@ -224,7 +222,7 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
     finally:
         operator.stop()
 
-    kueue_api()
+    kueue_api.install()
     for flavor, spec in FLAVORS.items():
         custom(api).create_cluster_custom_object(
             KUEUE_GROUP,

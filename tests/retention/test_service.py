@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from retention_helpers import existing, make_files, wait_for
+from retention_helpers import existing, immutable, make_files, mutable, wait_for
 
 from payloadrun.retention import journal as journal_module
 from payloadrun.retention.deleter import Retry
@@ -231,6 +231,33 @@ def test_failed_unlinks_are_retried_counted_and_deferred_until_done(service_fact
     assert svc.status()["deleted"]["discarded"]["files"] == 2
 
 
+def test_a_file_the_worker_cannot_unlink_is_retried_counted_and_deferred_until_done(
+    service_factory, root
+):
+    """The same on the production deletion worker (a process of its own, where no unlink can be
+    injected): a file made immutable fails every attempt for real (EPERM), round after round,
+    until it is mutable again."""
+    retry = Retry(attempts=3, backoff_s=0.001, later_s=0.2, later_max_s=0.4)
+    svc = service_factory(retry=retry)
+    assert isinstance(svc.queue._deleter, ProcessDeleter)
+    ok, stuck = make_files(root, 0, 1, size=7), make_files(root, 0, 1, size=11)
+    errors = svc.metrics.delete_errors.labels("permission")
+    with immutable(stuck):
+        svc.discard(ok + stuck)
+        wait_for(lambda: svc.metrics.delete_given_up._value.get() >= 2)  # two rounds given up
+        given_up = svc.metrics.delete_given_up._value.get()
+        failed = errors._value.get()
+        # every attempt of every round counted, each round given up once: a round may be
+        # between its attempts and its giving up when read
+        assert retry.attempts * given_up <= failed <= retry.attempts * (given_up + 1)
+        assert existing(ok + stuck) == stuck
+        assert svc.queue.deferred_files <= 1
+        mutable(stuck)
+        wait_for(lambda: not existing(stuck) and svc.queue.deferred_files == 0)
+    assert svc.wait_idle(10)
+    assert svc.status()["deleted"]["discarded"] == {"files": 2, "bytes": 18}
+
+
 def test_calls_return_while_unlinks_are_blocked(stalled, root):
     svc = stalled.service(workers=2, chunk_files=10)  # a fresh start: made after it
     files = make_files(root, 0, 100)
@@ -321,7 +348,13 @@ def test_journal_is_compacted_as_batches_settle(service_factory, root):
         svc.wait_idle(10)
     svc.record_batch(30, make_files(root, 29, 3))
     assert svc.wait_idle(10)
-    assert svc.metrics.compactions._value.get() >= 1
+    # each step journals about 550 bytes (a batch of 10 names, a policy update), and a
+    # compaction comes once the journal passes 4,096 bytes and twice its last compacted size
+    # (a snapshot of a batch or two): one every 7-8 steps, each at the first settled job after
+    # the threshold (a job settling while a call holds the journal waits for the next): 3 or 4
+    # over the 29 steps; without compaction the journal would hold about 16 kB, above the bound
+    compactions = svc.metrics.compactions._value.get()
+    assert 2 <= compactions <= 5, compactions
     size = (svc.state_dir / "journal.jsonl").stat().st_size
     assert size < 3 * 4096
     svc.close()
@@ -403,6 +436,38 @@ def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_fact
     assert existing(consumed + loose) == []
 
 
+def test_unfinished_deletions_survive_compaction_and_a_second_crash_on_the_worker(
+    service_factory, root
+):
+    """The same on the production deletion worker: the files cannot be unlinked (immutable),
+    the service is closed twice (the second compacting at start), and a third start deletes
+    them once they can be."""
+    fast = Retry(attempts=1, backoff_s=0.001, later_s=3600)
+    svc = service_factory(retry=fast, compact_bytes=1)  # a fresh start: the files come after
+    assert isinstance(svc.queue._deleter, ProcessDeleter)
+    consumed, loose = make_files(root, 0, 5), make_files(root, 0, 3)
+    with immutable(consumed + loose):
+        svc.record_batch(1, consumed)
+        svc.discard(loose)
+        svc.policy_updated(1)
+        wait_for(lambda: svc.queue.deferred_files == len(consumed + loose))  # tried, failed
+        svc.close()
+        again = service_factory(retry=fast, compact_bytes=1)  # compacts at start
+        wait_for(lambda: again.queue.deferred_files == len(consumed + loose))
+        again.close()
+        records = list(read_records(again.state_dir / "journal.jsonl"))
+        assert [r["op"] for r in records[:2]] == ["run", "policy"]
+        assert {r["op"] for r in records[2:]} == {"delete"}
+        kept = {f for r in records[2:] for f in r["files"]}
+        assert kept == {f"v0/{Path(f).name}" for f in consumed + loose}
+        assert existing(consumed + loose) == consumed + loose
+    third = service_factory()
+    assert third.wait_idle(10)
+    assert existing(consumed + loose) == []
+    deleted = third.status()["deleted"]
+    assert (deleted["consumed"]["files"], deleted["discarded"]["files"]) == (5, 3)
+
+
 def gauge(svc, name: str) -> float | None:
     return svc.registry.get_sample_value(f"payloadrun_retention_{name}")
 
@@ -460,7 +525,10 @@ def test_a_failed_compaction_is_counted_and_the_journal_goes_on(service_factory,
         if step > 1:
             svc.policy_updated(step - 1)
         assert svc.wait_idle(10)
-    assert svc.metrics.journal_errors.labels("permission")._value.get() >= 1
+    # compact_bytes 1: each policy update's settled job tries a compaction (4 of them), each
+    # fails after its rename, is counted, and none counts as done
+    assert svc.metrics.journal_errors.labels("permission")._value.get() == 4
+    assert svc.metrics.compactions._value.get() == 0
     svc.record_batch(6, make_files(root, 6, 1))
     svc.close()
     monkeypatch.undo()

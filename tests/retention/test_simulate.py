@@ -32,9 +32,15 @@ def test_delete_on_consume_keeps_a_few_batches_and_loses_nothing(tmp_path):
     trained = sum(r.batch_rollouts for r in doc.steps)  # every batch is trained by the end
     assert doc.branches_read > trained  # a branch a rollout, more where a turn forked
     assert doc.peak_batches <= 3.5 < sweep.peak_batches
-    assert doc.deleted["consumed"]["files"] > 0
-    assert doc.deleted["discarded"]["files"] > 0
-    assert sweep.deleted["backstop"]["files"] > 0
+    # every batch recorded is consumed by the end, every discard deleted at once; the backstop
+    # takes only what no call named (groups cancelled in flight)
+    assert doc.deleted["consumed"]["files"] == doc.recorded_files > 0
+    assert doc.deleted["discarded"]["files"] == doc.discarded_files > 0
+    cancelled = doc.written_files - doc.recorded_files - doc.discarded_files - doc.final_files
+    assert doc.deleted["backstop"]["files"] == cancelled
+    assert doc.cancelled_groups > 0  # the seed has some, so the backstop's share is tested
+    # the version sweep deletes by directory only: everything it deleted is the backstop's
+    assert sweep.deleted["backstop"]["files"] == sweep.written_files - sweep.final_files
     # what is left: rollouts still in flight or waiting for their group, never a consumed one
     left = doc.written_files - sum(v["files"] for v in doc.deleted.values())
     assert doc.final_files == left
