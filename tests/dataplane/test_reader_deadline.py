@@ -3,8 +3,9 @@
 The hang is a real one: a payload file that is a FIFO with no writer, whose ``open`` blocks in
 the kernel until a writer comes, as an ``open`` or ``read`` on a hung network volume blocks until
 its server answers. A test ends the hang by opening the FIFO's other end (the stuck read then
-fails on the FIFO, which nobody waits for any more). Checks wait on facts: the hang still in
-place when the error came, the reader's count of stuck calls.
+fails on the FIFO, which nobody waits for any more), and only after the call raised: what the
+checks read is the reader's own account (the error's fields, ``reader.hung_reads``) and the
+call's time against its deadline.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ from payloadrun.segments import ROUTED_EXPERTS, Segment
 from payloadrun.store import PayloadStore
 
 DEADLINE_S = 0.3
+# How far past its deadline a call may report having waited (its ``waited_s``): the wake-up of
+# the caller's thread when its lock's timeout passes (the stuck guard thread is blocked in the
+# kernel and holds no GIL): 1-6 ms here, 17-71 ms with six busy processes on this 2-core
+# machine. A margin of the deadline itself (300 ms) is past that, and a reader that waits twice
+# its deadline is caught.
+MARGIN_S = DEADLINE_S
+# A call still not back after this long waits for its stuck read (which returns only when the test
+# ends the hang): a hundred deadlines, no machine is that slow at waking a thread.
+STUCK_S = 100 * DEADLINE_S
 READERS = {
     "pool": {"max_workers": 4, "slow_file_ns": 0},
     "fast files": {"max_workers": 4, "slow_file_ns": 3600 * 10**9},
@@ -64,10 +74,6 @@ class Hang:
             shape=(6, 2),
         )
         self._writer: int | None = None
-
-    @property
-    def hanging(self) -> bool:
-        return self._writer is None
 
     def end(self) -> None:
         """Open the writing end: the blocked open returns (its read then fails on the FIFO)."""
@@ -114,17 +120,51 @@ def until(what: str, condition, limit: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def raised_at_the_deadline(call, hang: Hang) -> ReadDeadlineError:
+    """Run ``call`` on a thread of its own while ``hang`` holds its read; the
+    :class:`ReadDeadlineError` it raised, checked to have come after the whole deadline and
+    within ``MARGIN_S`` of it, with the stuck read counted (once) by the reader. Fails if the
+    call is not back within ``STUCK_S``; a failed check ends the hang first, so that nothing
+    (the call's thread, the reader's close) is left waiting for the stuck read."""
+    outcome: list = []
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            call()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+        outcome.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=run, name="test-call", daemon=True)
+    thread.start()
+    thread.join(STUCK_S)
+    try:
+        assert not thread.is_alive(), f"not back after {STUCK_S} s: it waits for its stuck read"
+        err, took = outcome
+        assert isinstance(err, ReadDeadlineError), f"the call gave {err!r}"
+        assert err.deadline_s == DEADLINE_S and not err.refused
+        # the whole deadline, by the reader's clock and by ours (which started before its own)
+        assert DEADLINE_S <= err.waited_s <= took, (err.waited_s, took)
+        assert err.waited_s < DEADLINE_S + MARGIN_S, f"waited {err.waited_s:.3f} s"
+        # the read it gave up on is still blocked in the kernel: the reader counts it as stuck
+        assert err.hung_reads == 1
+    except BaseException:
+        hang.end()
+        raise
+    return err
+
+
 def test_a_read_the_volume_does_not_answer_raises_with_the_file_offset_and_bytes(root, hangs):
     hang = hangs()
     with PayloadReader(root, deadline_s=DEADLINE_S) as reader:
-        with pytest.raises(ReadDeadlineError) as info:
-            reader.read([hang.segment], ROUTED_EXPERTS, 0, 3)
-        err = info.value
-        # raised while the open was still blocked in the kernel, after the whole deadline
-        assert hang.hanging and reader.hung_reads == 1
+        err = raised_at_the_deadline(
+            lambda: reader.read([hang.segment], ROUTED_EXPERTS, 0, 3), hang
+        )
+        assert reader.hung_reads == 1  # still stuck after the call: it did not wait for it
         assert (err.file, err.offset, err.expected) == ("v1/hung.bin", 4096, 3 * 6 * 2)
-        assert err.deadline_s == DEADLINE_S and err.waited_s >= DEADLINE_S
-        assert err.hung_reads == 1 and not err.refused
         assert isinstance(err, TimeoutError) and err.errno == errno.ETIMEDOUT
         assert "'v1/hung.bin'" in str(err) and "36 bytes at offset 4096" in str(err)
         assert "deadline_s" in str(err)  # what to do when reads are merely slow
@@ -143,14 +183,9 @@ def test_the_error_names_the_file_the_call_waits_on_among_files_that_answer(root
     hang = hangs(version=1, name="middle.bin", pos=2, rows=3)
     segs[1] = hang.segment
     with PayloadReader(root, deadline_s=DEADLINE_S, **READERS[how]) as reader:
-        with pytest.raises(ReadDeadlineError) as info:
-            reader.read(segs, ROUTED_EXPERTS, 0, 7)
-        assert hang.hanging
-        assert (info.value.file, info.value.offset, info.value.expected) == (
-            "v1/middle.bin",
-            4096,
-            36,
-        )
+        err = raised_at_the_deadline(lambda: reader.read(segs, ROUTED_EXPERTS, 0, 7), hang)
+        assert reader.hung_reads == 1
+        assert (err.file, err.offset, err.expected) == ("v1/middle.bin", 4096, 36)
         hang.end()
         until("the stuck read to return", lambda: reader.hung_reads == 0)
 
@@ -205,9 +240,15 @@ def test_the_threads_a_hang_holds_are_bounded(root, hangs):
 
 def test_read_field_takes_the_deadline_and_does_not_wait_for_the_stuck_thread(root, hangs):
     hang = hangs()
-    with pytest.raises(ReadDeadlineError) as info:
-        read_field([hang.segment], ROUTED_EXPERTS, 0, 3, root=root.path, deadline_s=DEADLINE_S)
-    assert hang.hanging and info.value.file == "v1/hung.bin"
+    # back at the deadline though its reader's close comes after the stuck read, which returns
+    # only when the fixture ends the hang
+    err = raised_at_the_deadline(
+        lambda: read_field(
+            [hang.segment], ROUTED_EXPERTS, 0, 3, root=root.path, deadline_s=DEADLINE_S
+        ),
+        hang,
+    )
+    assert err.file == "v1/hung.bin"
 
 
 def test_without_a_deadline_the_call_reads_on_the_callers_thread(root, monkeypatch):

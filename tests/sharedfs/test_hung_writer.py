@@ -38,9 +38,13 @@ pytestmark = pytest.mark.sharedfs
 HEADERS = {"x-fake-layers": "48", "x-fake-top-k": "8"}
 DEADLINE_S = "1"  # --write-deadline for this test; the checks read it back from /metrics
 COOLDOWN_S = "1"
-# The writer's own work on one small answer sent inline (parse, copy, send), beyond its deadline
-# and vLLM's time: far below what a hang would add (the 42 s of the ping timeout).
-OWN_WORK_S = 1.0
+WORK = "payloadrun_writer_response_work_seconds"  # from vLLM's last byte to the client's first
+# What the writer's own work on one small answer sent inline (parse, copy, send) and the trip
+# through its process may add to its deadline, as a share of the deadline: 16-36 ms here
+# (bench/writer_deadline.py: 4 and 23 ms, the latter at a load of 9 on this 2-core machine).
+# Half the deadline (0.5 s) is more than ten times that, so a busy machine does not fail it; a
+# request kept for a second deadline, or for its hung call (42 s), does.
+MARGIN = 0.5
 MOST_REQUESTS = 2000  # a bound: the loop stops on a fact long before
 
 
@@ -82,6 +86,12 @@ def _named_files(answer: bytes, run_root: Path) -> set[str]:
     }
 
 
+def _work(proc) -> float:
+    """The writer's own work summed over the answers it sent inline (``response_work_seconds``);
+    an answer's is observed before its body is sent, so it is counted once the client has it."""
+    return metric(proc.metrics_url, f"{WORK}_sum", mode="inline")
+
+
 def _fallbacks(proc) -> dict[str, float]:
     return {
         reason.value: metric(
@@ -112,15 +122,27 @@ def test_a_hung_volume_costs_each_request_at_most_the_deadline_then_by_handle_ag
         try:
             for _ in range(MOST_REQUESTS):
                 body = json.dumps(generate_request(f"{run_root}/v1", prompt_len=200)).encode()
+                work = _work(proc)
                 took, (status, headers, via) = _timed(proc.url, body)
+                work = _work(proc) - work
                 vllm_took, (_, _, direct) = _timed(fake.url, body)
                 assert status == 200 and headers["x-payloadrun-mode"] == "inline", headers
                 assert via == direct, "the inline answer is vLLM's own, byte for byte"
-                assert took <= deadline + vllm_took + OWN_WORK_S, (
-                    f"answered after {took:.2f} s with a {deadline} s deadline and vLLM's "
-                    f"{vllm_took:.2f} s ({headers.get('x-payloadrun-fallback')})"
-                )
-                reasons[headers["x-payloadrun-fallback"]] += 1
+                reason = headers["x-payloadrun-fallback"]
+                what = f"{reason}: answered in {took:.3f} s, {work:.3f} s of it the writer's own"
+                if reason == "write_timeout":
+                    # One of its two volume calls missed the deadline: the check before vLLM
+                    # was asked (the write then skipped), or the write after vLLM answered,
+                    # which the writer's own measure shows. The other came back from the
+                    # client's caches or was never made: a call the brick must answer hangs.
+                    assert took >= deadline, what  # a slower machine only adds
+                    assert took < deadline * (1 + MARGIN) + vllm_took, what
+                    if work >= deadline:
+                        assert work < deadline * (1 + MARGIN), what
+                else:  # the breaker is open: the volume is not touched at all
+                    assert work < deadline * MARGIN, what
+                    assert took < deadline * MARGIN + vllm_took, what
+                reasons[reason] += 1
                 # the first write timed out, the breaker skipped the volume, and after its
                 # cooldown one probe went through and timed out too
                 if reasons["write_timeout"] >= 2 and reasons["breaker_open"] >= 1:
@@ -129,7 +151,11 @@ def test_a_hung_volume_costs_each_request_at_most_the_deadline_then_by_handle_ag
             assert set(reasons) <= {"write_timeout", "breaker_open"}, reasons
             opened = metric(proc.metrics_url, "payloadrun_writer_write_breaker_opened_total")
             assert opened == reasons["write_timeout"], "each timeout opened the breaker once"
-            assert metric(proc.metrics_url, "payloadrun_writer_write_threads_held") >= 1
+            # Each timeout left its call blocked on its thread (started at once: 2 of the
+            # 16 threads), and none of them returns while the brick is stopped: the client
+            # waits for it up to the ping timeout, 42 s, and the loop above took a few seconds.
+            held = metric(proc.metrics_url, "payloadrun_writer_write_threads_held")
+            assert held == reasons["write_timeout"], (held, reasons)
             # the pod stays ready; the volume's state is information
             wait_for(
                 "the root monitor to see the hang",

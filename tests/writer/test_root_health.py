@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 
 from payloadrun.writer.payload_root import PROBE_PREFIX
 from payloadrun.writer.root_monitor import RootHealth, RootMonitor, change_line, next_health
@@ -70,13 +71,18 @@ def test_a_hung_probe_is_reported_at_its_deadline_and_no_second_one_starts():
 
     def probe():
         started.append(threading.current_thread().name)
-        release.wait()  # a system call on a hung mount: nothing can interrupt it
+        # a system call on a hung mount: nothing can interrupt it. Bounded (at 600 deadlines)
+        # only so that a monitor waiting for it fails here instead of hanging the run.
+        release.wait(30)
 
     monitor = RootMonitor(probe, interval=3600, deadline=0.05)
     try:
+        began = time.monotonic()
         first = monitor.check_once()
-        assert first.writable is False and "within 0.05 s" in first.problem
-        assert not release.is_set(), "the monitor answered while the probe was still blocked"
+        assert time.monotonic() - began >= 0.05, "answered before its deadline"
+        assert first.writable is False and "within 0.05 s (still blocked" in first.problem
+        # the monitor's own word that its probe has not returned: it answered without it
+        assert monitor.wait_outstanding(0) is False
         second = monitor.check_once()
         assert second.writable is False
         assert len(started) == 1, "at most one probe outstanding"
@@ -105,6 +111,7 @@ def test_readiness_stays_while_the_root_is_a_file_and_answers_go_inline(
     root = tmp_path / "payloads"
     root.mkdir()
     caplog.set_level(logging.INFO, logger="payloadrun.writer")
+    before_start = time.time()
     writer = start_writer(fake.url, root, root_probe_interval=0.01)
     assert http("GET", writer.url + "/readyz").json() == {
         "ready": True,
@@ -113,7 +120,8 @@ def test_readiness_stays_while_the_root_is_a_file_and_answers_go_inline(
     }
     assert metric(writer, WRITABLE) == 1
     good_at = metric(writer, LAST_OK)
-    assert good_at > 0
+    # the Unix time of a probe this writer made: after it was started, and by now
+    assert before_start <= good_at <= time.time()
 
     shutil.rmtree(root)
     root.write_bytes(b"not a directory")
@@ -129,10 +137,12 @@ def test_readiness_stays_while_the_root_is_a_file_and_answers_go_inline(
         assert via.headers["x-payloadrun-mode"] == "inline"
     assert metric(writer, "payloadrun_writer_fallbacks_total", reason="volume_gone") == 3
 
+    back_at = time.time()
     root.unlink()
     root.mkdir()
     wait_for_metric(writer, WRITABLE, 1)
-    assert metric(writer, LAST_OK) > good_at
+    # stamped by a probe that found the new directory: after it came, not kept from before
+    assert back_at <= metric(writer, LAST_OK) <= time.time()
     reply = http("POST", writer.url + GEN, _body(f"{root}/v1"))
     assert reply.headers["x-payloadrun-mode"] == "handle"
     # the probe (every 10 ms here) may hold its file for an instant: count the answer's files
@@ -148,11 +158,13 @@ def test_readiness_stays_while_the_root_is_a_file_and_answers_go_inline(
 def test_the_probe_never_uses_the_request_pool(fake, root, start_writer):
     """The probe runs on the monitor's threads: the request pool's threads never touch the root
     for readiness (the old /readyz ran its probe there)."""
+    before = set(threading.enumerate())
     writer = start_writer(fake.url, root, root_probe_interval=0.01, workers=1)
     for _ in range(20):
         http("GET", writer.url + "/readyz")
-    names = {t.name for t in threading.enumerate()}
-    assert any(n.startswith("payloadrun-writer-root-monitor") for n in names)
+    names = [t.name for t in threading.enumerate() if t not in before]
+    # one writer, one monitor thread (its probes come and go on threads of their own)
+    assert names.count("payloadrun-writer-root-monitor") == 1, names
     assert not any(n.startswith("payloadrun-writer_") for n in names), (
         "/readyz started work on the request pool"
     )

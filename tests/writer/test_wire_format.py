@@ -99,8 +99,13 @@ def test_generate_one_choice_uint8_with_masks_and_logprobs(writer, fake, root):
     assert files_under(root) == [root / "v3" / os.path.basename(file)]
     assert len(via.body) < len(direct.body)
     assert metric(writer, "payloadrun_writer_requests_total", mode="handle", code="200") == 1
+    # the mask's rows as the file holds them: one per completion token, int32, as wide as the
+    # widest row (the others padded with -1)
+    mask = direct.json()["choices"][0]["sampling_mask"]
+    assert len(mask) == 12
+    mask_bytes = len(mask) * max(1, *map(len, mask)) * np.dtype(np.int32).itemsize
     written = metric(writer, "payloadrun_writer_payload_written_bytes_total", field="sampling_mask")
-    assert written > 0
+    assert written == mask_bytes
     assert (
         metric(writer, "payloadrun_writer_payload_written_bytes_total", field="routed_experts")
         == (40 + 12 - 1) * 4 * 2

@@ -21,7 +21,15 @@ from payloadrun_devkit.required import skip_or_fail
 from .conftest import files_under, http, metric, wait_for_metric
 
 GEN = "/inference/v1/generate"
-OWN_WORK_S = 1.0  # the writer's own work on one small answer, beyond its deadline and vLLM's
+WORK = "payloadrun_writer_response_work_seconds"  # from vLLM's last byte to the client's first
+# What the writer's own work on one small answer may add to its deadline, as a share of the
+# deadline: the event loop's wake-up when the deadline's timer fires, a copy of vLLM's answer on
+# the request pool, the first bytes sent. bench/writer_deadline.py measured 4 and 23 ms beyond
+# the deadline (the latter at a load of 9 on this 2-core machine); this test, with six busy
+# processes on the two cores, 67 ms. Half the deadline (250 ms at 0.5 s) is well past those, so
+# a busy machine does not fail it; a writer that waited past its deadline for a write (twice
+# it, or for the write itself: the volume stays frozen until the test thaws it) does.
+MARGIN = 0.5
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -71,20 +79,31 @@ def _body(payload_dir: str, tag: int) -> bytes:
 
 
 def _ask_inline(writer, fake, body: bytes, deadline: float) -> str:
-    """One request while the volume hangs: inline, vLLM's bytes, within the deadline plus
-    vLLM's own time; its fallback reason."""
+    """One request while the volume hangs: inline, vLLM's bytes; its fallback reason.
+
+    How long the writer kept it is read from the writer's own measure of its work
+    (``response_work_seconds``: from vLLM's last byte to the first byte sent, what the deadline
+    bounds), not from the client's clock, so vLLM's time and the client's do not count: a late
+    write is answered after its whole deadline and within ``MARGIN`` of it beyond; a request that
+    skips the volume (breaker open, threads full) waits for no deadline at all.
+    """
+    count, total = (metric(writer, f"{WORK}_{k}", mode="inline") for k in ("count", "sum"))
     started = time.monotonic()
     via = http("POST", writer.url + GEN, body)
     took = time.monotonic() - started
-    started = time.monotonic()
     direct = http("POST", fake.url + GEN, body)
-    vllm_took = time.monotonic() - started
     assert via.status == 200 and via.headers["x-payloadrun-mode"] == "inline"
     assert via.body == direct.body, "the inline answer is vLLM's own, byte for byte"
-    assert took <= deadline + vllm_took + OWN_WORK_S, (
-        f"answered after {took:.2f} s; deadline {deadline} s, vLLM {vllm_took:.2f} s"
-    )
-    return via.headers["x-payloadrun-fallback"]
+    reason = via.headers["x-payloadrun-fallback"]
+    assert metric(writer, f"{WORK}_count", mode="inline") == count + 1
+    work = metric(writer, f"{WORK}_sum", mode="inline") - total
+    if reason == "write_timeout":
+        # no earlier than the deadline (a slower machine only adds), by either clock
+        assert took >= deadline and work >= deadline, (took, work, deadline)
+        assert work < deadline * (1 + MARGIN), f"kept {work:.3f} s with a {deadline} s deadline"
+    else:
+        assert work < deadline * MARGIN, f"a request that skips the volume was kept {work:.3f} s"
+    return reason
 
 
 def _named(reply) -> str:
