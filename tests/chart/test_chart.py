@@ -125,6 +125,12 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     assert deletes == {("batch", "jobs"), ("kueue.x-k8s.io", "workloads")}
     # pods: listed only (a failed Job's exit code, the orchestrator's address)
     assert {verb for _, resource, verb in granted if resource == "pods"} == {"list"}
+    # events: posted (core and events.k8s.io), and listed in the core group only (a
+    # LeaderWorkerSet's Warnings, by field selector): never watched, never deleted
+    events = {(g, v) for g, r, v in granted if r == "events"}
+    assert events == {(g, v) for g in ("", "events.k8s.io") for v in ("create", "patch")} | {
+        ("", "list")
+    }
     assert ("payloadrun.dev", "payloadruns/status", "patch") in granted
     assert ("apps", "statefulsets", "create") in granted
     assert ("batch", "jobs", "create") in granted

@@ -19,7 +19,7 @@ from payloadrun_operator.api.models import PayloadRunStatus
 from payloadrun_operator.observed import groups
 from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
 from payloadrun_operator.observed.prerequisites import missing_checks
-from payloadrun_operator.observed.readiness import GROUP_PODS, Observed, run_status
+from payloadrun_operator.observed.readiness import GROUP_EVENTS, GROUP_PODS, Observed, run_status
 from payloadrun_operator.observed.status import status_update, workload_ready
 from payloadrun_operator.platform.discovery import Discovery, served_by
 from payloadrun_operator.platform.kube import KubeClient
@@ -30,6 +30,7 @@ from payloadrun_operator.platform.settings import OperatorSettings
 NS, NAME = "ml", "big"
 NOW = "2026-12-04T11:00:00Z"
 RUN_UID = "run-uid"
+LWS_UID = "lws-uid"
 LABELS = {names.LABEL_MANAGED_BY: names.FIELD_MANAGER, names.LABEL_RUN: NAME}
 # v0.9.0's discovery document of leaderworkerset.x-k8s.io/v1, as a kube-apiserver serves it
 LWS_RESOURCES = {
@@ -68,6 +69,7 @@ def lws(ready: int = 0, replicas: int = 2, generation: int = 1, observed: int = 
         "metadata": {
             "name": names.inference_groups_name(NAME),
             "namespace": NS,
+            "uid": LWS_UID,
             "generation": generation,
             "resourceVersion": "5",
             "labels": LABELS,
@@ -294,6 +296,7 @@ def group_pod(
             "labels": {
                 groups.LWS_NAME_LABEL: f"{NAME}-vllm",
                 groups.LWS_GROUP_INDEX_LABEL: str(group),
+                groups.LWS_WORKER_INDEX_LABEL: str(worker),
             },
         },
         "status": {
@@ -357,8 +360,12 @@ def test_a_pass_lists_the_groups_pods_only_while_a_group_is_short_of_ready():
     ready = run_status(run, Observed(cached(lws(ready=2), *jobs)), NOW)
     assert GROUP_PODS not in ready.wants  # every group ready: nothing listed
     short = run_status(run, Observed(cached(lws(ready=1), *jobs)), NOW)
-    assert GROUP_PODS in short.wants
-    listed = Observed(cached(lws(ready=1), *jobs), group_pods=[group_pod(1, 0, "u1", exit_code=2)])
+    assert {GROUP_PODS, GROUP_EVENTS} <= short.wants
+    listed = Observed(
+        cached(lws(ready=1), *jobs),
+        group_pods=[group_pod(1, 0, "u1", exit_code=2)],
+        group_events=[],
+    )
     found = run_status(run, listed, NOW)
     assert not found.wants
     last = found.fields[StatusField.LAST_INFERENCE_GROUP_RESTART]
@@ -371,3 +378,140 @@ def test_a_pass_lists_the_groups_pods_only_while_a_group_is_short_of_ready():
     # a suspended run's groups are stopped on purpose: nothing listed
     stopped = {**run, "spec": {**run["spec"], "suspend": True}}
     assert GROUP_PODS not in run_status(stopped, Observed(cached(lws(ready=0), *jobs)), NOW).wants
+
+
+# --- a StatefulSet LeaderWorkerSet's controller could not make --------------------------------
+
+QUOTA = (
+    'statefulsets.apps "{name}" is forbidden: exceeded quota: sts, requested: '
+    "count/statefulsets.apps=1, used: count/statefulsets.apps=1, limited: count/statefulsets.apps=1"
+)
+
+
+def lws_event(note: str, *, related: str = "", reason: str = "FailedCreate", at: str = NOW) -> dict:
+    """A Warning LeaderWorkerSet's controller recorded on the run's LeaderWorkerSet, as the core
+    API lists one its events.k8s.io recorder made (``regarding`` as ``involvedObject``, ``note``
+    as ``message``, ``eventTime`` set, the old timestamps not)."""
+    event = {
+        "metadata": {"name": f"big-vllm.{related or 'lws'}{len(note)}", "namespace": NS},
+        "involvedObject": {
+            "apiVersion": LEADER_WORKER_SET.api_version,
+            "kind": "LeaderWorkerSet",
+            "name": "big-vllm",
+            "namespace": NS,
+            "uid": LWS_UID,
+        },
+        "reason": reason,
+        "message": note,
+        "type": "Warning",
+        "action": "Create",
+        "eventTime": at.replace("Z", ".000001Z"),
+        "firstTimestamp": None,
+        "lastTimestamp": None,
+        "reportingComponent": "leaderworkerset",
+    }
+    if related:
+        event["related"] = {"apiVersion": "v1", "kind": "Pod", "name": "big-vllm-1", "uid": related}
+    return event
+
+
+def workers_refused(uid: str, at: str = NOW) -> dict:
+    note = "Failed to create worker statefulset for leader pod big-vllm-1: " + QUOTA.format(
+        name="big-vllm-1"
+    )
+    return lws_event(note, related=uid, at=at)
+
+
+def test_the_events_listed_are_this_leaderworkersets_warnings():
+    selector = groups.events_selector(lws())
+    assert selector.split(",") == [
+        "involvedObject.kind=LeaderWorkerSet",
+        "involvedObject.name=big-vllm",
+        f"involvedObject.uid={LWS_UID}",
+        "type=Warning",
+    ]
+
+
+def test_a_groups_workers_refused_are_said_while_its_leader_is_alone():
+    jobs = (job("orchestrator"), job("trainer"))
+    # group 0 whole, group 1's leader alone: its workers' StatefulSet refused by a quota
+    pods = [healthy_pod(0, "l0"), group_pod(0, 1, "w0"), healthy_pod(1, "l1")]
+    events = [
+        workers_refused("l1-before", at="2026-12-04T11:05:00Z"),  # a leader pod since replaced
+        workers_refused("l1"),
+        lws_event("Failed to create headless service for error: x"),  # leaders applied: past
+    ]
+    seen = Observed(cached(lws(ready=1), *jobs), group_pods=pods, group_events=events)
+    found = run_status(group_run(), seen, NOW)
+    ready = found.checks[ConditionType.READY]
+    assert (ready.ok, ready.reason, ready.warning) == (False, ReadyReason.GROUPS_REFUSED, True)
+    assert ready.message.startswith(
+        "LeaderWorkerSet big-vllm could not create the workers' StatefulSet of replica 1 (pods "
+        "from spec.inference.workerTemplate, or spec.inference.template where it is unset): "
+        + QUOTA.format(name="big-vllm-1")
+    )
+    assert "leaders" not in ready.message and "headless" not in ready.message
+    assert found.recheck  # nothing watched says when the controller gets past it
+    # its workers made: nothing refused any more, nothing to look at again
+    pods.append(group_pod(1, 1, "w1"))
+    after = run_status(group_run(), seen, NOW)
+    ready = after.checks[ConditionType.READY]
+    assert (ready.reason, ready.message) == (
+        ReadyReason.WORKLOADS_NOT_READY,
+        "waiting for big-vllm 1/2 groups ready",
+    )
+    assert not after.recheck
+
+
+def test_refused_leaders_are_said_until_the_controller_applies_their_generation():
+    jobs = (job("orchestrator"), job("trainer"))
+    older = lws_event(
+        "Failed to create leader statefulset big-vllm: old", at="2026-12-04T10:00:00Z"
+    )
+    newer = lws_event(
+        "Failed to update leader statefulset big-vllm: " + QUOTA.format(name="big-vllm"),
+        reason="FailedUpdate",
+    )
+    unrelated = lws_event("something else", reason="RecreateGroup")
+    events = [newer, older, unrelated]
+    pending = lws(ready=0, generation=2, observed=1)
+    seen = Observed(cached(pending, *jobs), group_pods=[], group_events=events)
+    found = run_status(group_run(), seen, NOW)
+    ready = found.checks[ConditionType.READY]
+    assert ready.reason == ReadyReason.GROUPS_REFUSED and found.recheck
+    assert ready.message.startswith(
+        "LeaderWorkerSet big-vllm could not update its leaders' StatefulSet (pods from "
+        "spec.inference.template): " + QUOTA.format(name="big-vllm") + "; its controller retries"
+    )
+    # the controller applied generation 2 (it writes observedGeneration only then): past
+    applied = Observed(
+        cached(lws(ready=0, generation=2, observed=2), *jobs), group_pods=[], group_events=events
+    )
+    after = run_status(group_run(), applied, NOW)
+    assert after.checks[ConditionType.READY].reason == ReadyReason.WORKLOADS_NOT_READY
+    assert not after.recheck
+
+
+def test_both_refusals_at_once_are_both_said():
+    jobs = (job("orchestrator"), job("trainer"))
+    events = [lws_event("Failed to update leader statefulset big-vllm: no"), workers_refused("l1")]
+    pods = [healthy_pod(1, "l1")]
+    seen = Observed(
+        cached(lws(ready=0, generation=2, observed=1), *jobs), group_pods=pods, group_events=events
+    )
+    message = run_status(group_run(), seen, NOW).checks[ConditionType.READY].message
+    assert "could not update its leaders' StatefulSet" in message
+    assert "; and could not create the workers' StatefulSet of replica 1" in message
+
+
+def test_the_latest_event_of_a_series_counts_by_its_last_observation():
+    first = lws_event(
+        "Failed to update leader statefulset big-vllm: first", at="2026-12-04T10:00:00Z"
+    )
+    first["series"] = {"count": 7, "lastObservedTime": "2026-12-04T11:30:00.000000Z"}
+    second = lws_event("Failed to update leader statefulset big-vllm: second")  # 11:00
+    check = groups.refusal(lws(generation=2, observed=1), [second, first], [], 2)
+    assert check is not None and check.message.endswith(
+        "StatefulSet (pods from spec.inference.template): first; its controller retries: once "
+        "the cause is gone (a quota raised, a policy changed, the template fixed) the groups start"
+    )

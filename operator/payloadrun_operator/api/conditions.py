@@ -60,6 +60,9 @@ class ReadyReason(StrEnum):
     SPEC_REJECTED = "SpecRejected"  # False: the spec was refused (the Validated condition)
     LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"  # False: see the Applied condition
     KUEUE_MISSING = "KueueMissing"  # False: see the Applied condition
+    # False (a Warning): LeaderWorkerSet's controller could not make a StatefulSet of the run's
+    # groups (a quota, an admission policy): which one, from which template, and why
+    GROUPS_REFUSED = "GroupsRefused"
     QUEUED = "Queued"  # False: Kueue has not admitted the run (the Admitted condition says why)
     STOPPED = "Stopped"  # False: suspended
     FINISHED = "Finished"  # False: the run has ended

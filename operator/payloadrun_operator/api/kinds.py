@@ -38,6 +38,9 @@ STATEFUL_SET = Kind("apps/v1", "StatefulSet", "statefulsets", followed=True)
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 JOB = Kind("batch/v1", "Job", "jobs", followed=True)
 POD = Kind("v1", "Pod", "pods")
+# posted about runs; a LeaderWorkerSet's Warnings listed (a StatefulSet its controller
+# could not make)
+EVENT = Kind("v1", "Event", "events")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 # A run's multi-node inference replicas (spec.inference.podsPerReplica > 1): kubernetes-sigs/lws,
 # installed in the cluster or not (the operator follows it only where its API exists).
@@ -68,6 +71,7 @@ KINDS = (
     DEPLOYMENT,
     JOB,
     POD,
+    EVENT,
     NETWORK_POLICY,
     LEADER_WORKER_SET,
     WORKLOAD,

@@ -36,7 +36,7 @@ from payloadrun_operator.api.conditions import (
     ReadyReason,
     StatusField,
 )
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET
+from payloadrun_operator.api.kinds import EVENT, LEADER_WORKER_SET
 from payloadrun_operator.api.models import KIND, FailurePolicy
 from payloadrun_operator.api.names import (
     API_VERSION,
@@ -67,6 +67,7 @@ CONTAINERS = {ORCHESTRATOR: ORCHESTRATOR_CONTAINER, TRAINER: TRAINER_CONTAINER}
 FINISHED = Check(False, ReadyReason.FINISHED, "the run has finished: its workloads have no pods")
 LAST_STEP = "last step"  # what RunStatus.wants besides a Job's name (its pods)
 GROUP_PODS = "group pods"  # and the pods of the run's LeaderWorkerSet's groups
+GROUP_EVENTS = "group events"  # and the Warning events on the run's LeaderWorkerSet
 ENDED = frozenset({"Succeeded", "Failed"})  # a pod's phases once its containers are done
 RUN_PODS = "run pods"  # and every pod of an evicted run (are they all gone?)
 QUEUED = Check(
@@ -101,6 +102,7 @@ class Observed:
     last_step_read: bool = False
     released: Check | None = None
     group_pods: Pods | None = None  # the LeaderWorkerSet's pods, once listed (groups.py)
+    group_events: list[dict[str, Any]] | None = None  # its Warning events, once listed
     run_pods: Pods | None = None  # every pod of the run, once listed (an evicted run's)
 
 
@@ -117,6 +119,7 @@ class RunStatus:
     wants: frozenset[str] = frozenset()
     queue_duty: queue.Duty = queue.Duty.NONE  # what to write on a queued run's Workload
     dropped: frozenset[ConditionType] = frozenset()  # conditions that no longer apply
+    recheck: bool = False  # LeaderWorkerSet still making a group's StatefulSet: look again soon
 
 
 class Write(StrEnum):
@@ -157,17 +160,19 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
     claim_name = status.get(StatusField.CLAIM_NAME)
     expected = finishing.workloads_of(run)
     workloads = [children.get((ns, kind, child)) for _, kind, child in expected]
+    grouped = expected[0][1] == LEADER_WORKER_SET.kind
     active = context.runs_pods(suspend, status.get(StatusField.PHASE))
     queued = admission is not None and not admission.runs_pods
     duty = eviction_duty(admission, observed)
     if duty is None:
         wants.add(RUN_PODS)
-    if expected[0][1] == LEADER_WORKER_SET.kind and active and not queued:
-        want_pods, group_fields = groups.group_status(status, workloads[0], observed.group_pods)
-        fields |= group_fields
-        wants |= {GROUP_PODS} if want_pods else set()
+    seen = groups_seen(run, workloads[0], observed) if grouped and active and not queued else None
+    seen = seen or groups.Groups()
+    fields |= seen.fields
+    wants |= {GROUP_PODS} if seen.wants_pods else set()
+    wants |= {GROUP_EVENTS} if seen.wants_events else set()
     ready = outcome.ready_check(
-        active, workloads_check(workloads, [child for _, _, child in expected])
+        active, seen.refused or workloads_check(workloads, [child for _, _, child in expected])
     )
     checks = {
         ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
@@ -202,8 +207,22 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         wants |= set() if observed.last_step_read else {LAST_STEP}
     dropped = frozenset() if admission else frozenset({ConditionType.ADMITTED})
     return RunStatus(
-        checks, fields, restart, frozenset(wants), duty or queue.Duty.NONE, dropped=dropped
+        checks,
+        fields,
+        restart,
+        frozenset(wants),
+        duty or queue.Duty.NONE,
+        dropped=dropped,
+        recheck=seen.recheck,
     )
+
+
+def groups_seen(
+    run: Mapping[str, Any], lws: Mapping[str, Any] | None, observed: Observed
+) -> groups.Groups:
+    """What a pass makes of the groups of a run whose inference is ``lws`` (:mod:`groups`)."""
+    size = int(run["spec"]["inference"].get("podsPerReplica", 1))
+    return groups.group_status(run["status"], lws, size, observed.group_pods, observed.group_events)
 
 
 def end_fields(observed: Observed, failure: dict[str, Any] | None, now: str) -> dict[str, Any]:
@@ -367,13 +386,19 @@ async def observe_wanted(
     """``observed`` with what :func:`run_status` asked for read: Jobs' pods, the last step."""
     ns = run["metadata"]["namespace"]
     pods = dict(observed.pods)
-    for job_name in sorted(wants - {LAST_STEP, GROUP_PODS, RUN_PODS}):
+    for job_name in sorted(wants - {LAST_STEP, GROUP_PODS, GROUP_EVENTS, RUN_PODS}):
         pods[job_name] = await finishing.job_pods(op, ns, job_name)
     observed = replace(observed, pods=pods)
     if GROUP_PODS in wants:
         lws_name = finishing.workloads_of(run)[0][2]
         listed = await op.client.list_objects("v1", "Pod", ns, groups.pods_selector(lws_name))
         observed = replace(observed, group_pods=listed)
+    if GROUP_EVENTS in wants:
+        lws = observed.children[(ns, LEADER_WORKER_SET.kind, finishing.workloads_of(run)[0][2])]
+        listed = await op.client.list_objects(
+            EVENT.api_version, EVENT.kind, ns, field_selector=groups.events_selector(lws)
+        )
+        observed = replace(observed, group_events=listed)
     if RUN_PODS in wants:
         listed = await op.client.list_objects(
             "v1", "Pod", ns, f"{LABEL_RUN}={run['metadata']['name']}"
@@ -441,7 +466,7 @@ async def refresh_run(
     brought = bool(claim_name) and (ns, "PersistentVolumeClaim", claim_name) not in children
     # an evicted run whose pods are still stopping: no watched object says when the last is gone
     stopping = bool(observed.run_pods)
-    recheck = (brought and not (volume and volume.ok)) or stopping
+    recheck = (brought and not (volume and volume.ok)) or stopping or computed.recheck
     return Refreshed(update.fields is not None, recheck=recheck)
 
 

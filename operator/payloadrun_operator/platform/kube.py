@@ -297,18 +297,34 @@ class KubeClient:
         )
 
     async def list_objects(
-        self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str = "",
+        *,
+        field_selector: str = "",
     ) -> list[dict[str, Any]]:
-        """The objects of a kind in ``namespace`` (None: every namespace) matching the selector."""
-        items, _ = await self.list_collection(api_version, kind, namespace, label_selector)
+        """The objects of a kind in ``namespace`` (None: every namespace) matching the
+        selectors."""
+        items, _ = await self.list_collection(
+            api_version, kind, namespace, label_selector, field_selector=field_selector
+        )
         return items
 
     async def list_collection(
-        self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str = "",
+        *,
+        field_selector: str = "",
     ) -> tuple[list[dict[str, Any]], str]:
         """:meth:`list_objects`, and the list's resourceVersion: where a watch that misses
         nothing after it starts (:meth:`watch`)."""
-        params = {"labelSelector": label_selector} if label_selector else None
+        selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        params = {k: v for k, v in selectors.items() if v} or None
         where = namespace or "every namespace"
         result = await self._request(
             "GET",
