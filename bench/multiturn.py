@@ -298,18 +298,14 @@ def main(argv: list[str] | None = None) -> int:
         wire, held = inline["wire"] / handle["wire"], inline["held"] / handle["held"]
         payload, peak = inline["payload"] / handle["payload"], inline["peak"] / handle["peak"]
         if bridged:
-            goals.append(report.Goal(f"{label}: wire, inline / by handle", wire, "(figure)", True))
-            goals.append(report.Goal(f"{label}: payloads held, inline / by handle", payload,
-                                     "(figure)", True))  # fmt: skip
+            goals.append(report.Goal.figure(f"{label}: wire, inline / by handle", wire))
+            goals.append(report.Goal.figure(f"{label}: payloads held, inline / by handle", payload))
         else:
             goals.append(report.Goal.at_least(f"{label}: wire, inline / by handle", wire, 20))
             goals.append(report.Goal.at_least(f"{label}: payloads held, inline / by handle",
                                               payload, 20))  # fmt: skip
-        goals.append(report.Goal(f"{label}: whole trace held, inline / by handle", held,
-                                 "(figure)", True))  # fmt: skip
-        goals.append(
-            report.Goal(f"{label}: peak memory, inline / by handle", peak, "(figure)", True)
-        )
+        goals.append(report.Goal.figure(f"{label}: whole trace held, inline / by handle", held))
+        goals.append(report.Goal.figure(f"{label}: peak memory, inline / by handle", peak))
         share = handle["algebra_us"] / (handle["request_ms"] * 1e3)
         goals.append(report.Goal.at_most(f"{label}: algebra a turn / its request", share, 0.01))
         print(

@@ -28,12 +28,17 @@ def print_load(when: str) -> str:
 
 @dataclass(frozen=True)
 class Goal:
-    """One measured figure against its goal: ``met`` is decided by the caller's comparison."""
+    """One measured figure against its goal: ``met`` is decided by the caller's comparison (None:
+    a figure reported beside the goals, with no goal of its own)."""
 
     measure: str
     value: float
     goal: str
-    met: bool
+    met: bool | None
+
+    @classmethod
+    def figure(cls, measure: str, value: float) -> Goal:
+        return cls(measure, value, "(figure)", None)
 
     @classmethod
     def at_least(cls, measure: str, value: float, floor: float) -> Goal:
@@ -51,7 +56,8 @@ def print_goals(goals: Sequence[Goal], fmt: Callable[[float], str] = "{:.2f}".fo
     print(head)
     print("-" * len(head))
     for g in goals:
-        print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{'met' if g.met else 'NO':>4}")
+        met = "" if g.met is None else "met" if g.met else "NO"
+        print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{met:>4}")
     return {g.measure: asdict(g) for g in goals}
 
 

@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         report.Goal.at_least(
             "cached prefix reused, with X-Session-ID", runs["with"]["reused"], 0.99
         ),
-        report.Goal("cached prefix reused, without", runs["without"]["reused"], "(figure)", True),
-        report.Goal("hit rate with / without X-Session-ID", ratio, "(figure)", True),
-        report.Goal("prompt tokens computed, without / with", computed, "(figure)", True),
+        report.Goal.figure("cached prefix reused, without", runs["without"]["reused"]),
+        report.Goal.figure("hit rate with / without X-Session-ID", ratio),
+        report.Goal.figure("prompt tokens computed, without / with", computed),
     ]
     report.print_goals(goals, "{:.3f}".format)
     report.print_load("end")
