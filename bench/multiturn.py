@@ -34,7 +34,6 @@ minute.
 from __future__ import annotations
 
 import argparse
-import base64
 import gc
 import importlib.util
 import json
@@ -47,7 +46,6 @@ import urllib.request
 from pathlib import Path
 
 import report
-from payloadrun.codec import decode_routed_experts
 from payloadrun.paths import payload_dir
 from payloadrun.segments import PAYLOAD_DIR_ARG, choice_segments
 from payloadrun.testing import processes
@@ -101,7 +99,7 @@ class Trace:
 
     def turn(self, index: int, prompt: list, answer) -> None:
         from verifiers.v1 import graph
-        from verifiers.v1.types import Response, SamplingMask, TurnTokens
+        from verifiers.v1.types import Response, TurnTokens
 
         trace = self.rollout.trace
         turn = graph.prepare_turn(trace, prompt)
@@ -127,20 +125,7 @@ class Trace:
         self.wire += size
         self.request_seconds.append(seconds)
         choice = reply["choices"][0]
-        extra = {}
-        if not self.by_handle:
-            rows, _ = decode_routed_experts(choice["routed_experts"])
-            total = len(prompt_ids) + len(choice["token_ids"])
-            extra = {
-                "routed_experts": {
-                    "data": base64.b64encode(rows.tobytes()).decode(),
-                    "shape": list(rows.shape),
-                    "start": total - 1 - len(rows),
-                    "dtype": str(rows.dtype),
-                },
-                "sampling_mask": SamplingMask.from_sampling_mask(choice["sampling_mask"]),
-            }
-            del rows
+        extra = {} if self.by_handle else self.vf.inline_arrays(choice, len(prompt_ids))
         tokens = TurnTokens.model_construct(
             prompt_ids=prompt_ids, completion_ids=choice["token_ids"], completion_logprobs=[],
             message_spans=spans, bridged=bridged, **extra,

@@ -26,6 +26,7 @@ branch's rows are then read back, as the trainer would, and their shapes printed
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -40,6 +41,7 @@ from verifiers.v1.types import (
     AssistantMessage,
     Message,
     Response,
+    SamplingMask,
     SystemMessage,
     ToolCall,
     ToolMessage,
@@ -59,6 +61,7 @@ from payloadrun import (
     choice_segments,
     payload_dir,
 )
+from payloadrun.codec import decode_routed_experts
 
 # --- the adapter ---------------------------------------------------------------------------------
 
@@ -104,6 +107,27 @@ class ByHandleTrace:
             (branch, self.payload.branch([node_of(self.trace, i) for i in path]))
             for branch, path in zip(self.trace.branches, paths, strict=True)
         ]
+
+
+def inline_arrays(answer: dict, prompt_len: int) -> dict:
+    """verifiers' inline path, the baseline: a vLLM answer's routed experts and sampling mask as
+    ``TurnTokens`` holds them, built as verifiers' train client builds them
+    (``response_from_generate``; pass them to ``TurnTokens.model_construct``, which keeps the
+    routing's dtype where validating through its ``RoutedExperts`` type drops it). The rows
+    begin where the answer's routing does (``routed_experts_prompt_start``) and end at the
+    last token but one."""
+    rows, _ = decode_routed_experts(answer[ROUTED_EXPERTS])
+    total = prompt_len + len(answer["token_ids"])
+    mask = answer.get(SAMPLING_MASK)
+    return {
+        ROUTED_EXPERTS: {
+            "data": base64.b64encode(rows.tobytes()).decode(),
+            "shape": list(rows.shape),
+            "start": total - 1 - len(rows),
+            "dtype": str(rows.dtype),
+        },
+        SAMPLING_MASK: SamplingMask.from_sampling_mask(mask) if mask else None,
+    }
 
 
 # --- one agentic rollout -------------------------------------------------------------------------

@@ -15,7 +15,6 @@ consumed (``record_batch`` / ``policy_updated`` from the orchestrator pod).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib.util
 import json
@@ -95,10 +94,9 @@ def run(in_pod: Callable[..., str], say: Callable[[str], None]) -> None:
         return
     from verifiers.v1 import graph
     from verifiers.v1.trace import AgentConfig, AgentInfo, Trace, TraceTask
-    from verifiers.v1.types import SamplingMask, TurnTokens
+    from verifiers.v1.types import TurnTokens
 
     from payloadrun import segments_from_json, segments_to_json
-    from payloadrun.codec import decode_routed_experts
 
     turns: list[tuple[Any, Any]] = []  # each turn's prompt and response, as committed
 
@@ -133,22 +131,12 @@ def run(in_pod: Callable[..., str], say: Callable[[str], None]) -> None:
     # verifiers' inline path, from the same turns with the arrays the engine sent inline
     inline = Trace(task=TraceTask(type="demo", data={}), agent=AgentInfo(config=AgentConfig()))
     for (prompt, response), answer in zip(turns, inline_answers, strict=True):
-        rows, _ = decode_routed_experts(answer["routed_experts"])
         tokens = response.tokens
-        total = len(tokens.prompt_ids) + len(tokens.completion_ids)
         arrays = TurnTokens.model_construct(
             **{k: getattr(tokens, k) for k in ("prompt_ids", "completion_ids", "bridged")},
             completion_logprobs=[],
             message_spans=tokens.message_spans,
-            routed_experts={
-                "data": base64.b64encode(rows.tobytes()).decode(),
-                "shape": list(rows.shape),
-                "start": total - 1 - len(rows),
-                "dtype": str(rows.dtype),
-            },
-            sampling_mask=SamplingMask.from_sampling_mask(answer["sampling_mask"])
-            if answer["sampling_mask"]
-            else None,
+            **vf.inline_arrays(answer, len(tokens.prompt_ids)),
         )
         graph.prepare_turn(inline, prompt).commit(response.model_copy(update={"tokens": arrays}))
     mismatched = 0

@@ -17,7 +17,6 @@ must be hit.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import sys
@@ -32,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from payloadrun import ROUTED_EXPERTS, SAMPLING_MASK, PayloadReader, TraceError, attribute_turn
-from payloadrun.codec import csr_from_mask_rows, decode_routed_experts
+from payloadrun.codec import csr_from_mask_rows
 from payloadrun.paths import payload_dir
 from payloadrun.segments import PAYLOAD_DIR_ARG, Segment, choice_segments
 from payloadrun.traces import Node
@@ -142,7 +141,7 @@ class Conversation:
 
     def turn(self, plan: TurnPlan) -> None:
         from verifiers.v1 import graph
-        from verifiers.v1.types import AssistantMessage, Response, SamplingMask, TurnTokens
+        from verifiers.v1.types import AssistantMessage, Response, TurnTokens
 
         nodes = self.trace.nodes
         answers = [i for i, n in enumerate(nodes) if n.sampled]
@@ -185,25 +184,14 @@ class Conversation:
         segments = choice_segments(answer)
         assert segments is not None, "the writer answered inline"
         assert answer["token_ids"] == inline["token_ids"]
-        routing, _ = decode_routed_experts(inline["routed_experts"])
-        total = len(prompt_ids) + plan.completion
-        # as verifiers' train client builds it (response_from_generate): model_construct, which
-        # keeps the routing's dtype (validating through the RoutedExperts TypedDict drops it)
+        # as verifiers' train client builds it (response_from_generate)
         tokens = TurnTokens.model_construct(
             prompt_ids=prompt_ids,
             completion_ids=inline["token_ids"],
             completion_logprobs=[],
             message_spans=spans,
             bridged=bridged,
-            routed_experts={
-                "data": base64.b64encode(routing.tobytes()).decode(),
-                "shape": list(routing.shape),
-                "start": total - 1 - len(routing),
-                "dtype": str(routing.dtype),
-            },
-            sampling_mask=SamplingMask.from_sampling_mask(inline["sampling_mask"])
-            if inline["sampling_mask"]
-            else None,
+            **self.vf.inline_arrays(inline, len(prompt_ids)),
         )
         answer_message = AssistantMessage(content=f"answer {salt}")
         response = Response(id=str(salt), created=0, model="oracle", message=answer_message,
@@ -217,7 +205,7 @@ class Conversation:
             self.refused_too(turn, prompt_ids, segments, len(prompt_ids) + plan.completion)
             self.cases.add("bridged re-render refused")
             return
-        self.note(plan, base, turn, bridged, before, routing.dtype)
+        self.note(plan, base, turn, bridged, before, tokens.routed_experts["dtype"])
 
     def refused_too(self, turn: Any, prompt_ids: list[int], segments: list[Segment], total: int):
         """The library refuses what verifiers refused: the same prefix, cut where it differs."""
