@@ -407,6 +407,16 @@ def test_calls_go_on_while_a_compaction_is_written_and_what_they_journal_is_kept
     assert existing(b1) == existing(b2) == [] and existing(b3) == b3
 
 
+def assert_compacted_to_deletions(state_dir: Path, files: list[str]) -> None:
+    """The journal compacted to the run, the policy step and the deletions still owed: of
+    exactly ``files``."""
+    records = list(read_records(state_dir / "journal.jsonl"))
+    assert [r["op"] for r in records[:2]] == ["run", "policy"]
+    assert {r["op"] for r in records[2:]} == {"delete"}
+    kept = {f for r in records[2:] for f in r["files"]}
+    assert kept == {f"v0/{Path(f).name}" for f in files}
+
+
 def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_factory, root):
     volume_up = threading.Event()
 
@@ -424,11 +434,7 @@ def test_unfinished_deletions_survive_compaction_and_a_second_crash(service_fact
     svc.close()
     again = service_factory(unlink=unlink, retry=fast, compact_bytes=1)  # compacts at start
     again.close()
-    records = list(read_records(again.state_dir / "journal.jsonl"))
-    assert [r["op"] for r in records[:2]] == ["run", "policy"]
-    assert {r["op"] for r in records[2:]} == {"delete"}
-    kept = {f for r in records[2:] for f in r["files"]}
-    assert kept == {f"v0/{Path(f).name}" for f in consumed + loose}
+    assert_compacted_to_deletions(again.state_dir, consumed + loose)
     assert existing(consumed + loose) == consumed + loose
     volume_up.set()
     third = service_factory(unlink=unlink)
@@ -455,11 +461,7 @@ def test_unfinished_deletions_survive_compaction_and_a_second_crash_on_the_worke
         again = service_factory(retry=fast, compact_bytes=1)  # compacts at start
         wait_for(lambda: again.queue.deferred_files == len(consumed + loose))
         again.close()
-        records = list(read_records(again.state_dir / "journal.jsonl"))
-        assert [r["op"] for r in records[:2]] == ["run", "policy"]
-        assert {r["op"] for r in records[2:]} == {"delete"}
-        kept = {f for r in records[2:] for f in r["files"]}
-        assert kept == {f"v0/{Path(f).name}" for f in consumed + loose}
+        assert_compacted_to_deletions(again.state_dir, consumed + loose)
         assert existing(consumed + loose) == consumed + loose
     third = service_factory()
     assert third.wait_idle(10)
@@ -520,14 +522,19 @@ def test_a_failed_compaction_is_counted_and_the_journal_goes_on(service_factory,
 
     svc = service_factory(compact_bytes=1)
     monkeypatch.setattr(journal_module, "fsync_dir", fsync_fails)  # after the rename
+    failed = svc.metrics.journal_errors.labels("permission")._value.get
     for step in range(1, 6):
         svc.record_batch(step, make_files(root, step, 3))
         if step > 1:
             svc.policy_updated(step - 1)
+            # compact_bytes 1: the update's settled job tries a compaction, which fails after
+            # its rename, on the journal's thread, and is counted. Waited for: a compaction
+            # tried while the one before is still being put in place is skipped (the next
+            # settled job tries again), so only this makes each update's attempt its own.
+            wait_for(lambda step=step: failed() == step - 1)
         assert svc.wait_idle(10)
-    # compact_bytes 1: each policy update's settled job tries a compaction (4 of them), each
-    # fails after its rename, is counted, and none counts as done
-    assert svc.metrics.journal_errors.labels("permission")._value.get() == 4
+    # one failure for each of the 4 updates, and none counts as done
+    assert failed() == 4
     assert svc.metrics.compactions._value.get() == 0
     svc.record_batch(6, make_files(root, 6, 1))
     svc.close()

@@ -320,8 +320,8 @@ class GuardedJournal:
         try:
             staged = self._journal.stage(records)
         except OSError as exc:
+            self._since_snapshot = None  # first: once it is counted, the next one may run
             self._compaction_failed(exc)
-            self._since_snapshot = None
             return
         thread = self._thread
         try:
@@ -332,15 +332,18 @@ class GuardedJournal:
             self._since_snapshot = None
 
     def _install(self, staged: journal.Staged) -> None:
-        """Put a staged compaction in place (journal thread: ordered with the appends)."""
+        """Put a staged compaction in place (journal thread: ordered with the appends). The
+        compaction is over (the next one may start) before it is counted, done or failed, so
+        whoever reads the count may rely on it."""
         try:
             self._journal.install(staged, self._since_snapshot or ())
             self._compacted_size = self._journal.size
-            self.metrics.compactions.inc()
         except OSError as exc:
-            self._compaction_failed(exc)
-        finally:
             self._since_snapshot = None
+            self._compaction_failed(exc)
+            return
+        self._since_snapshot = None
+        self.metrics.compactions.inc()
 
     def _compaction_failed(self, exc: OSError) -> None:
         # a whole journal stays in use (the old one, or the new one once renamed); the next
