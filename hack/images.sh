@@ -24,6 +24,8 @@
 #
 #   PAYLOADRUN_CACHE          cache directory (default ~/.cache/payloadrun); images under images/
 #   PAYLOADRUN_IMAGE_TAG      tag of both images (default e2e)
+#   PAYLOADRUN_IMAGE_REVISION the commit both images' org.opencontainers.image.revision label names
+#                             (default unknown; the release workflow sets it; part of the key)
 #   PAYLOADRUN_DEBIAN_MIRROR  Debian mirror for debootstrap (default: the one apt uses)
 set -euo pipefail
 
@@ -94,20 +96,24 @@ wheel_platforms+=(--platform "manylinux2014_$wheel_arch" --platform "manylinux20
 wheel_key=$(printf '%s\ncp311 %s\n' "$requirements" "${wheel_platforms[*]}" | sha)
 wheels=$dir/wheels-$wheel_key
 
-# What each Dockerfile copies: pyproject.toml, README.md, sidecars/, operator/ (tracked
+# What each Dockerfile copies: pyproject.toml, README.md, LICENSE, sidecars/, operator/ (tracked
 # files and untracked ones git does not ignore; .dockerignore drops caches and egg-info).
 context_key=$(
   cd "$repo"
   git ls-files -z --cached --others --exclude-standard -- \
-    .dockerignore pyproject.toml README.md sidecars operator | sort -zu |
+    .dockerignore pyproject.toml README.md LICENSE sidecars operator | sort -zu |
     while IFS= read -r -d '' f; do
       [ -f "$f" ] || continue  # deleted in the work tree
       printf '%s %s %s\n' "$(sha256sum <"$f" | cut -c1-64)" "$([ -x "$f" ] && echo x || echo -)" "$f"
     done | sha
 )
 build_key=$(section build | sha)
+# the labels' values (the version is pyproject.toml's, so it is in the context key already)
+version=$("$python" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$repo/pyproject.toml")
+revision=${PAYLOADRUN_IMAGE_REVISION:-unknown}
 image_key() {  # name dockerfile
-  printf '%s\n' "$1" "$(sha256sum <"$repo/$2")" "$context_key" "$base_key" "$wheel_key" "$build_key" | sha
+  printf '%s\n' "$1" "$(sha256sum <"$repo/$2")" "$context_key" "$base_key" "$wheel_key" "$build_key" \
+    "$revision" | sha
 }
 tarball() { echo "$dir/${1//[:\/]/_}-$2.tar"; }  # name key
 sidecar_tar=$(tarball "$sidecar_name" "$(image_key "$sidecar_name" sidecars/Dockerfile)")
@@ -285,6 +291,7 @@ build_image() {  # name dockerfile tarball
     --layers=false -f "$repo/$dockerfile" -t "$ref" \
     --build-arg "PYTHON_IMAGE=$base_name" \
     --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels \
+    --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
     -v "$wheels:/wheels:ro" "$repo"
   log "built $name in $(elapsed "$t")"
 

@@ -6,6 +6,7 @@
 #
 #   bash hack/publish.sh version                  # print the version
 #   bash hack/publish.sh check-tag TAG            # fail unless TAG is v<version> (the workflow's tag)
+#                                                 # and <version> is no development version
 #   bash hack/publish.sh images PREFIX [--plain-http]
 #       both images from hack/images.sh, pushed with crane as PREFIX/payloadrun:<version> (the
 #       sidecars) and PREFIX/payloadrun-operator:<version>
@@ -39,13 +40,27 @@ usage() {
   exit 2
 }
 
-# pyproject.toml's [project] version: the one version source
+# pyproject.toml's [project] version: the one version source, in the form every artifact takes
+# (MAJOR.MINOR.PATCH or MAJOR.MINOR.PATCH-(dev|alpha|beta|rc).N, as payloadrun/version.py says)
 version() {
   "$python" - "$repo/pyproject.toml" <<'EOF'
-import sys, tomllib
+import re, sys, tomllib
 with open(sys.argv[1], "rb") as f:
-    print(tomllib.load(f)["project"]["version"])
+    version = tomllib.load(f)["project"]["version"]
+if not re.fullmatch(r"\d+\.\d+\.\d+(-(dev|alpha|beta|rc)\.\d+)?", version):
+    sys.exit(f"pyproject.toml's version {version!r} is not MAJOR.MINOR.PATCH or "
+             "MAJOR.MINOR.PATCH-(dev|alpha|beta|rc).N, the one form Python, Helm and OCI take")
+print(version)
 EOF
+}
+
+# PEP 440's normal form of a version, the wheel's and the sdist's (0.2.0-dev.0 is 0.2.0.dev0)
+python_version() {
+  local v=$1
+  v=${v/-dev./.dev}
+  v=${v/-alpha./a}
+  v=${v/-beta./b}
+  echo "${v/-rc./rc}"
 }
 
 tools() {  # the directory holding helm and crane (built once)
@@ -123,7 +138,7 @@ build_dist() {  # DIR [--no-isolation]
     --no-isolation) isolation=--no-isolation ;;
     *) die "unknown flag '$2' (only --no-isolation)" ;;
   esac
-  v=$(version)
+  v=$(python_version "$(version)")
   "$python" -m build --version >/dev/null 2>&1 ||
     die "$python has no 'build' module: pip install build (the dev extra has it)"
   mkdir -p "$dest"
@@ -152,6 +167,8 @@ case "$cmd" in
     tag=${1:-}
     [ -n "$tag" ] || usage
     v=$(version)
+    [[ $v != *-dev.* ]] ||
+      die "pyproject.toml's version is $v, a version under development, which no tag publishes (not '$tag'): to release it, bump [project] version (and Chart.yaml's version and appVersion) to ${v%%-*} (docs/releasing.md) and tag v${v%%-*}"
     [ "$tag" = "v$v" ] ||
       die "the tag '$tag' is not v$v, the version in pyproject.toml: bump [project] version (and Chart.yaml's version and appVersion) to the tag's, or tag v$v"
     log "tag $tag matches the version $v"

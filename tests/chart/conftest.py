@@ -7,9 +7,11 @@ import yaml
 
 from payloadrun_devcluster import BinariesMissing, find_binaries
 from payloadrun_devkit import required
+from payloadrun_devkit.release import release_version
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "payloadrun"
+VERSION = release_version(REPO)  # the images' default tag and the chart's labels
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,13 @@
 """The Helm chart: lint, rendering with default and other values, the schema, the CRD copy."""
 
 import json
+import re
 
 import pytest
 
 from payloadrun_operator.api.crd import CHART_CRD_FILE, build_crd, render_chart_template
 
-from .conftest import CHART, REPO, by_kind, env_of, refused, render, run_helm
+from .conftest import CHART, REPO, VERSION, by_kind, env_of, refused, render, run_helm
 
 
 def test_lint(helm):
@@ -81,7 +82,7 @@ def test_defaults(helm):
         "capabilities": {"drop": ["ALL"]},
     }
     assert "args" not in container
-    assert container["image"] == "ghcr.io/payloadrun/payloadrun-operator:0.1.0"
+    assert container["image"] == f"ghcr.io/payloadrun/payloadrun-operator:{VERSION}"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["port"] == "health"
     # Ready within a second of /healthz answering, not a readiness period later; time to start
@@ -92,7 +93,7 @@ def test_defaults(helm):
     assert container["resources"]["limits"]["memory"] == "512Mi"
     env = env_of(container)
     # the sidecar defaults flow from the chart to the operator, so runs name no sidecar image
-    assert env["PAYLOADRUN_SIDECAR_IMAGE"] == "ghcr.io/payloadrun/payloadrun:0.1.0"
+    assert env["PAYLOADRUN_SIDECAR_IMAGE"] == f"ghcr.io/payloadrun/payloadrun:{VERSION}"
     assert json.loads(env["PAYLOADRUN_WRITER_RESOURCES"])["limits"]["memory"] == "4Gi"
     # structured logs in a cluster, the operator's and the sidecars' alike
     assert env["PAYLOADRUN_LOG_FORMAT"] == env["PAYLOADRUN_SIDECAR_LOG_FORMAT"] == "json"
@@ -312,3 +313,13 @@ def test_schema_rejects_an_ip_block_beside_a_selector(helm, tmp_path):
     assert result.returncode != 0 and "/operator/networkPolicy/inferenceFrom/0" in result.stderr, (
         result.stderr
     )
+
+
+def test_the_notes_suggest_examples_that_exist_and_need_no_gpu():
+    """NOTES.txt, what `helm install` prints: the run it suggests trying runs on any cluster."""
+    named = re.findall(r"examples/([\w.-]+\.yaml)", (CHART / "templates" / "NOTES.txt").read_text())
+    assert named
+    for name in named:
+        example = REPO / "examples" / name
+        assert example.is_file(), name
+        assert "nvidia.com/gpu" not in example.read_text(), f"{name} needs GPUs"

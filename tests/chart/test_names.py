@@ -2,7 +2,7 @@
 
 import pytest
 
-from .conftest import by_kind, refused, render
+from .conftest import VERSION, by_kind, refused, render
 
 EVERYTHING = ("serviceMonitor.enabled=true", "podMonitor.enabled=true")
 NAMESPACED = "operator.watchNamespaces={team-a,team-b}"
@@ -78,7 +78,7 @@ def assert_consistent(docs, *, name: str) -> None:
         assert labels["app.kubernetes.io/name"] == f"{name}-operator", doc["kind"]
         assert labels["app.kubernetes.io/instance"] == "rel"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/version"] == VERSION
         assert len(doc["metadata"]["name"]) <= 63
 
 
@@ -112,8 +112,10 @@ def test_every_object_follows_the_name(helm, sets, fullname, name, namespaced):
 
 
 def test_a_release_named_like_the_chart_is_not_repeated(helm):
-    docs = render(helm, release="payloadrun")
-    assert names(docs)["Deployment"] == {"payloadrun"}
+    # the rule docs/operations.md gives: the release's name alone when it contains the chart's
+    for release in ("payloadrun", "payloadrun-prod", "team-payloadrun"):
+        assert names(render(helm, release=release))["Deployment"] == {release}
+    assert names(render(helm, release="prun"))["Deployment"] == {"prun-payloadrun"}
     prun = render(helm, "nameOverride=prun", release="prun-prod")
     assert names(prun)["Deployment"] == {"prun-prod"}
 

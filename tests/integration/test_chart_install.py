@@ -23,6 +23,7 @@ from example_runs import example_run
 from pod_helpers import run_helm
 
 from payloadrun_devkit.local_operator import LocalOperator, operator_env_from_deployment
+from payloadrun_devkit.release import release_version
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +93,10 @@ def installed(kube_cluster):
         "sidecars.image.tag=test",
     )
     assert install.returncode == 0, install.stderr
-    assert "payloadrun 0.1.0 is installed" in install.stdout  # NOTES.txt
+    assert f"payloadrun {release_version(REPO)} is installed" in install.stdout  # NOTES.txt
+    # the first run it suggests, on the images this install gives runs
+    assert "examples/local-node-by-handle.yaml" in install.stdout
+    assert "its image set to registry.local/payloadrun:test and" in install.stdout
     yield
     run_helm(kube_cluster, "uninstall", RELEASE, "--namespace", SYSTEM_NS)
 

@@ -26,7 +26,6 @@ import re
 import shutil
 import subprocess
 import time
-import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from payloadrun.codec import compact_routed_experts
 from payloadrun.settings import RETENTION_METRICS_PORT, VLLM_PORT, WRITER_METRICS_PORT, WRITER_PORT
 from payloadrun.testing.processes import free_port
 from payloadrun_devcluster.binaries import cache_dir
+from payloadrun_devkit.release import release_version
 from payloadrun_operator.api.names import TRAINER_DIST_PORT
 
 pytestmark = [pytest.mark.integration, pytest.mark.node]  # its cluster comes by getfixturevalue
@@ -200,7 +200,7 @@ def e2e(request, tmp_path_factory):
     try:
         backend.registry = registry
         prefix = f"{registry.host}/payloadrun"
-        version = release_version()
+        version = release_version(REPO)
         for part in ("images", "chart"):
             published = run("bash", str(REPO / "hack" / "publish.sh"), part, prefix, "--plain-http")
             assert published.returncode == 0, published.stderr[-4000:]
@@ -226,12 +226,6 @@ def e2e(request, tmp_path_factory):
         backend.kubectl("delete", "namespace", NAMESPACE, SYSTEM_NS, "--wait=false", check=False)
     finally:
         registry.stop()
-
-
-def release_version() -> str:
-    """The one version of the release: the wheel's, both images' tag, the chart's."""
-    with (REPO / "pyproject.toml").open("rb") as f:
-        return tomllib.load(f)["project"]["version"]
 
 
 def node_images(e2e: Backend, prefix: str) -> list[str]:
@@ -339,7 +333,7 @@ def test_the_release_was_installed_from_the_registry_and_pulled_by_the_node(e2e)
     pulled them; the registry logged containerd fetching their manifests and layers)."""
     if e2e.registry is None:
         pytest.skip("kind: hack/kind-e2e.sh loads the images into kind's node")
-    prefix, version = f"{e2e.registry.host}/payloadrun", release_version()
+    prefix, version = f"{e2e.registry.host}/payloadrun", release_version(REPO)
     operator_image = f"{prefix}/payloadrun-operator:{version}"
     sidecar_image = f"{prefix}/payloadrun:{version}"
     (release,) = json.loads(

@@ -84,8 +84,11 @@ EXPECTED: dict[str, Callable[[str, dict[str, str]], bool]] = {
     "custom-columns=NAMESPACE": lambda out, v: (
         re.search(rf"^{v['NS']}\s+{v['RUN']}\s+(?!<none>)\S+$", out, re.M) is not None
     ),
-    "df -h /payloads": lambda out, v: (
-        out.splitlines()[0].startswith("Filesystem") and out.rstrip().endswith("/payloads")
+    # the volume's figures at the run's payload root (status.payloadRoot: where the run mounts
+    # its volume, /payloads or its run directory): a filesystem line with its mount point
+    'df -h "$ROOT"': lambda out, v: (
+        out.splitlines()[0].startswith("Filesystem")
+        and re.search(r"\s\d+%\s+/\S*$", out.rstrip()) is not None
     ),
     "policy_updated($STEP)": lambda out, v: out.strip() != "",
     "journal.jsonl": lambda out, v: "/.retention/journal.jsonl" in out,
@@ -323,6 +326,9 @@ def test_every_flag_and_variable_the_prose_names_exists():
     """The sidecars' and the operator's flags and ``PAYLOADRUN_*`` variables the page names are
     theirs (a renamed flag leaves a runbook that says to set nothing)."""
     prose = re.sub(r"^```.*?^```", "", PAGE.read_text(), flags=re.S | re.M)
+    # each version's upgrade notes (CHANGELOG.md's, repeated) name flags of that version's past,
+    # removed ones too, and of other commands (kubectl annotate --overwrite)
+    prose = re.sub(r"^### \d+\.\d+\.\d+.*?(?=^## )", "", prose, flags=re.S | re.M)
     helps = "\n".join(
         subprocess.run(
             [sys.executable, "-m", *program, "--help"],

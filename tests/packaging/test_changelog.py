@@ -5,10 +5,11 @@ docs that name versions rather than history (issue 34: "since pod templates" whe
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+
+from payloadrun_devkit.release import release_version
 
 REPO = Path(__file__).resolve().parents[2]
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -44,18 +45,63 @@ def sections() -> dict[str, str]:
     }
 
 
+def released_sections() -> dict[str, str]:
+    """Every version's section with changes in it: an [Unreleased] just opened after a release
+    says only what it will be released as."""
+    return {
+        version: body
+        for version, body in sections().items()
+        if version != "Unreleased" or body.strip().count("\n") > 0
+    }
+
+
 def test_every_version_has_its_changes_and_upgrade_notes():
-    versions = sections()
-    assert next(iter(versions)) == "Unreleased"
-    for version, body in versions.items():
+    for version, body in released_sections().items():
         assert "### Upgrading" in body, f"{version} has no upgrade notes"
         assert re.search(r"^### (Added|Changed|Fixed|Removed|Deprecated|Security)$", body, re.M)
         assert f"\n[{version}]: " in CHANGELOG.read_text(), f"no link for [{version}]"
 
 
-def test_the_package_version_is_released_in_the_changelog():
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert version in sections(), f"pyproject.toml says {version}: give it a section"
+def test_the_package_version_is_the_changelogs_newest():
+    """A release's version has the newest section; a development version (0.2.0-dev.0) is
+    what [Unreleased], the newest, says it will be released as, with no section of its own."""
+    version = release_version(REPO)
+    versions = list(sections())
+    if "-dev." in version:
+        released = version.split("-")[0]
+        assert versions[0] == "Unreleased", f"{version} is unreleased: open [Unreleased]"
+        assert released not in versions, f"{released} has a section: bump pyproject.toml to it"
+        assert f"To be released as {released}," in sections()["Unreleased"]
+    else:
+        assert versions[0] == version, f"give {version} the newest section"
+
+
+def upgrade_notes(markdown: str) -> list[str]:
+    """The bullets of a list (what precedes the first is not one), each on one line, links
+    relative to docs/ as from the repository."""
+    bullets = re.split(r"^- ", markdown.strip(), flags=re.M)[1:]
+    return [" ".join(b.replace("](docs/", "](").split()) for b in bullets]
+
+
+def test_operations_repeats_every_versions_upgrade_notes():
+    """docs/operations.md#upgrades is where an operator reads what an upgrade asks of them:
+    each version's notes there are the CHANGELOG's, none left out or reworded apart."""
+    operations = (REPO / "docs" / "operations.md").read_text()
+    upgrades = operations[operations.index("## Upgrades\n") : operations.index("\n## Logs\n")]
+    headings = list(re.finditer(r"^### (\S+)", upgrades, re.M))
+    in_operations = {
+        m[1]: upgrades[m.end() : headings[i + 1].start() if i + 1 < len(headings) else None]
+        for i, m in enumerate(headings)
+    }
+    released_next = release_version(REPO).split("-")[0]
+    for version, body in released_sections().items():
+        name = released_next if version == "Unreleased" else version
+        assert name in in_operations, f"docs/operations.md has no '### {name}' under Upgrades"
+        notes = body[body.index("### Upgrading\n") + len("### Upgrading\n") :]
+        notes = notes.split("\n[Unreleased]: ")[0]
+        assert upgrade_notes(in_operations[name]) == upgrade_notes(notes), (
+            f"docs/operations.md's {name} notes are not CHANGELOG.md's {version} notes"
+        )
 
 
 @pytest.mark.parametrize("page", VERSIONED)

@@ -27,7 +27,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
+from payloadrun.version import RELEASE_FORM, python_version
+from payloadrun.version import release_version as release_version_of
+from payloadrun_devkit.release import release_version
 from payloadrun_devkit.required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +41,9 @@ PRODUCT_PACKAGES = {"payloadrun", "payloadrun_operator"}
 DEV_ONLY = {"payloadrun_devcluster", "payloadrun_devkit", "pytest", "_pytest"}
 PRODUCT_EXTRAS = ("operator", "torch")  # the images take `operator`; torch stays optional
 SITE_PACKAGES = re.compile(r"^opt/payloadrun/lib/python3\.\d+/site-packages/(.+)$")
+LICENSE = REPO / "LICENSE"  # Apache-2.0, as pyproject.toml declares
+IMAGE_LICENSE = "licenses/LICENSE"  # where both images carry it
+OCI = "org.opencontainers.image."  # the annotations' prefix, in both images' labels
 
 
 def build_context_sources(dockerfile: Path) -> list[str]:
@@ -147,6 +154,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     return zipfile.ZipFile(built)
 
 
+def wheel_license(wheel: zipfile.ZipFile) -> bytes:
+    """The license file a wheel carries (core metadata 2.4: ``.dist-info/licenses/``), which its
+    METADATA names in ``License-File``."""
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    assert "\nLicense-Expression: Apache-2.0\n" in wheel.read(metadata).decode()
+    assert "\nLicense-File: LICENSE\n" in wheel.read(metadata).decode()
+    (license_file,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    return wheel.read(license_file)
+
+
+def test_the_wheel_carries_the_license(wheel: zipfile.ZipFile) -> None:
+    assert LICENSE.read_text().split("\n", 3)[1].strip() == "Apache License"
+    assert wheel_license(wheel) == LICENSE.read_bytes()
+
+
 def product_modules(names: list[str]) -> set[str]:
     """The ``.py`` paths of the product's packages among ``names`` (paths inside a wheel)."""
     return {n for n in names if n.endswith(".py") and n.split("/")[0] in PRODUCT_PACKAGES}
@@ -198,6 +220,26 @@ def test_the_product_command_imports_nothing_of_the_test_kit() -> None:
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def image_file(tarball: Path, path: str) -> bytes | None:
+    """One file's content in a docker-archive image (the last layer that has it wins)."""
+    found = None
+    with tarfile.open(tarball) as archive:
+        (manifest,) = json.load(archive.extractfile("manifest.json"))
+        for layer in manifest["Layers"]:
+            with tarfile.open(fileobj=archive.extractfile(layer)) as files:
+                for member in files:
+                    if member.isfile() and member.name.removeprefix("./") == path:
+                        found = files.extractfile(member).read()
+    return found
+
+
+def image_labels(tarball: Path) -> dict[str, str]:
+    """A docker-archive image's labels (its config's ``config.Labels``)."""
+    with tarfile.open(tarball) as archive:
+        (manifest,) = json.load(archive.extractfile("manifest.json"))
+        return json.load(archive.extractfile(manifest["Config"]))["config"].get("Labels") or {}
+
+
 def image_files(tarball: Path) -> list[str]:
     """Every file path in a docker-archive image, across its layers (``manifest.json``)."""
     names: list[str] = []
@@ -218,6 +260,12 @@ def test_the_images_hold_the_wheels_modules_and_nothing_dev_only(wheel: zipfile.
 
     want = product_modules(wheel.namelist())
     for name, tarball in build_images(REPO, timeout=1700).items():
+        assert image_file(tarball, IMAGE_LICENSE) == LICENSE.read_bytes(), (name, IMAGE_LICENSE)
+        labels = image_labels(tarball)
+        oci = {k.removeprefix(OCI): v for k, v in labels.items() if k.startswith(OCI)}
+        assert oci.keys() >= {"title", "description", "source", "revision"}, (name, labels)
+        assert (oci["version"], oci["licenses"]) == (release_version(REPO), "Apache-2.0"), name
+        assert oci["source"] == "https://github.com/payloadrun/payloadrun", name
         site = [m.group(1) for f in image_files(tarball) if (m := SITE_PACKAGES.match(f))]
         assert product_modules(site) == want, (name, sorted(product_modules(site) ^ want))
         tops = {PurePosixPath(f).parts[0].split("-")[0] for f in site}
@@ -229,13 +277,9 @@ PUBLISH = REPO / "hack" / "publish.sh"
 CHART = REPO / "charts" / "payloadrun" / "Chart.yaml"
 
 
-def project_version() -> str:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-
-
-def publish(*args: str) -> subprocess.CompletedProcess[str]:
+def publish(*args: str, script: Path = PUBLISH) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(PUBLISH), *args],
+        ["bash", str(script), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -250,25 +294,75 @@ def test_one_version_for_the_wheel_the_images_and_the_chart(wheel: zipfile.ZipFi
     checkout, as hack/install-chart.sh does, has the same version as the published one)."""
     import yaml
 
-    version = project_version()
+    version = release_version(REPO)
+    assert RELEASE_FORM.fullmatch(version), f"pyproject.toml's version {version!r}"
     chart = yaml.safe_load(CHART.read_text())
     assert (chart["version"], chart["appVersion"]) == (version, version), (
         f"{CHART.relative_to(REPO)} says version {chart['version']}, appVersion "
         f"{chart['appVersion']}; pyproject.toml says {version}: make them equal"
     )
+    # the wheel holds PEP 440's normal form of it (Helm refuses that form, pip takes both)
     (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
-    assert f"\nVersion: {version}\n" in wheel.read(metadata).decode()
+    assert f"\nVersion: {python_version(version)}\n" in wheel.read(metadata).decode()
     printed = publish("version")
     assert (printed.returncode, printed.stdout) == (0, f"{version}\n"), printed.stderr
 
 
-def test_the_release_workflow_refuses_a_tag_that_is_not_the_version() -> None:
-    version = project_version()
-    assert publish("check-tag", f"v{version}").returncode == 0
-    for wrong in (version, f"v{version}.1", "v0.0.0-rc1"):
-        refused = publish("check-tag", wrong)
-        assert refused.returncode != 0, wrong
-        assert f"not v{version}, the version in pyproject.toml" in refused.stderr
+@pytest.mark.parametrize(
+    ("written", "python"),
+    [
+        ("0.2.0", "0.2.0"),
+        ("0.2.0-dev.0", "0.2.0.dev0"),
+        ("1.10.3-alpha.2", "1.10.3a2"),
+        ("0.2.0-beta.11", "0.2.0b11"),
+        ("0.2.0-rc.1", "0.2.0rc1"),
+    ],
+)
+def test_a_written_version_and_its_python_form_are_one_version(written, python) -> None:
+    """payloadrun.version's forms agree with PEP 440 (packaging's normal form) both ways."""
+    assert python_version(written) == python == str(Version(written))
+    assert release_version_of(python) == written
+    assert Version(python) == Version(written)
+
+
+@pytest.mark.parametrize("bad", ["0.2", "v0.2.0", "0.2.0.dev0", "0.2.0-dev", "0.2.0-post.1"])
+def test_a_version_in_another_form_is_refused_saying_which_forms_are_taken(bad) -> None:
+    with pytest.raises(ValueError, match=r"MAJOR\.MINOR\.PATCH-LABEL\.N"):
+        python_version(bad)
+
+
+def publish_at(tmp_path: Path, version: str) -> Path:
+    """A copy of hack/publish.sh in a tree whose pyproject.toml says ``version``."""
+    (tmp_path / "hack").mkdir(parents=True)
+    shutil.copy2(PUBLISH, tmp_path / "hack" / "publish.sh")
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nversion = "{version}"\n')
+    return tmp_path / "hack" / "publish.sh"
+
+
+def test_the_release_workflow_refuses_a_tag_that_is_not_the_version(tmp_path: Path) -> None:
+    for version in ("0.2.0", "0.2.0-rc.1"):
+        script = publish_at(tmp_path / version, version)
+        assert publish("check-tag", f"v{version}", script=script).returncode == 0
+        for wrong in (version, f"v{version}.1", "v0.0.0-rc1"):
+            refused = publish("check-tag", wrong, script=script)
+            assert refused.returncode != 0, wrong
+            assert f"not v{version}, the version in pyproject.toml" in refused.stderr
+
+
+def test_no_tag_publishes_a_development_version(tmp_path: Path) -> None:
+    """The tree between releases says 0.2.0-dev.0: tagging it would publish unreleased work."""
+    script = publish_at(tmp_path, "0.2.0-dev.0")
+    for tag in ("v0.2.0-dev.0", "v0.2.0"):
+        refused = publish("check-tag", tag, script=script)
+        assert refused.returncode != 0, tag
+        assert "0.2.0-dev.0, a version under development" in refused.stderr
+        assert "to 0.2.0 (docs/releasing.md) and tag v0.2.0" in refused.stderr
+
+
+def test_publish_refuses_a_version_in_a_form_helm_or_oci_would_not_take(tmp_path: Path) -> None:
+    refused = publish("version", script=publish_at(tmp_path, "0.2.0.dev0"))
+    assert refused.returncode != 0
+    assert "'0.2.0.dev0' is not MAJOR.MINOR.PATCH" in refused.stderr
 
 
 def images_wheelhouse() -> Path:
@@ -338,7 +432,7 @@ def test_publish_builds_the_sdist_and_the_wheel_at_the_version(tmp_path: Path) -
         import build  # noqa: F401
     except ImportError:
         skip_or_fail("the 'build' package is missing (the dev extra has it): make venv")
-    version = project_version()
+    version = python_version(release_version(REPO))  # what pip and PyPI call it
     built = publish("dist", str(tmp_path), "--no-isolation")
     assert built.returncode == 0, built.stderr[-4000:]
     sdist, wheel_path = (Path(line) for line in built.stdout.split())
@@ -348,10 +442,18 @@ def test_publish_builds_the_sdist_and_the_wheel_at_the_version(tmp_path: Path) -
     )
     with tarfile.open(sdist) as archive:
         names = archive.getnames()
-    root = f"payloadrun-{version}"
-    for shipped in ("pyproject.toml", "README.md", "sidecars/payloadrun/__init__.py"):
-        assert f"{root}/{shipped}" in names, shipped
+        root = f"payloadrun-{version}"
+        shipped_files = (
+            "pyproject.toml",
+            "README.md",
+            "LICENSE",
+            "sidecars/payloadrun/__init__.py",
+        )
+        for shipped in shipped_files:
+            assert f"{root}/{shipped}" in names, shipped
+        assert archive.extractfile(f"{root}/LICENSE").read() == LICENSE.read_bytes()
     assert not [n for n in names if n.startswith((f"{root}/tests/", f"{root}/cluster/"))]
     with zipfile.ZipFile(wheel_path) as released:
         tops = {PurePosixPath(n).parts[0] for n in released.namelist()}
+        assert wheel_license(released) == LICENSE.read_bytes()
     assert {t for t in tops if not t.endswith(".dist-info")} == PRODUCT_PACKAGES

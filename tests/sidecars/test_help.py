@@ -17,7 +17,7 @@ import pytest
 
 from payloadrun import cli
 from payloadrun.helptext import HelpFormatter, fill, plain
-from payloadrun.testing import fakevllm
+from payloadrun.testing import fakevllm, roles
 from payloadrun_operator import __main__ as operator_main
 from payloadrun_operator.platform.settings import OperatorSettings
 
@@ -27,6 +27,8 @@ COMMANDS = {
     "payloadrun-operator": ("payloadrun_operator", operator_main.build_parser),
     # not a console script, but shipped and run by hand (docs/writer.md)
     "python -m payloadrun.testing.fakevllm": ("payloadrun.testing.fakevllm", fakevllm.build_parser),
+    # the end-to-end pods' orchestrator and trainer, in the sidecar image (docs/operator.md)
+    "python -m payloadrun.testing.roles": ("payloadrun.testing.roles", roles.build_parser),
 }
 REPO = Path(__file__).resolve().parents[2]
 MARKUP = re.compile(r":[a-z]+:`|``")
@@ -64,6 +66,11 @@ def test_every_command_and_subcommand_is_walked():
         "payloadrun-operator",
         "payloadrun-operator render",
         "python -m payloadrun.testing.fakevllm",
+        "python -m payloadrun.testing.roles",
+        "python -m payloadrun.testing.roles idle",
+        "python -m payloadrun.testing.roles orchestrator",
+        "python -m payloadrun.testing.roles trainer",
+        "python -m payloadrun.testing.roles update-weights",
     }
 
 

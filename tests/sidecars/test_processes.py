@@ -63,12 +63,15 @@ def test_one_version_everywhere():
     """pyproject.toml is where the version is written; everything else reads or matches it."""
     import payloadrun
     import payloadrun_operator
+    from payloadrun.version import __release__, python_version
     from payloadrun_operator.platform.settings import DEFAULT_SIDECAR_IMAGE
 
     assert payloadrun.__version__ == payloadrun_operator.__version__ == VERSION
-    assert DEFAULT_SIDECAR_IMAGE.endswith(f":{VERSION}")
+    # the written version (the images' tag, the chart's) is the one installed, in its own form
+    assert python_version(__release__) == VERSION
+    assert DEFAULT_SIDECAR_IMAGE.endswith(f":{__release__}")
     chart = yaml.safe_load((REPO / "charts/payloadrun/Chart.yaml").read_text())
-    assert chart["appVersion"] == VERSION, "Chart.yaml's appVersion is not the package's version"
+    assert chart["appVersion"] == __release__, "Chart.yaml's appVersion is not the package's"
 
 
 # --- logs -----------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ pinned version's document). :func:`pod_template_schema` turns them into a struct
   the operator refuses a pod without one (its image missing) with its own message;
 - descriptions kept whole (``kubectl explain`` prints them), each paragraph on one line.
 
-Three templates make the CRD about 800 kB as the API server stores it (measured: 803,024 bytes
-of compact JSON, managed fields included): above the 256 KiB that client-side ``kubectl apply``
-can record in its annotation, well below etcd's default request limit of 1.5 MiB.
+Three templates make the CRD large (docs/operations.md#the-crd gives the figures, which
+test_templates_api.py measures): above the 256 KiB that client-side ``kubectl apply`` can record
+in its annotation, below etcd's default request limit of 1.5 MiB.
 """
 
 from __future__ import annotations

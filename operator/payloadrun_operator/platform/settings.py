@@ -17,11 +17,11 @@ from pydantic import ValidationError
 
 from payloadrun import settings
 from payloadrun.settings import SettingsError, parse_bool, parse_int, setting
-from payloadrun_operator import __version__
+from payloadrun.version import __release__
 from payloadrun_operator.api import validation
 from payloadrun_operator.api.models import NetworkPolicyPeer
 
-DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__version__}"
+DEFAULT_SIDECAR_IMAGE = f"ghcr.io/payloadrun/payloadrun:{__release__}"
 DEFAULT_WRITER_RESOURCES = {
     "requests": {"cpu": "500m", "memory": "512Mi"},
     "limits": {"memory": "4Gi"},

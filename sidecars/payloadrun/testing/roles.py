@@ -6,7 +6,7 @@ operator injects the way prime-rl does (``python -m payloadrun.testing.roles COM
   ``RANK`` (its Indexed Job index) and the world from ``WORLD_SIZE``; then, with
   ``--orchestrator-port``, one connection to the orchestrator by its DNS name
   (``PAYLOADRUN_ORCHESTRATOR_HOST``); then it trains until ``--done-file`` appears (exit 0) or
-  ``--fail-file`` does (exit 3, a crashed rank). Each step prints one JSON line.
+  ``--fail-file`` does (exit 3, a crashed rank). Each event prints one JSON line.
 - ``orchestrator``: answers TCP connections on ``--port`` (prime-rl's ZMQ ports) with its
   hostname, until stopped.
 - ``idle``: waits, until stopped (SIGTERM exits it at once, not after the grace period) or, with
@@ -16,7 +16,7 @@ operator injects the way prime-rl does (``python -m payloadrun.testing.roles COM
   ``PAYLOADRUN_INFERENCE_ADMIN_URLS`` (``/v1`` stripped, admin routes are at the root), then
   ``POST /update_weights {"weight_dir": DIR}``, then ``POST /resume``; prints each answer.
 
-Standard library only: the sidecar image runs it.
+Standard library and payloadrun.helptext only: the sidecar image runs it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from payloadrun.helptext import HelpFormatter, plain
 
 FAIL_EXIT = 3
 
@@ -151,26 +153,62 @@ def update_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m payloadrun.testing.roles", description=__doc__.split("\n\n")[0]
+        prog="python -m payloadrun.testing.roles",
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    t = commands.add_parser("trainer", help="rendezvous, reach the orchestrator, train")
-    t.add_argument("--timeout", type=float, default=120.0, help="seconds to rendezvous")
-    t.add_argument("--orchestrator-port", type=int, help="connect to the orchestrator here")
-    t.add_argument("--done-file", help="exit 0 once this file exists")
-    t.add_argument("--fail-file", help=f"exit {FAIL_EXIT} once this file exists")
+    commands = parser.add_subparsers(dest="command", required=True, help="the role to play")
+    t = commands.add_parser(
+        "trainer",
+        help="rendezvous, reach the orchestrator, train",
+        description="Rendezvous of every rank at MASTER_ADDR:MASTER_PORT, with "
+        "--orchestrator-port one connection to the orchestrator, then wait until --done-file "
+        f"(exit 0) or --fail-file (exit {FAIL_EXIT}, a crashed rank) appears.",
+        formatter_class=HelpFormatter,
+    )
+    t.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to rendezvous and to connect"
+    )
+    t.add_argument(
+        "--orchestrator-port",
+        type=int,
+        help="connect to the orchestrator (PAYLOADRUN_ORCHESTRATOR_HOST) on this port first",
+    )
+    t.add_argument("--done-file", metavar="FILE", help="exit 0 once this file exists")
+    t.add_argument("--fail-file", metavar="FILE", help=f"exit {FAIL_EXIT} once this file exists")
     t.set_defaults(run=trainer)
-    o = commands.add_parser("orchestrator", help="answer TCP connections with the hostname")
-    o.add_argument("--port", type=int, required=True)
+    o = commands.add_parser(
+        "orchestrator",
+        help="answer TCP connections with the hostname",
+        description="Answer TCP connections on --port with the hostname, until stopped.",
+        formatter_class=HelpFormatter,
+    )
+    o.add_argument("--port", type=int, required=True, help="the port to listen on (every address)")
     o.set_defaults(run=orchestrator)
-    i = commands.add_parser("idle", help="wait until stopped, or until a file exists")
+    i = commands.add_parser(
+        "idle",
+        help="wait until stopped, or until a file exists",
+        description="Wait until stopped (SIGTERM exits at once) or until --until's file exists.",
+        formatter_class=HelpFormatter,
+    )
     i.add_argument("--until", metavar="FILE", help="exit 0 once this file exists")
     i.set_defaults(run=idle)
-    u = commands.add_parser("update-weights", help="prime-rl's weight update on every replica")
+    u = commands.add_parser(
+        "update-weights",
+        help="prime-rl's weight update on every replica",
+        description="Pause, update the weights from DIR, resume: on every inference replica of "
+        "PAYLOADRUN_INFERENCE_ADMIN_URLS, as prime-rl's orchestrator does.",
+        formatter_class=HelpFormatter,
+    )
     u.add_argument("dir", help="the weight directory every replica loads")
     u.set_defaults(run=update_weights)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # PID 1 of a container ignores a signal it has no handler for: stop at once when the
     # kubelet asks, instead of after the grace period
