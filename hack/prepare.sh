@@ -3,7 +3,8 @@
 # downloads while it compiles:
 #
 #   compile  cluster/build.sh: the Go builds (Kubernetes, etcd, helm, CoreDNS, kube-router, crane,
-#            the registry, LeaderWorkerSet), CPU-bound, about half an hour from an empty cache
+#            the registry, LeaderWorkerSet), CPU-bound, about half an hour from an empty cache;
+#            then helm-docs (hack/helm-docs.sh)
 #   fetch    the project's venv, vLLM's CPU build, Debian's packages (node, Prometheus, Node.js),
 #            the dashboard schema and the container images, one after another (mostly
 #            network-bound; every apt-get of the project is in this lane, so none waits on
@@ -22,6 +23,7 @@ log() { printf '[%s] prepare.sh: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 compile() {
   bash cluster/build.sh >/dev/null
+  bash hack/helm-docs.sh --dry-run >/dev/null  # builds helm-docs (the chart README's test)
 }
 
 fetch() {
