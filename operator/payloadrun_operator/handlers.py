@@ -188,6 +188,8 @@ async def reconcile(
         op.discovery.serves(LEADER_WORKER_SET),
         queue=queue_name,
         kueue_served=op.discovery.serves(WORKLOAD),
+        lws_versions=op.discovery.group_versions(LEADER_WORKER_SET),
+        kueue_versions=op.discovery.group_versions(WORKLOAD),
     )
     if missing:
         # Valid, and nothing applied: observedGeneration stays behind (the follower leaves the

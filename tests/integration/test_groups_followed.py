@@ -301,7 +301,8 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         )
         applied = condition(run, "Applied")
         assert applied["status"] == "False"
-        assert "Install LeaderWorkerSet (tested with v0.9.0" in applied["message"]
+        assert "Install LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied["message"]
+        assert "leaderworkersets (tested with v0.9.0)" in applied["message"]
         assert "restart the operator" in applied["message"]
         ready, validated = condition(run, "Ready"), condition(run, "Validated")
         assert (ready["status"], ready["reason"]) == ("False", "LeaderWorkerSetMissing")

@@ -210,7 +210,8 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
         )
         applied = condition(run, "Applied")
         assert applied["status"] == "False"
-        assert "Install Kueue (tested with v0.19.2" in applied["message"]
+        assert "Install Kueue (https://kueue.sigs.k8s.io/" in applied["message"]
+        assert "(served from Kueue v0.15.0 on; tested with v0.19.2)" in applied["message"]
         assert "remove the label to run it without a queue" in applied["message"]
         assert condition(run, "Ready")["reason"] == "KueueMissing"
         assert run_children(api, namespace, name) == []
@@ -363,3 +364,72 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
             custom(api).delete_cluster_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", f"{namespace}-{flavor}"
             )
+
+
+def older_kueue_crds() -> list[dict[str, Any]]:
+    """Kueue's CRDs as a release before v0.15.0 serves them: the same kinds, at
+    ``kueue.x-k8s.io/v1beta1`` only (v0.15.0 added v1beta2 beside it)."""
+    import yaml
+
+    older = []
+    for path in kueue_crd_files():
+        crd = yaml.safe_load(path.read_text())
+        (stored,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+        crd["spec"]["versions"] = [{**stored, "name": "v1beta1"}]
+        crd["spec"].pop("conversion", None)
+        older.append(crd)
+    return older
+
+
+def test_an_older_kueue_is_named_too_old_with_the_release_the_operator_needs(
+    kube_cluster, crd, api, namespace, kueue_api, tmp_path
+):
+    """A cluster with a Kueue older than v0.15.0 serves its group at v1beta1 only: the operator
+    says so at start and in a queued run's Applied condition (upgrade it), rather than that
+    Kueue is missing."""
+    import json
+
+    kueue_api.remove()
+    older = older_kueue_crds()
+    for document in older:
+        applied = kube_cluster.kubectl(
+            "apply", "--server-side", "-f", "-", input=json.dumps(document)
+        )
+        assert applied.returncode == 0, applied.stderr
+    try:
+        for document in older:
+            kube_cluster.wait_established(document["metadata"]["name"])
+        eventually(
+            "kueue.x-k8s.io/v1beta1 in discovery",
+            lambda: kube_cluster.request("GET", f"/apis/{KUEUE_GROUP}/v1beta1")[0] == 200,
+        )
+        body = queued_run()
+        name = body["metadata"]["name"]
+        log = tmp_path / "operator.log"
+        operator = local_operator(kube_cluster, namespace, log)
+        try:
+            custom(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+            run = eventually(
+                "Applied KueueMissing",
+                has_condition(api, namespace, name, "Applied", "KueueMissing"),
+            )
+        finally:
+            operator.stop()
+        message = condition(run, "Applied")["message"]
+        assert f"served {KUEUE_GROUP} at v1beta1 only" in message, message
+        assert "an older Kueue than the operator needs: kueue.x-k8s.io/v1beta2" in message
+        assert "(served from Kueue v0.15.0 on; tested with v0.19.2). Upgrade Kueue" in message
+        assert condition(run, "Ready")["message"].startswith("Kueue is too old:")
+        assert run_children(api, namespace, name) == []
+        # and said once at start, in the operator's log
+        started = [line for line in log.read_text().splitlines() if "Workload kueue" in line]
+        assert any(f"served {KUEUE_GROUP} at v1beta1 only" in line for line in started), started
+    finally:
+        for document in older:
+            kube_cluster.kubectl(
+                "delete", "crd", document["metadata"]["name"], "--wait=true", "--timeout=60s"
+            )
+        eventually(
+            "kueue.x-k8s.io gone",
+            lambda: kube_cluster.request("GET", f"/apis/{KUEUE_GROUP}")[0] == 404,
+        )

@@ -6,15 +6,18 @@ same against the real API server: tests/integration/test_groups_followed.py."""
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 from payloadrun_operator.api import names
+from payloadrun_operator.api.addons import ADDONS, KUEUE_ADDON, LEADER_WORKER_SET_ADDON
 from payloadrun_operator.api.conditions import (
     AppliedReason,
     ConditionType,
     ReadyReason,
     StatusField,
 )
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET, STATEFUL_SET
+from payloadrun_operator.api.kinds import LEADER_WORKER_SET, OPTIONAL, STATEFUL_SET, WORKLOAD
 from payloadrun_operator.api.models import PayloadRunStatus
 from payloadrun_operator.observed import groups
 from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
@@ -32,6 +35,8 @@ NOW = "2026-12-04T11:00:00Z"
 RUN_UID = "run-uid"
 LWS_UID = "lws-uid"
 LABELS = {names.LABEL_MANAGED_BY: names.FIELD_MANAGER, names.LABEL_RUN: NAME}
+REPO = Path(__file__).resolve().parents[2]
+
 # v0.9.0's discovery document of leaderworkerset.x-k8s.io/v1, as a kube-apiserver serves it
 LWS_RESOURCES = {
     "kind": "APIResourceList",
@@ -154,11 +159,17 @@ def test_discovery_asks_once_whoever_asks():
             await asyncio.sleep(0)  # the other caller comes in meanwhile
             return LWS_RESOURCES
 
+        async def discover_group(self, group):  # type: ignore[no-untyped-def]
+            return {"versions": [{"version": "v1beta1"}]} if group == "kueue.x-k8s.io" else None
+
     async def both() -> tuple[int, bool]:
         client, discovery = Answers(), Discovery()
         assert not discovery.serves(LEADER_WORKER_SET)  # not asked yet: unknown is not served
         await asyncio.gather(discovery.discover(client), discovery.discover(client))
         await discovery.discover(client)  # a login again, on expired credentials
+        # Kueue's group served at v1beta1 only: an older Kueue, named as such
+        assert discovery.group_versions(WORKLOAD) == ("v1beta1",)
+        assert discovery.group_versions(LEADER_WORKER_SET) == ()
         return client.asked, discovery.serves(LEADER_WORKER_SET)
 
     # once per group version of the add-ons (LeaderWorkerSet's; Kueue's three kinds share one)
@@ -189,13 +200,48 @@ def test_a_run_of_groups_without_leaderworkerset_says_so_and_what_to_do():
         True,
     )
     assert "podsPerReplica is 4" in applied.message
-    assert "Install LeaderWorkerSet (tested with v0.9.0" in applied.message
+    assert "leaderworkerset.x-k8s.io/v1 leaderworkersets (tested with v0.9.0)" in applied.message
+    assert "Install LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied.message
     assert "restart the operator" in applied.message
     assert ready.reason == ReadyReason.LEADER_WORKER_SET_MISSING and not ready.warning
     # one Warning event (Applied's), the phase Provisioning: the spec is valid
     update = status_update({}, 1, checks, {}, NOW)
     assert [(t, r) for t, r, _ in update.events] == [("Warning", "LeaderWorkerSetMissing")]
     assert update.phase == "Provisioning"
+
+
+def test_an_older_addon_is_named_as_installed_and_too_old_with_what_the_operator_needs():
+    """A cluster that serves the add-on's group at another version (an older release) is told
+    to upgrade it, not to install it."""
+    lws = missing_checks(2, lws_served=False, lws_versions=("v1alpha1",))
+    applied = lws[ConditionType.APPLIED]
+    assert "served leaderworkerset.x-k8s.io at v1alpha1 only" in applied.message
+    assert "an older LeaderWorkerSet than the operator needs" in applied.message
+    assert "Upgrade LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied.message
+    assert "Install" not in applied.message
+    assert lws[ConditionType.READY].message.startswith("LeaderWorkerSet is too old:")
+    kueue = missing_checks(1, True, queue="q", kueue_served=False, kueue_versions=("v1beta1",))
+    applied = kueue[ConditionType.APPLIED]
+    assert applied.reason == AppliedReason.KUEUE_MISSING
+    assert "served kueue.x-k8s.io at v1beta1 only" in applied.message
+    assert (
+        "kueue.x-k8s.io/v1beta2 workloads (served from Kueue v0.15.0 on; tested with v0.19.2)"
+        in (applied.message)
+    )
+    assert kueue[ConditionType.READY].message.startswith("Kueue is too old:")
+
+
+def test_the_addons_tested_releases_are_the_ones_the_tests_install():
+    """cluster/versions.env pins the releases the suite builds and installs; the operator's
+    messages name the same ones."""
+    pinned = dict(
+        line.split("=", 1)
+        for line in (REPO / "cluster" / "versions.env").read_text().splitlines()
+        if re.match(r"^[A-Z_]+=", line)
+    )
+    assert LEADER_WORKER_SET_ADDON.tested == pinned["LWS_VERSION"]
+    assert KUEUE_ADDON.tested == pinned["KUEUE_VERSION"]
+    assert ADDONS.keys() == {k for k in OPTIONAL if k.followed}
 
 
 # --- the follower's cache ---------------------------------------------------------------------

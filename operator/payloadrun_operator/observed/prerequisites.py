@@ -13,16 +13,11 @@ shared cluster's queue exists to prevent.
 
 from __future__ import annotations
 
+from payloadrun_operator.api.addons import KUEUE_ADDON, LEADER_WORKER_SET_ADDON
 from payloadrun_operator.api.conditions import AppliedReason, ConditionType, ReadyReason
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET, WORKLOAD
 from payloadrun_operator.api.names import QUEUE_NAME_LABEL
 from payloadrun_operator.observed.status import Check
 
-# The LeaderWorkerSet versions the operator's tests ran against (its API: v1).
-LWS_TESTED_VERSIONS = "v0.9.0"
-LWS_INSTALL = "https://lws.sigs.k8s.io/docs/installation/"
-KUEUE_TESTED_VERSIONS = "v0.19.2"
-KUEUE_INSTALL = "https://kueue.sigs.k8s.io/docs/installation/"
 RESTART_HINT = (
     "restart the operator (kubectl rollout restart deployment of the payloadrun chart): it "
     "learns which APIs the cluster serves as it starts, and applies this run then. Nothing of "
@@ -30,21 +25,19 @@ RESTART_HINT = (
 )
 
 
-def lws_missing_message(pods_per_replica: int) -> str:
+def lws_missing_message(pods_per_replica: int, group_versions: tuple[str, ...] = ()) -> str:
     return (
         f"spec.inference.podsPerReplica is {pods_per_replica}: each inference replica is a "
-        f"LeaderWorkerSet group, and this cluster did not serve {LEADER_WORKER_SET.api_version} "
-        f"{LEADER_WORKER_SET.plural} when the operator started. Install LeaderWorkerSet "
-        f"(tested with {LWS_TESTED_VERSIONS}; {LWS_INSTALL}), then {RESTART_HINT}"
+        f"LeaderWorkerSet group, and {LEADER_WORKER_SET_ADDON.not_served(group_versions)}, "
+        f"then {RESTART_HINT}"
     )
 
 
-def kueue_missing_message(queue: str) -> str:
+def kueue_missing_message(queue: str, group_versions: tuple[str, ...] = ()) -> str:
     return (
-        f"the run is labelled {QUEUE_NAME_LABEL}={queue}: Kueue admits it whole, and this "
-        f"cluster did not serve {WORKLOAD.api_version} {WORKLOAD.plural} when the operator "
-        f"started. Install Kueue (tested with {KUEUE_TESTED_VERSIONS}; {KUEUE_INSTALL}), then "
-        f"{RESTART_HINT}; or remove the label to run it without a queue"
+        f"the run is labelled {QUEUE_NAME_LABEL}={queue}: Kueue admits it whole, and "
+        f"{KUEUE_ADDON.not_served(group_versions)}, then {RESTART_HINT}; or remove the label to "
+        f"run it without a queue"
     )
 
 
@@ -54,32 +47,41 @@ def missing_checks(
     *,
     queue: str | None = None,
     kueue_served: bool = False,
+    lws_versions: tuple[str, ...] = (),
+    kueue_versions: tuple[str, ...] = (),
 ) -> dict[ConditionType, Check]:
     """The conditions of a run whose prerequisites the cluster lacks; empty when it has them
-    (a run of one-pod replicas without a queue needs nothing but what every cluster serves)."""
+    (a run of one-pod replicas without a queue needs nothing but what every cluster serves).
+    ``lws_versions`` and ``kueue_versions``: the versions of the add-on's API group the cluster
+    serves when it does not serve the one the operator needs (an older release installed)."""
     if pods_per_replica > 1 and not lws_served:
         return {
             ConditionType.APPLIED: Check(
                 False,
                 AppliedReason.LEADER_WORKER_SET_MISSING,
-                lws_missing_message(pods_per_replica),
+                lws_missing_message(pods_per_replica, lws_versions),
                 warning=True,
             ),
             ConditionType.READY: Check(
                 False,
                 ReadyReason.LEADER_WORKER_SET_MISSING,
-                "LeaderWorkerSet is not installed: nothing is applied (see the Applied condition)",
+                f"LeaderWorkerSet is {'too old' if lws_versions else 'not installed'}: nothing is "
+                "applied (see the Applied condition)",
             ),
         }
     if queue is not None and not kueue_served:
         return {
             ConditionType.APPLIED: Check(
-                False, AppliedReason.KUEUE_MISSING, kueue_missing_message(queue), warning=True
+                False,
+                AppliedReason.KUEUE_MISSING,
+                kueue_missing_message(queue, kueue_versions),
+                warning=True,
             ),
             ConditionType.READY: Check(
                 False,
                 ReadyReason.KUEUE_MISSING,
-                "Kueue is not installed: nothing is applied (see the Applied condition)",
+                f"Kueue is {'too old' if kueue_versions else 'not installed'}: nothing is applied "
+                "(see the Applied condition)",
             ),
         }
     return {}

@@ -23,12 +23,18 @@ from collections.abc import Iterable
 
 import aiohttp
 
+from payloadrun_operator.api.addons import ADDONS
 from payloadrun_operator.api.kinds import OPTIONAL, Kind
 from payloadrun_operator.platform.kube import KubeApiError, KubeClient
 
 log = logging.getLogger("payloadrun.discovery")
 RETRY_SECONDS = 2.0  # after a discovery request that failed (the API server unreachable)
 NEEDED_VERBS = frozenset({"list", "watch", "patch"})  # followed (list, watch) and applied
+
+
+def group_versions(group: dict | None) -> tuple[str, ...]:
+    """The versions an ``APIGroup`` document (``GET /apis/<group>``; None: 404) says are served."""
+    return tuple(v["version"] for v in (group or {}).get("versions") or [] if v.get("version"))
 
 
 def served_by(kind: Kind, resources: dict | None) -> bool:
@@ -48,6 +54,8 @@ class Discovery:
     def __init__(self, kinds: Iterable[Kind] = OPTIONAL) -> None:
         self.kinds = tuple(kinds)
         self._served: frozenset[Kind] = frozenset()
+        # for a kind not served: the versions its API group is served at (an older release)
+        self._group_versions: dict[Kind, tuple[str, ...]] = {}
         self.done = asyncio.Event()
         self._asking = asyncio.Lock()
 
@@ -56,9 +64,17 @@ class Discovery:
         :meth:`discover`, and for a kind that is not optional: ask only about add-ons)."""
         return kind in self._served
 
-    def mark(self, served: Iterable[Kind]) -> None:
+    def group_versions(self, kind: Kind) -> tuple[str, ...]:
+        """For a kind not served: the versions of its API group the cluster serves, an older
+        release of its add-on than the operator needs (none: the add-on is not installed)."""
+        return self._group_versions.get(kind, ())
+
+    def mark(
+        self, served: Iterable[Kind], group_versions: dict[Kind, tuple[str, ...]] | None = None
+    ) -> None:
         """Record what the cluster serves (tests; :meth:`discover` calls it)."""
         self._served = frozenset(served)
+        self._group_versions = dict(group_versions or {})
         self.done.set()
 
     async def discover(self, client: KubeClient) -> None:
@@ -79,6 +95,11 @@ class Discovery:
                     if kind.api_version not in answers:
                         answers[kind.api_version] = await client.discover(kind)
                 served = [k for k in self.kinds if served_by(k, answers[k.api_version])]
+                groups = {}  # what an add-on's group serves instead: an older release's API
+                for kind in self.kinds:
+                    if kind not in served and kind.group not in groups:
+                        groups[kind.group] = group_versions(await client.discover_group(kind.group))
+                older = {k: groups[k.group] for k in self.kinds if groups.get(k.group)}
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 if not failed:
@@ -94,10 +115,19 @@ class Discovery:
         if failed:
             log.info("discovering the cluster's APIs: the API server answers again")
         for kind in self.kinds:
+            addon = ADDONS.get(kind)
+            if kind not in served and addon and older.get(kind):
+                log.warning(
+                    "%s %s: not served; %s, and runs that need it wait",
+                    kind.kind,
+                    kind.api_version,
+                    addon.not_served(older[kind]),
+                )
+                continue
             log.info(
                 "%s %s: %s",
                 kind.kind,
                 kind.api_version,
                 "served: followed" if kind in served else "not served: runs that need it wait",
             )
-        self.mark(served)
+        self.mark(served, older)

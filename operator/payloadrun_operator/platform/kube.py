@@ -478,6 +478,11 @@ class KubeClient:
             f"reading {kind} {namespace}/{name}",
         )
 
+    async def discover_group(self, group: str) -> dict[str, Any] | None:
+        """The discovery document (``APIGroup``) of an API group: the versions the cluster
+        serves of it; None when it serves none (404)."""
+        return await self._request("GET", f"/apis/{group}", f"discovering {group}")
+
     async def discover(self, kind: Kind) -> dict[str, Any] | None:
         """The discovery document (``APIResourceList``) of ``kind``'s group and version, or None
         when the cluster does not serve that group version (404)."""
