@@ -12,6 +12,12 @@
 #       sidecars) and PREFIX/payloadrun-operator:<version>
 #   bash hack/publish.sh chart PREFIX [--plain-http]
 #       the chart packaged at <version> and pushed with helm as oci://PREFIX/charts/payloadrun
+#   bash hack/publish.sh manifests DIR
+#       the release's manifests, for `kubectl apply --server-side -f` (release assets, beside
+#       the chart): DIR/payloadrun-crd.yaml, the PayloadRun CRD alone (a cluster admin's
+#       install; then the chart with crds.install=false), and DIR/payloadrun.yaml, everything
+#       in one (the namespace payloadrun-system, the CRD, RBAC, the operator at <version>),
+#       the chart rendered with its defaults
 #   bash hack/publish.sh dist DIR [--no-isolation]
 #       the sdist and the wheel (python -m build) into DIR; PyPI gets them from the workflow
 #       (trusted publishing needs the workflow's identity, so no upload happens here)
@@ -130,6 +136,34 @@ push_chart() {
   echo "oci://$prefix/charts/payloadrun:$v"
 }
 
+render_manifests() {  # DIR
+  local dest=${1:-} v helm
+  [ -n "$dest" ] || usage
+  v=$(version)
+  helm=$(tools)/helm
+  mkdir -p "$dest"
+  dest=$(cd "$dest" && pwd)
+  cp "$repo/crds/payloadrun.dev_payloadruns.yaml" "$dest/payloadrun-crd.yaml.tmp"
+  {
+    printf '# payloadrun %s: the CRD, RBAC and the operator in payloadrun-system.
+' "$v"
+    printf '#   kubectl apply --server-side -f payloadrun.yaml  (docs/install.md)
+'
+    printf 'apiVersion: v1
+kind: Namespace
+metadata:
+  name: payloadrun-system
+'
+    "$helm" template payloadrun "$repo/charts/payloadrun" --namespace payloadrun-system \
+      --version "$v"
+  } >"$dest/payloadrun.yaml.tmp"
+  mv "$dest/payloadrun-crd.yaml.tmp" "$dest/payloadrun-crd.yaml"
+  mv "$dest/payloadrun.yaml.tmp" "$dest/payloadrun.yaml"
+  log "rendered the manifests of payloadrun $v into $dest"
+  echo "$dest/payloadrun-crd.yaml"
+  echo "$dest/payloadrun.yaml"
+}
+
 build_dist() {  # DIR [--no-isolation]
   local dest=${1:-} v isolation=""
   [ -n "$dest" ] || usage
@@ -175,6 +209,7 @@ case "$cmd" in
     ;;
   images) parse_prefix "$@"; push_images ;;
   chart) parse_prefix "$@"; push_chart ;;
+  manifests) render_manifests "$@" ;;
   dist) build_dist "$@" ;;
   *) usage ;;
 esac
