@@ -145,15 +145,9 @@ render_manifests() {  # DIR
   dest=$(cd "$dest" && pwd)
   cp "$repo/crds/payloadrun.dev_payloadruns.yaml" "$dest/payloadrun-crd.yaml.tmp"
   {
-    printf '# payloadrun %s: the CRD, RBAC and the operator in payloadrun-system.
-' "$v"
-    printf '#   kubectl apply --server-side -f payloadrun.yaml  (docs/install.md)
-'
-    printf 'apiVersion: v1
-kind: Namespace
-metadata:
-  name: payloadrun-system
-'
+    printf '# payloadrun %s: the CRD, RBAC and the operator in payloadrun-system.\n' "$v"
+    printf '#   kubectl apply --server-side -f payloadrun.yaml  (docs/install.md)\n'
+    printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: payloadrun-system\n'  # helm's output starts with ---
     "$helm" template payloadrun "$repo/charts/payloadrun" --namespace payloadrun-system \
       --version "$v"
   } >"$dest/payloadrun.yaml.tmp"

@@ -28,6 +28,11 @@ class Kind:
         """The API group ('' for the core group's ``v1``)."""
         return self.api_version.rpartition("/")[0]
 
+    @property
+    def version(self) -> str:
+        """The API version within its group (``v1beta2`` of ``kueue.x-k8s.io/v1beta2``)."""
+        return self.api_version.rpartition("/")[2]
+
 
 RUN = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
 CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", followed=True)

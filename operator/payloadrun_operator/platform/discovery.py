@@ -99,7 +99,11 @@ class Discovery:
                 for kind in self.kinds:
                     if kind not in served and kind.group not in groups:
                         groups[kind.group] = group_versions(await client.discover_group(kind.group))
-                older = {k: groups[k.group] for k in self.kinds if groups.get(k.group)}
+                older = {
+                    k: others
+                    for k in self.kinds
+                    if (others := tuple(v for v in groups.get(k.group, ()) if v != k.version))
+                }
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 if not failed:
