@@ -134,7 +134,7 @@ def test_the_release_secret_holds_the_crd_twice_within_its_limit(kube_cluster, i
     size = len(base64.b64decode(latest["data"]["release"]))
     assert size < 0.9 * 1024 * 1024, f"the release Secret is {size} bytes, near its 1 MiB limit"
     page = (REPO / "docs" / "install.md").read_text()
-    said = re.search(r"about ([\d.]+) MB of the Secret's 1 MiB", page)
+    said = re.search(r"about\s+([\d.]+)\s+MB\s+of\s+the\s+Secret's\s+1\s+MiB", page)
     assert said, "docs/install.md gives no size of the release Secret"
     assert float(said[1]) == round(size / 1e6, 1), f"measured {size} bytes; the page says {said[0]}"
 

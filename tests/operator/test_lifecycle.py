@@ -1092,8 +1092,13 @@ LAYOUT_2_SPECS = [
 ]
 
 
+# what a run started by 0.1.0's operator pinned: its default sidecar image (the hashes below
+# were recorded with it; a later default must not move them)
+RELEASED_0_1_0 = OperatorSettings(sidecar_image="ghcr.io/payloadrun/payloadrun:0.1.0")
+
+
 def test_a_run_started_before_multi_node_replicas_keeps_its_hashes():
-    pin = pin_of(OperatorSettings())
+    pin = pin_of(RELEASED_0_1_0)
     got = {
         f"{i}-{c}": inputs_hash(PayloadRunSpec.model_validate(spec), c, pin)
         for i, spec in enumerate(LAYOUT_2_SPECS)
@@ -1108,7 +1113,7 @@ def test_a_run_started_before_multi_node_replicas_keeps_its_hashes():
 
 
 def test_a_run_started_before_pod_templates_keeps_its_hashes():
-    pin = {k: v for k, v in pin_of(OperatorSettings()).items() if k != "podLayout"}
+    pin = {k: v for k, v in pin_of(RELEASED_0_1_0).items() if k != "podLayout"}
     got = {
         f"{i}-{c}": inputs_hash(PayloadRunSpec.model_validate(spec), c, pin)
         for i, spec in enumerate(LAYOUT_1_SPECS)
