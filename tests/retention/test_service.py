@@ -530,11 +530,12 @@ def test_a_failed_compaction_is_counted_and_the_journal_goes_on(service_factory,
             # compact_bytes 1: the update's settled job tries a compaction, which fails after
             # its rename, on the journal's thread, and is counted. Waited for: a compaction
             # tried while the one before is still being put in place is skipped (the next
-            # settled job tries again), so only this makes each update's attempt its own.
-            wait_for(lambda step=step: failed() == step - 1)
+            # settled job tries again), so only this makes each update's attempt its own. At
+            # least: another settled job (a sweep's) may try one more.
+            wait_for(lambda step=step: failed() >= step - 1)
         assert svc.wait_idle(10)
-    # one failure for each of the 4 updates, and none counts as done
-    assert failed() == 4
+    # a failure for each of the 4 updates at least, and none counts as done
+    assert failed() >= 4
     assert svc.metrics.compactions._value.get() == 0
     svc.record_batch(6, make_files(root, 6, 1))
     svc.close()

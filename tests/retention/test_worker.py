@@ -423,3 +423,21 @@ def test_random_worker_kills_under_concurrent_calls_lose_nothing(service_factory
     assert deleted["consumed"]["files"] + deleted["discarded"]["files"] == len(gone)
     assert deleted["consumed"]["bytes"] == sum(sizes[f] for group in batches for f in group)
     assert deleted["discarded"]["bytes"] == sum(sizes[f] for group in loose for f in group)
+
+
+def test_a_settled_call_does_not_keep_the_reader_from_the_others():
+    """A worker's reply reader fails every call its worker left unanswered; one of them already
+    settled (an attempt failed before it was sent again) must not stop it there, or the calls
+    after it wait forever (the random-kill test above found that, about 1 run in 15)."""
+    from concurrent.futures import Future
+
+    from payloadrun.retention.worker import _settle
+
+    settled, waiting = Future(), Future()
+    settled.set_exception(WorkerGoneError("the first worker exited"))
+    for answer in (settled, waiting):
+        _settle(answer, WorkerGoneError("the second worker exited"))
+    assert str(waiting.exception()) == "the second worker exited"
+    assert str(settled.exception()) == "the first worker exited"  # its first outcome stays
+    _settle(waiting, {"id": 1, "ok": []})  # a late reply for it changes nothing either
+    assert str(waiting.exception()) == "the second worker exited"

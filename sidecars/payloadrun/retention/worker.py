@@ -47,7 +47,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -350,8 +350,10 @@ class ProcessDeleter:
         The write holds the worker's own send lock, never the deleter's: a request larger than
         the pipe's buffer waits for the worker to read it, and the worker reads only while its
         replies are read, which the reply reader does under the deleter's lock."""
-        answer: Future[Any] = Future()
         for attempt in range(1, SEND_ATTEMPTS + 1):
+            # a future of its own for each attempt: a worker's reply reader may have failed the
+            # last one (its worker died while the call was written), and a future is done once
+            answer: Future[Any] = Future()
             with self._lock:
                 worker = self._running()
                 self._next_id += 1
@@ -428,7 +430,7 @@ class ProcessDeleter:
                 with self._lock:
                     answer = worker.waiting.pop(call_id, None)
                 if answer is not None:
-                    answer.set_result(reply)
+                    _settle(answer, reply)
         finally:
             with contextlib.suppress(OSError):  # it may be alive and writing garbage: stop it
                 worker.proc.kill()
@@ -437,7 +439,17 @@ class ProcessDeleter:
                 worker.gone = True
                 left, worker.waiting = worker.waiting, {}
             for answer in left.values():
-                answer.set_exception(WorkerGoneError(f"the deletion worker exited (code {code})"))
+                _settle(answer, WorkerGoneError(f"the deletion worker exited (code {code})"))
+
+
+def _settle(answer: Future[Any], outcome: Any) -> None:
+    """Give a call its reply (or, an exception, its failure) unless it has one: one future
+    already settled must not keep the reader from the others' (they would wait forever)."""
+    with contextlib.suppress(InvalidStateError):
+        if isinstance(outcome, BaseException):
+            answer.set_exception(outcome)
+        else:
+            answer.set_result(outcome)
 
 
 def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
