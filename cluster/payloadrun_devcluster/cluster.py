@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import node as node_module
 from .api import api_request
@@ -125,6 +126,16 @@ def running_node_state_dir() -> Path | None:
     if owner and _node_still_running(Path(owner)):
         return Path(owner).parent
     return None
+
+
+def crd_list_paths(crd: Mapping[str, Any]) -> list[str]:
+    """The list path of each version a CustomResourceDefinition serves, cluster-wide."""
+    spec = crd["spec"]
+    return [
+        f"/apis/{spec['group']}/{version['name']}/{spec['names']['plural']}"
+        for version in spec.get("versions") or []
+        if version.get("served")
+    ]
 
 
 class LocalCluster:
@@ -274,26 +285,48 @@ class LocalCluster:
         )
 
     def wait_established(self, crd: str, timeout: float = 60.0) -> None:
-        """Wait until the CustomResourceDefinition ``crd`` serves its resources.
+        """Wait until the CustomResourceDefinition ``crd`` serves its resources: Established, and
+        a list of every served version answered from the API server's watch cache.
 
         ``kubectl wait --for=condition=Established`` fails at once, instead of waiting, while a
-        new CRD has no conditions yet (a large schema takes about 2 s to install).
+        new CRD has no conditions yet (a large schema takes about 2 s to install). An established
+        CRD's storage is made on its first request and its cache fills after it: until then a
+        list without a limit answers 429 "storage is (re)initializing", and so does the CRD
+        finalizer's own list when the CRD is deleted before anyone asked for its resources (the
+        finalizer then retries with a growing back-off, which took more than a minute on a busy
+        machine).
         """
         deadline = time.monotonic() + timeout
         while True:
             result = self.kubectl("get", "crd", crd, "-o", "json")
             if result.returncode == 0:
-                conditions = json.loads(result.stdout).get("status", {}).get("conditions") or []
+                found = json.loads(result.stdout)
+                conditions = found.get("status", {}).get("conditions") or []
                 if any(
                     c.get("type") == "Established" and c.get("status") == "True" for c in conditions
-                ):
+                ) and all(self._get_status(path) == 200 for path in crd_list_paths(found)):
                     return
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"CustomResourceDefinition {crd} was not Established within {timeout} s: "
-                    f"{result.stdout or result.stderr}"[:2000]
+                    f"CustomResourceDefinition {crd} was not Established and listed within "
+                    f"{timeout} s: {result.stdout or result.stderr}"[:2000]
                 )
             time.sleep(0.2)
+
+    def delete_crd(self, crd: str, timeout: float = 60.0) -> None:
+        """Delete the CustomResourceDefinition ``crd`` and wait until it is gone (its instances
+        with it). Its storage is made ready first (:meth:`wait_established`), so the CRD
+        finalizer's list of the instances succeeds the first time."""
+        if self.kubectl("get", "crd", crd).returncode != 0:
+            return
+        self.wait_established(crd, timeout=timeout)
+        deleted = self.kubectl("delete", "crd", crd, "--wait=true", f"--timeout={timeout:.0f}s")
+        if deleted.returncode != 0:
+            left = self.kubectl("get", "crd", crd, "-o", "jsonpath={.status.conditions}")
+            raise TimeoutError(
+                f"CustomResourceDefinition {crd} was not deleted within {timeout:.0f} s: "
+                f"{deleted.stderr.strip()}; its conditions: {left.stdout or left.stderr}"[:2000]
+            )
 
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> LocalCluster:

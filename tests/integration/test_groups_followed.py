@@ -82,18 +82,11 @@ def lws_api(kube_cluster, crd) -> Iterator[AddonApi]:
         assert applied.returncode == 0, applied.stderr
         kube_cluster.wait_established(LWS_CRD)
         eventually("LeaderWorkerSet's API in discovery", lambda: lws_served(kube_cluster))
-        # and its storage ready: a list answers 429 "storage is (re)initializing" for a moment
-        # after a CRD is established (an operator started then retries, 5 s later)
-        listing = f"{DISCOVERY}/{LEADER_WORKER_SET.plural}?limit=1"
-        eventually(
-            "LeaderWorkerSets listed", lambda: kube_cluster.request("GET", listing)[0] == 200
-        )
 
     def remove() -> None:
         # gone before an operator starts: one that found the API would watch a resource about
         # to vanish
-        deleted = kube_cluster.kubectl("delete", "crd", LWS_CRD, "--wait=true", "--timeout=60s")
-        assert deleted.returncode == 0, deleted.stderr
+        kube_cluster.delete_crd(LWS_CRD)
         eventually("LeaderWorkerSet's API gone", lambda: not lws_served(kube_cluster))
 
     api = AddonApi(lambda: lws_served(kube_cluster), install, remove)
