@@ -7,12 +7,17 @@ them by content, and prints one ``<image> <docker-archive tarball>`` line per im
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def build_images(repo: Path, timeout: float = 1800) -> dict[str, Path]:
-    """Image name -> tarball, built (or found cached) by ``<repo>/hack/images.sh``.
+def build_images(
+    repo: Path, timeout: float = 1800, env: Mapping[str, str] | None = None
+) -> dict[str, Path]:
+    """Image name -> tarball, built (or found cached) by ``<repo>/hack/images.sh``, with ``env``
+    added to this process's environment (``PAYLOADRUN_IMAGE_TAG``, ``PAYLOADRUN_CACHE``).
 
     The script's progress goes to this process's stderr; a failure raises with its exit code.
     """
@@ -22,6 +27,7 @@ def build_images(repo: Path, timeout: float = 1800) -> dict[str, Path]:
         text=True,
         timeout=timeout,
         check=False,
+        env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise RuntimeError(f"hack/images.sh failed with exit code {result.returncode} (see above)")

@@ -19,7 +19,13 @@ from example_runs import EXAMPLES
 from builders import run_body
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator.api.crd import CRD_FILE
-from payloadrun_operator.api.models import GROUP, PLURAL, TWO_MOUNT_PATHS_MESSAGE
+from payloadrun_operator.api.models import (
+    GROUP,
+    LAYOUT_IS_FIXED_MESSAGE,
+    PLURAL,
+    TWO_MOUNT_PATHS_MESSAGE,
+    WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE,
+)
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.platform.settings import OperatorSettings
 
@@ -129,6 +135,42 @@ def test_cel_refuses_what_it_can_express(crd, namespace, spec, message):
     refused = kubectl_apply(crd, namespace, body)
     assert refused.returncode != 0
     assert message in " ".join(refused.stderr.split()), refused.stderr
+
+
+def test_fields_added_after_the_first_release_stay_absent_and_their_rules_read_the_default(
+    crd, namespace
+):
+    """The inference layout fields 0.1.0 did not have carry no CRD default (an operator of the
+    release before would refuse every live run the API server served with them filled in, during
+    an upgrade): a run without them is stored without them, as 0.1.0's runs are, and the CEL rules
+    read them as their defaults: setting the default is no change, another value is."""
+    created = kubectl_apply(crd, namespace, run("layout"))
+    assert created.returncode == 0, created.stderr
+    stored = json.loads(
+        crd.kubectl("get", "payloadrun", "layout", "-n", namespace, "-o", "json").stdout
+    )
+    added = ("podsPerReplica", "apiServers", "apiServersPerPod", "dataParallelRpcPort")
+    assert [f for f in added if f in stored["spec"]["inference"]] == []
+
+    def patched(inference: dict[str, Any]) -> subprocess.CompletedProcess:
+        patch = json.dumps({"spec": {"inference": inference}})
+        return crd.kubectl(
+            "patch", "payloadrun", "layout", "-n", namespace, "--type=merge", "-p", patch
+        )
+
+    for same in ({"podsPerReplica": 1}, {"apiServers": "EveryPod", "apiServersPerPod": 1}):
+        kept = patched(same)
+        assert kept.returncode == 0, (same, kept.stderr)
+        removed = patched(dict.fromkeys(same))  # absent again: still the default
+        assert removed.returncode == 0, (same, removed.stderr)
+    for other in ({"podsPerReplica": 2}, {"apiServers": "Leader"}, {"apiServersPerPod": 2}):
+        refused = patched(other)
+        assert refused.returncode != 0, other
+        assert LAYOUT_IS_FIXED_MESSAGE in " ".join(refused.stderr.split()), refused.stderr
+    workers = run("workers", inference={"workerTemplate": {"spec": {"containers": []}}})
+    refused = kubectl_apply(crd, namespace, workers)
+    assert refused.returncode != 0
+    assert WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE in " ".join(refused.stderr.split())
 
 
 # What CEL cannot see (names inside templates, the operator's ports and settings, the mode):

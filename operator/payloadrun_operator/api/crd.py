@@ -25,6 +25,7 @@ from payloadrun_operator.api.models import (
     KIND,
     MAX_NAME_LENGTH,
     NAME_LENGTH_MESSAGE,
+    NO_CRD_DEFAULT,
     PLURAL,
     POD_TEMPLATE_MARKER,
     RUN_DESCRIPTION,
@@ -85,6 +86,8 @@ def structural(
         return structural({**_resolve(options[0], defs), **rest}, defs, full_templates)
 
     out = _clean(schema)
+    if out.pop(NO_CRD_DEFAULT, False):
+        out.pop("default", None)
     if out.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
     if "properties" in out:

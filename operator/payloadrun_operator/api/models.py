@@ -86,6 +86,21 @@ def _preserve(description: str) -> Any:
 
 # Marks a field whose schema is Kubernetes' PodTemplateSpec (crd.py puts it in: kubeschema.py).
 POD_TEMPLATE_MARKER = "x-payloadrun-pod-template"
+# Marks a field added after the first release: its default is the model's only, none in the CRD
+# (crd.py drops it). The API server writes a CRD's defaults into every run it serves, so the
+# operator of the release before, which does not know the field, would read each live run as an
+# invalid spec (Rejected) while the two run side by side during `helm upgrade` (seen from 0.1.0:
+# tests/integration/test_upgrade.py). Absent means the default, in the CEL rules too
+# (:func:`given_or`); tests/operator/test_crd_upgrades.py holds it against the previous release.
+NO_CRD_DEFAULT = "x-payloadrun-no-crd-default"
+ADDED_AFTER_RELEASE = {NO_CRD_DEFAULT: True}
+
+
+def given_or(field: str, default: str, obj: str = "self") -> str:
+    """A CEL expression of ``obj.field``, or ``default`` (CEL) where the run leaves it out."""
+    return f"(has({obj}.{field}) ? {obj}.{field} : {default})"
+
+
 # The marker's value for a template the CRD stores as a plain object and the operator checks
 # against the same schema (schema_check.py), to keep the CRD under etcd's 1.5 MiB.
 CHECKED_BY_OPERATOR = "operator"
@@ -469,6 +484,14 @@ WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE = (
 )
 
 
+# The inference layout fields fixed for a run's life, with their defaults in CEL.
+FIXED_LAYOUT_FIELDS = (
+    ("podsPerReplica", "1"),
+    ("apiServers", f"'{ApiServerLayout.EVERY_POD}'"),
+    ("apiServersPerPod", "1"),
+)
+
+
 class Inference(Model):
     """The vLLM servers (the writer sidecar beside each pod's, by handle)."""
 
@@ -477,13 +500,14 @@ class Inference(Model):
             "x-kubernetes-validations": [
                 _image_rule("inference", "vllm"),
                 {
-                    "rule": "self.podsPerReplica == oldSelf.podsPerReplica && "
-                    "self.apiServers == oldSelf.apiServers && "
-                    "self.apiServersPerPod == oldSelf.apiServersPerPod",
+                    "rule": " && ".join(
+                        f"{given_or(field, default)} == {given_or(field, default, 'oldSelf')}"
+                        for field, default in FIXED_LAYOUT_FIELDS
+                    ),
                     "message": LAYOUT_IS_FIXED_MESSAGE,
                 },
                 {
-                    "rule": "!has(self.workerTemplate) || self.podsPerReplica > 1",
+                    "rule": f"!has(self.workerTemplate) || {given_or('podsPerReplica', '1')} > 1",
                     "message": WORKER_TEMPLATE_NEEDS_GROUPS_MESSAGE,
                 },
             ]
@@ -496,6 +520,7 @@ class Inference(Model):
     )
     pods_per_replica: Annotated[int, Field(ge=1, le=MAX_PODS_PER_REPLICA)] = Field(
         default=1,
+        json_schema_extra=ADDED_AFTER_RELEASE,
         description="Pods per inference replica. 1 (the default): a StatefulSet of one-pod "
         "replicas. More: each replica is a LeaderWorkerSet group of this many pods (a leader "
         "and its workers, started, recreated and scaled together), for models whose replica "
@@ -504,6 +529,7 @@ class Inference(Model):
     )
     api_servers: ApiServerLayout = Field(
         default=ApiServerLayout.EVERY_POD,
+        json_schema_extra=ADDED_AFTER_RELEASE,
         description="Which pods of a replica run vLLM API servers, with a writer in front of "
         "them: EveryPod (data parallelism across nodes, e.g. MoE expert parallelism: every "
         "rank serves HTTP) or Leader (tensor or pipeline parallelism across nodes: the workers "
@@ -511,12 +537,14 @@ class Inference(Model):
     )
     api_servers_per_pod: Annotated[int, Field(ge=1, le=MAX_API_SERVERS_PER_POD)] = Field(
         default=1,
+        json_schema_extra=ADDED_AFTER_RELEASE,
         description="vLLM API servers each serving pod runs (one per data-parallel rank), on "
         "consecutive ports from spec.inference.port; none of them may be a sidecar's port. "
         "Fixed for the run's life.",
     )
     data_parallel_rpc_port: Port = Field(
         default=VLLM_DATA_PARALLEL_RPC_PORT,
+        json_schema_extra=ADDED_AFTER_RELEASE,
         description="The data-parallel RPC port on a replica's head (vLLM's "
         "--data-parallel-rpc-port), given to every pod as PAYLOADRUN_INFERENCE_DP_RPC_PORT.",
     )
