@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from payloadrun_operator.api.conditions import MEANINGS, ConditionType
-from payloadrun_operator.api.crd import build_crd, reasons_of
+from payloadrun_operator.api.crd import build_crd, defaults_left_to_the_operator, reasons_of
 from payloadrun_operator.api.kubeschema import kubernetes_version
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "payloadrun-reference.md"
@@ -53,10 +53,17 @@ def _rules(node: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _default(node: dict[str, Any]) -> str:
-    if "default" not in node or node["default"] == {}:
+# Defaults the CRD leaves out (fields added after a release): the operator's, shown the same way
+OPERATOR_DEFAULTS = defaults_left_to_the_operator()
+
+
+def _default(node: dict[str, Any], field: str) -> str:
+    if field in OPERATOR_DEFAULTS:
+        value = OPERATOR_DEFAULTS[field]
+    elif "default" not in node or node["default"] == {}:
         return ""
-    value = node["default"]
+    else:
+        value = node["default"]
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
@@ -69,7 +76,7 @@ def rows(
         desc = child.get("description", "").replace("\n", " ")
         if name in required:
             desc = ("**Required.** " + desc).strip()
-        cells = [f"`{field}`", _type(child), *([_default(child)] if defaults else [])]
+        cells = [f"`{field}`", _type(child), *([_default(child, field)] if defaults else [])]
         if _is_pod_template(field):  # Kubernetes' own type: kubectl explain has its fields
             cells[1] = f"PodTemplateSpec (Kubernetes {kubernetes_version()})"
             desc += f" Every field: `kubectl explain payloadrun.{field}`."

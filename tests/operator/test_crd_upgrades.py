@@ -16,8 +16,8 @@ import yaml
 
 from payloadrun_devkit.previous import previous_release
 from payloadrun_devkit.required import skip_or_fail
-from payloadrun_operator.api.crd import CRD_FILE, render_yaml
-from payloadrun_operator.api.models import NO_CRD_DEFAULT
+from payloadrun_operator.api.crd import CRD_FILE, defaults_left_to_the_operator, render_yaml
+from payloadrun_operator.api.models import NO_CRD_DEFAULT, PayloadRunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +69,16 @@ def test_every_field_the_crd_defaults_was_in_the_previous_release():
 
 def test_the_marker_never_reaches_the_crd():
     assert NO_CRD_DEFAULT not in render_yaml()
+
+
+def test_the_defaults_left_to_the_operator_are_the_ones_a_run_without_them_gets():
+    left = defaults_left_to_the_operator()
+    assert set(left) >= {"spec.inference.podsPerReplica", "spec.inference.dataParallelRpcPort"}
+    spec = PayloadRunSpec.model_validate(
+        {"inference": {"image": "v"}, "orchestrator": {"image": "o"}, "trainer": {"image": "t"}}
+    ).model_dump(by_alias=True, mode="json")
+    for path, value in left.items():
+        node = {"spec": spec}
+        for part in path.split("."):
+            node = node[part]
+        assert node == value, path

@@ -15,7 +15,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import types
+import typing
+from enum import Enum
 from typing import Any
+
+from pydantic import BaseModel
 
 from payloadrun_operator.api.conditions import MEANINGS, REASONS, TRUE_REASONS, ConditionType
 from payloadrun_operator.api.kubeschema import pod_template_schema
@@ -147,6 +152,29 @@ def _without_null_default(prop: dict[str, Any]) -> dict[str, Any]:
     if "default" in prop and prop["default"] is None:
         return {k: v for k, v in prop.items() if k != "default"}
     return prop
+
+
+def defaults_left_to_the_operator(model: type = PayloadRunSpec, path: str = "spec") -> dict:
+    """The defaults the CRD leaves out (fields marked ``ADDED_AFTER_RELEASE``), by field path
+    (``spec.inference.podsPerReplica``): the operator applies them, the reference shows them."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        field = f"{path}.{info.alias or name}"
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get(NO_CRD_DEFAULT):
+            out[field] = info.default.value if isinstance(info.default, Enum) else info.default
+        for inner in _models_in(info.annotation):
+            out |= defaults_left_to_the_operator(inner, field)
+    return out
+
+
+def _models_in(annotation: Any) -> list[type]:
+    """The pydantic models a field holds directly (itself, or in an Optional/Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, typing.Annotated):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return []
 
 
 def model_schema(model: type, full_templates: bool = False) -> dict[str, Any]:
