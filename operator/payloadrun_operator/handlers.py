@@ -161,7 +161,8 @@ async def reconcile(
         # next is decided from the cache, whole from the first reconcile on
         await follower.synced.wait()
     meta = body["metadata"]
-    queue_name = queue.queue_name(meta)
+    # the label's queue, unless the run's pods started without one (it runs on, unqueued)
+    queue_name = queue.queue_in_effect(body)
     gate = await queue_gate(op, follower, meta, queue_name)
     admission = await admitted(op, follower, body, gate.admitted)
     if admission.built is None:
@@ -253,6 +254,12 @@ async def reconcile(
             StatusField.SIDECARS: pin,
             StatusField.START_TIME: status.get(StatusField.START_TIME) or utc_now(),
         }
+        if queue_name is not None and status.get(StatusField.QUEUE) is None:
+            # queued from its start (or while suspended): written with startTime, so that no
+            # later pass takes the run for one whose pods started unqueued
+            fields[StatusField.QUEUE] = queue.queue_status(
+                queue_name, meta["name"], queue.admission_of(None)
+            )
         # What the follower computes from the children once this is written, written with it
         # (one status write where there were two): from its cache, which has what was applied.
         if follower is not None:

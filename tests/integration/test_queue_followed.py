@@ -361,6 +361,59 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
             )
 
 
+def test_a_label_on_a_run_whose_pods_started_keeps_it_running_until_it_is_suspended(
+    kube_cluster, crd, api, namespace, kueue_api, tmp_path
+):
+    """A run that started unqueued (as every run an operator before 0.2.0 started) and then
+    gets the queue label is not stopped to be queued: it runs on, Admitted False
+    StartedUnqueued (a Warning), no Workload; suspended, it is queued (its Workload made);
+    resumed, it waits for Kueue like any queued run."""
+    kueue_api.install()
+    body = queued_run(queue=None)
+    name = body["metadata"]["name"]
+    operator = local_operator(kube_cluster, namespace, tmp_path / "operator.log")
+    try:
+        custom(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        eventually(
+            "the run applied", has_condition(api, namespace, name, "Applied", "ChildrenApplied")
+        )
+        eventually("its workloads running", lambda: running(api, namespace, name))
+        label = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": QUEUE}}}
+        custom(api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, label)
+        run = eventually(
+            "Admitted StartedUnqueued",
+            has_condition(api, namespace, name, "Admitted", "StartedUnqueued"),
+        )
+        assert condition(run, "Admitted")["status"] == "False"
+        assert f"({QUEUE})" in condition(run, "Admitted")["message"]
+        assert run["status"]["phase"] != "Queued"
+        assert "queue" not in run["status"]
+        assert workload(api, namespace, name) is None
+        assert running(api, namespace, name)
+        selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
+        events = api["core"].list_namespaced_event(namespace, field_selector=selector).items
+        assert ("Warning", "StartedUnqueued") in {(e.type, e.reason) for e in events}
+
+        # suspended: no pod to stop, the label takes effect; resumed: it waits for Kueue
+        suspend = {"spec": {"suspend": True}}
+        custom(api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, suspend)
+        eventually("its Workload", lambda: workload(api, namespace, name))
+        eventually(
+            "queued in its status", lambda: "queue" in get_run(api, namespace, name)["status"]
+        )
+        resume = {"spec": {"suspend": False}}
+        custom(api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, resume)
+        run = eventually(
+            "Admitted Pending", has_condition(api, namespace, name, "Admitted", "Pending")
+        )
+        assert eventually(
+            "the phase Queued", lambda: get_run(api, namespace, name)["status"]["phase"] == "Queued"
+        )
+        assert stopped(api, namespace, name)
+    finally:
+        operator.stop()
+
+
 def older_kueue_crds() -> list[dict[str, Any]]:
     """Kueue's CRDs as a release before v0.15.0 serves them: the same kinds, at
     ``kueue.x-k8s.io/v1beta1`` only (v0.15.0 added v1beta2 beside it)."""

@@ -59,6 +59,7 @@ from payloadrun_devkit.release import release_version
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.crd import CRD_FILE
 from payloadrun_operator.api.models import GROUP, PLURAL
+from payloadrun_operator.api.names import QUEUE_NAME_LABEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.node]
 
@@ -79,7 +80,7 @@ class LiveRun:
     def __init__(self, cluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
 
-    def create(self) -> None:
+    def create(self, labels: dict[str, str]) -> None:
         body = node_run(
             RUN,
             namespace=self.namespace,
@@ -87,6 +88,7 @@ class LiveRun:
             orchestrator={"image": IMAGE, "command": SLEEP},
             trainer={"image": IMAGE, "command": SLEEP, "replicas": 1},
         )
+        body["metadata"]["labels"] = labels
         kubectl(self.cluster, self.namespace, "create", "-f", "-", input=json.dumps(body))
         wait_for(
             "the run Running under the previous release",
@@ -126,6 +128,10 @@ class LiveRun:
             "sidecars": run["status"]["sidecars"]["image"],
             "phase": run["status"]["phase"],
         }
+
+    def condition(self, ctype: str) -> dict[str, Any] | None:
+        conditions = self.get().get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == ctype), None)
 
     def policies(self) -> dict[str, str]:
         """The run's NetworkPolicies: name -> resourceVersion."""
@@ -276,7 +282,7 @@ UNINSTALL = (
 
 @pytest.mark.parametrize("fresh_namespaces", [("upgrade", HELM_NS, MANIFESTS_NS)], indirect=True)
 def test_a_live_run_through_helm_upgrade_rollback_uninstall_then_the_manifests(
-    node_cluster, previous, fresh_namespaces
+    node_cluster, kueue, previous, fresh_namespaces
 ):
     cluster, (release, tree), run = node_cluster, previous, fresh_namespaces
     version = release_version(REPO)
@@ -289,7 +295,7 @@ def test_a_live_run_through_helm_upgrade_rollback_uninstall_then_the_manifests(
     values = chart_values(release.version, run.namespace)
     helm(cluster, "install", RELEASE, str(tree / "charts" / "payloadrun"), *values, "--wait")
     try:
-        run.create()
+        run.create(labels={QUEUE_NAME_LABEL: "team-a"})  # which 0.1.0 does not know
         before = run.snapshot()
         assert before["sidecars"] == f"payloadrun:{release.version}"
         run.write_payload()
@@ -306,6 +312,12 @@ def test_a_live_run_through_helm_upgrade_rollback_uninstall_then_the_manifests(
         run.wait_reconciled_by_another_operator(policies, "this tree's operator")
         assert run.snapshot() == before
         assert PAYLOAD in run.payload_files()
+        # its queue label, which 0.1.0 ignored, does not stop it: Kueue serves its API here,
+        # and the run's pods started unqueued, so it runs on, unqueued, and says so
+        admitted = wait_for("the Admitted condition", lambda: run.condition("Admitted"))
+        assert (admitted["status"], admitted["reason"]) == ("False", "StartedUnqueued")
+        assert cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", run.namespace,
+                               "-o", "name").stdout == ""  # fmt: skip
 
         # helm rollback: the previous operator again, the run as it was
         policies = run.policies()

@@ -451,3 +451,40 @@ def test_a_run_whose_queue_label_was_removed_leaves_queued_behind():
     assert after.fields is not None
     assert "Admitted" not in {c["type"] for c in after.fields["conditions"]}
     assert after.phase == Phase.PROVISIONING
+
+
+def test_a_run_whose_pods_started_unqueued_runs_on_and_says_so():
+    body = queued_run(phase="Running")
+    body["status"]["startTime"] = NOW  # started (by 0.1.0, or before the label), never queued
+    assert queue.started_unqueued(body)
+    assert queue.queue_in_effect(body) is None
+    result = run_status(body, Observed(kids()), NOW)
+    admitted = result.checks[ConditionType.ADMITTED]
+    assert (admitted.ok, admitted.reason, admitted.warning) == (
+        False,
+        AdmittedReason.STARTED_UNQUEUED,
+        True,
+    )
+    assert "(team-a)" in admitted.message
+    assert "spec.suspend: true" in admitted.message
+    assert result.checks[ConditionType.READY].reason != ReadyReason.QUEUED
+    assert StatusField.QUEUE not in result.fields
+    assert result.queue_duty is queue.Duty.NONE
+    update = status_update({}, 1, result.checks, result.fields, NOW, dropped=result.dropped)
+    assert update.phase != Phase.QUEUED
+    assert update.fields is not None
+    assert "Admitted" in {c["type"] for c in update.fields["conditions"]}
+
+
+def test_a_label_takes_effect_at_the_start_or_while_suspended_and_a_queued_run_stays_queued():
+    body = queued_run()
+    assert queue.queue_in_effect(body) == "team-a"  # not started yet
+    body["status"]["startTime"] = NOW
+    assert queue.queue_in_effect(body) is None  # its pods started unqueued
+    body["spec"]["suspend"] = True
+    assert queue.queue_in_effect(body) == "team-a"  # no pods to stop
+    body["spec"]["suspend"] = False
+    body["status"]["queue"] = {"name": "team-a", "workload": f"payloadrun-{NAME}"}
+    assert queue.queue_in_effect(body) == "team-a"  # queued since it started
+    body["metadata"]["labels"] = {}
+    assert queue.queue_in_effect(body) is None and not queue.started_unqueued(body)

@@ -99,6 +99,9 @@ class AdmittedReason(StrEnum):
     INADMISSIBLE = "Inadmissible"  # False (a Warning): Kueue cannot admit it as it is
     EVICTED = "Evicted"  # False: preempted or evicted: every pod stops, then it waits again
     FINISHED = "Finished"  # False: the run has ended, and its quota is released
+    # False (a Warning): the run's pods started without a queue (the label came later, or an
+    # operator before 0.2.0 started it): it runs unqueued until it is suspended
+    STARTED_UNQUEUED = "StartedUnqueued"
 
 
 Reason = (
@@ -161,7 +164,8 @@ MEANINGS: dict[ConditionType, str] = {
     "for good",
     ConditionType.ADMITTED: "Kueue admitted every pod of the run (only on a run labelled "
     "kueue.x-k8s.io/queue-name; False: waiting for quota, the phase is Queued and no pod runs, "
-    "with Kueue's own message; or evicted, every pod stopping until it is admitted again)",
+    "with Kueue's own message; or evicted, every pod stopping until it is admitted again; or the "
+    "run's pods started without a queue, and it runs unqueued until it is suspended)",
     ConditionType.PAYLOADS_RELEASED: "a finished run's payload files were deleted, or it had "
     "none (False: being deleted, or kept: deletionPolicy Retain, a failed run, a failed "
     "cleanup Job)",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.api.conditions import AdmittedReason
+from payloadrun_operator.api.conditions import AdmittedReason, StatusField
 from payloadrun_operator.api.kinds import WORKLOAD
 from payloadrun_operator.api.models import ConditionStatus
 from payloadrun_operator.api.names import QUEUE_NAME_LABEL, queue_workload_name
@@ -68,6 +68,42 @@ HOLDING_QUOTA = frozenset({QueueState.ADMITTED, QueueState.EVICTED})
 def queue_name(meta: Mapping[str, Any]) -> str | None:
     """The LocalQueue a run asks for (its ``kueue.x-k8s.io/queue-name`` label), or None."""
     return (meta.get("labels") or {}).get(QUEUE_NAME_LABEL) or None
+
+
+def started_unqueued(run: Mapping[str, Any]) -> bool:
+    """Whether ``run`` asks for a queue but its pods started without one: it has started
+    (``status.startTime``), was never queued (no ``status.queue``) and is not suspended.
+
+    A run's queue is decided while it has no pods to stop: when it starts, or while it is
+    suspended. A label added to a running run, or a run started by an operator before 0.2.0
+    (which had no Kueue support) that carries it, does not stop the run's pods to queue it, as
+    Kueue lets a Job's queue change only while the Job is suspended: it runs unqueued, and its
+    ``Admitted`` condition says so, until it is suspended."""
+    status = run.get("status") or {}
+    return (
+        queue_name(run["metadata"]) is not None
+        and status.get(StatusField.QUEUE) is None
+        and bool(status.get(StatusField.START_TIME))
+        and not (run.get("spec") or {}).get("suspend")
+    )
+
+
+def queue_in_effect(run: Mapping[str, Any]) -> str | None:
+    """The LocalQueue the run is queued in: its label's, unless it started unqueued."""
+    return None if started_unqueued(run) else queue_name(run["metadata"])
+
+
+def started_unqueued_check(run: Mapping[str, Any]) -> Check:
+    """The ``Admitted`` condition of a run that :func:`started_unqueued`."""
+    return Check(
+        False,
+        AdmittedReason.STARTED_UNQUEUED,
+        f"the run's pods started without a queue, so it runs unqueued and holds no Kueue quota: "
+        f"its {QUEUE_NAME_LABEL} label ({queue_name(run['metadata'])}) came once they ran, or an "
+        "operator before 0.2.0 started it. The label takes effect while the run is suspended: "
+        "suspend it (spec.suspend: true) and resume it to queue it",
+        warning=True,
+    )
 
 
 def _condition(workload: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:

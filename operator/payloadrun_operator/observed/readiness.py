@@ -205,7 +205,7 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         checks |= {**end, ConditionType.READY: FINISHED}
         fields |= end_fields(observed, failure, now)
         wants |= set() if observed.last_step_read else {LAST_STEP}
-    dropped = frozenset() if admission else frozenset({ConditionType.ADMITTED})
+    dropped = frozenset() if admission or queue_checks else frozenset({ConditionType.ADMITTED})
     return RunStatus(
         checks,
         fields,
@@ -269,10 +269,15 @@ def queue_part(
     """A queued run's admission (None: the run asks for no queue), its ``Admitted`` condition
     and its ``status.queue``, from its Workload among ``children``."""
     meta = run["metadata"]
-    name = queue.queue_name(meta)
+    name = queue.queue_in_effect(run)
     if name is None:  # and once a queued run's label is removed, no queue in its status
         was_queued = (run.get("status") or {}).get(StatusField.QUEUE) is not None
-        return None, {}, {StatusField.QUEUE: None} if was_queued else {}
+        checks = (
+            {ConditionType.ADMITTED: queue.started_unqueued_check(run)}
+            if queue.started_unqueued(run)
+            else {}
+        )
+        return None, checks, {StatusField.QUEUE: None} if was_queued else {}
     admission = queue.admission_of(queue.cached_workload(children, meta["namespace"], meta["name"]))
     return (
         admission,
@@ -297,7 +302,7 @@ def cached_status(
     if claim_name and claim is None:
         return None
     computed = run_status({**run, "status": status}, Observed(children, claim=claim), now)
-    queue_fields = {StatusField.QUEUE} if queue.queue_name(run["metadata"]) else set()
+    queue_fields = {StatusField.QUEUE} if queue.queue_in_effect(run) else set()
     if (
         computed.wants
         or computed.restart is not None

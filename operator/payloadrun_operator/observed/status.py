@@ -18,6 +18,7 @@ from payloadrun_operator.api.conditions import (
     JOB_COMPLETE,
     REASONS,
     TRUE_REASONS,
+    AdmittedReason,
     ConditionType,
     Phase,
     ReadyReason,
@@ -191,7 +192,11 @@ def phase(conditions: Iterable[dict[str, Any]]) -> str:
             return final_phase
     if (condition(conds, ConditionType.SUSPENDED) or {}).get("status") == ConditionStatus.TRUE:
         return Phase.SUSPENDED
-    if (condition(conds, ConditionType.ADMITTED) or {}).get("status") == ConditionStatus.FALSE:
+    admitted = condition(conds, ConditionType.ADMITTED) or {}
+    if (
+        admitted.get("status") == ConditionStatus.FALSE
+        and admitted.get("reason") != AdmittedReason.STARTED_UNQUEUED  # it runs, unqueued
+    ):
         return Phase.QUEUED
     ready = condition(conds, ConditionType.READY)
     if ready is not None and ready["status"] == ConditionStatus.TRUE:
