@@ -564,7 +564,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="at the end, keep the cluster, operator, pods and sidecars up (and print how to "
         "reach them) until Ctrl-C",
     )
-    parser.add_argument("--steps", type=int, default=20, help="training steps to simulate")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=12,
+        help="training steps to simulate (default 12: past the step where the version-sweep "
+        "baseline reaches its steady peak, --max-off-policy-steps + 1)",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="rollouts per batch")
     parser.add_argument("--max-off-policy-steps", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=512)
