@@ -1,5 +1,5 @@
 """Upgrade, rollback and uninstall with a live run (issue 51, items 3 and 4), on the local node,
-as a platform team does them: with Helm, then with the release's manifests.
+as a platform team does them: with Helm, with the release's manifests, with the CRD alone.
 
 The previous release is the one ``CHANGELOG.md`` names (0.1.0: the tree of commit 5230ba4, never
 tagged), checked out beside this tree (``payloadrun_devkit.previous``); its images are built by
@@ -20,7 +20,10 @@ its own ``hack/images.sh`` and imported into the node. One by-handle run lives t
   --server-side``: its operator takes the run over unchanged; then this tree's, the same; then
   the uninstall docs/install.md gives (the namespace and the chart's RBAC, never the CRD): the
   CRD and the run stay. The images carry the names the manifests pull (``ghcr.io/payloadrun``)
-  in the node's containerd, as a mirror would serve them.
+  in the node's containerd, as a mirror would serve them;
+- the third way, for clusters whose admins own CRDs: the CRD alone, then the chart with
+  ``crds.install=false``: its operator takes the run over unchanged, its release holds no CRD,
+  and its uninstall leaves the CRD.
 
 At the end the session's CRD (this tree's) is applied again, for the tests after this module.
 """
@@ -363,5 +366,28 @@ def test_a_live_run_through_helm_upgrade_rollback_uninstall_then_the_manifests(
         for command in UNINSTALL:
             done = cluster.kubectl(*command)
             assert done.returncode == 0, done.stderr
+    assert cluster.kubectl("get", "crd", f"{PLURAL}.{GROUP}").returncode == 0
+    assert run.snapshot() == before
+
+    # the third way: the CRD alone (a cluster admin's apply of payloadrun-crd.yaml, which is
+    # crds/ as it is: test_release_manifests.py), then the chart without it: its operator takes
+    # the run over unchanged, and its uninstall leaves the CRD it never owned
+    applied = cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE)
+    )
+    assert applied.returncode == 0, applied.stderr
+    values = [*chart_values("e2e", run.namespace), "--set", "crds.install=false"]
+    helm(cluster, "install", RELEASE, str(REPO / "charts" / "payloadrun"), *values, "--wait")
+    try:
+        manifest = helm(cluster, "get", "manifest", RELEASE)
+        assert "kind: CustomResourceDefinition" not in manifest
+        wait_for(
+            "the chart's operator resuming the run",
+            lambda: "Resuming is processed: 1 succeeded" in operator_log(cluster, HELM_NS),
+        )
+        assert run.snapshot() == before
+    finally:
+        uninstalled = run_helm(cluster, "uninstall", RELEASE, "--namespace", HELM_NS, "--wait")
+    assert uninstalled.returncode == 0, uninstalled.stderr
     assert cluster.kubectl("get", "crd", f"{PLURAL}.{GROUP}").returncode == 0
     assert run.snapshot() == before
