@@ -68,28 +68,42 @@ def shape(value: Any, path: str = "", into: Shape | None = None) -> Shape:
     return into
 
 
-def ends_its_choices(event: Any) -> bool:
-    """A stream event in which every choice has its finish reason (the last of each choice)."""
-    choices = event.get("choices") if isinstance(event, dict) else None
-    return all(c.get("finish_reason") is not None for c in choices or ())
+def coalesced(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stream's events as vLLM's output collector sends them to a reader that took none of
+    them in time: one event per choice, its fields the last value each had, where a value is not
+    ``null`` (the first event's ``prompt_token_ids`` with the last event's finish reason)."""
+    top: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for event in events:
+        for key, value in event.items():
+            if key != "choices" and (value is not None or key not in top):
+                top[key] = value
+        for choice in event.get("choices") or ():
+            merged = choices.setdefault(choice.get("index", 0), {})
+            for key, value in choice.items():
+                if value is not None or key not in merged:
+                    merged[key] = value
+    return [{**top, "choices": [choice]} for _, choice in sorted(choices.items())]
 
 
 def answer_shape(status: int, content_type: str, body: bytes) -> tuple[int, str, Shape, Shape]:
-    """An answer as the contract sees it, and the shape of a stream's events that end their
-    choices: a stream is the union of its events' shapes (anything else: both its shape)."""
+    """An answer as the contract sees it, and the shape of the same stream coalesced
+    (:func:`coalesced`): a stream is the union of its events' shapes (anything else: both its
+    shape)."""
     kind = content_type.split(";", maxsplit=1)[0].strip()
     if kind == "text/event-stream":
         blocks = body.decode().split("\n\n")
         assert blocks[-2:] == ["data: [DONE]", ""], body[-200:]
         merged: Shape = {}
-        ending: Shape = {}
+        events = []
         for block in blocks[:-2]:
             assert block.startswith("data: "), block
-            event = json.loads(block.removeprefix("data: "))
-            shape(event, into=merged)
-            if ends_its_choices(event):
-                shape(event, into=ending)
-        return status, kind, merged, ending
+            events.append(json.loads(block.removeprefix("data: ")))
+            shape(events[-1], into=merged)
+        whole: Shape = {}
+        for event in coalesced(events):
+            shape(event, into=whole)
+        return status, kind, merged, whole
     whole = shape(json.loads(body)) if body else {}
     return status, kind, whole, whole
 
@@ -292,20 +306,21 @@ def ask(url: str, model: str, method: str, path: str, body: Any, headers: dict[s
 def test_fake_vllm_answers_with_real_vllms_fields_and_types(
     real_vllm: RealVLLM, fake: ServerThread, arrays, name, method, path, body
 ):
-    real_status, real_kind, real, real_ending = ask(
+    real_status, real_kind, real, real_coalesced = ask(
         real_vllm.url, real_vllm.model, method, path, body, {}
     )
     headers = ARRAYS_OFF if arrays == "arrays-off" else {}
     fake_model = http("GET", fake.url + "/v1/models").json()["data"][0]["id"]
-    fake_status, fake_kind, fake_shape, fake_ending = ask(
+    fake_status, fake_kind, fake_shape, fake_coalesced = ask(
         fake.url, fake_model, method, path, body, headers
     )
     assert (fake_status, fake_kind) == (real_status, real_kind)
-    if real == real_ending:
-        # vLLM sent only the events that end the choices: its output collector merges the
-        # deltas a slow reader has not taken yet (on a busy machine, the whole of a short
-        # stream), so this run has no event before the last to compare the fake's with
-        fake_shape = fake_ending
+    if real == real_coalesced:
+        # vLLM sent each choice in one event: its output collector merges the deltas a slow
+        # reader has not taken yet (on a busy machine, the whole of a short stream, the first
+        # event's prompt_token_ids with the last one's finish reason), so the fake's stream is
+        # compared coalesced the same way
+        fake_shape = fake_coalesced
     if arrays == "arrays-on":
         fake_shape = allow_capture(real, fake_shape)
     problems = differences(real, fake_shape)
@@ -328,19 +343,31 @@ def test_the_allowance_sets_aside_only_filled_capture_fields():
     assert differences(filled, allow_capture(filled, shape({"choices": [{"x": 1}]}))) != []
 
 
-def test_a_streams_ending_shape_is_its_last_events_only():
-    """What a stream merged by vLLM (one event a choice) is compared on: the events that end
-    their choices, without the ones before them."""
+def test_a_stream_coalesced_is_one_event_a_choice_with_each_fields_last_value():
+    """What a stream vLLM merged (one event a choice) is compared on: the fake's stream
+    coalesced the same way, the first event's prompt_token_ids with the last one's finish
+    reason (a fake compared on its last events alone lacked the prompt ids)."""
     events = [
-        {"choices": [{"index": 0, "text": "a", "finish_reason": None, "weight_versions": None}]},
-        {"choices": [{"index": 0, "text": "b", "finish_reason": "length", "weight_versions": [0]}]},
-    ]
+        {"choices": [{"index": i, "text": "a", "finish_reason": None, "prompt_token_ids": [1],
+                      "weight_versions": None}]}
+        for i in (0, 1)
+    ] + [
+        {"choices": [{"index": i, "text": "b", "finish_reason": "length",
+                      "prompt_token_ids": None, "weight_versions": [0]}]}
+        for i in (0, 1)
+    ]  # fmt: skip
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-    _, kind, merged, ending = answer_shape(200, "text/event-stream", body.encode())
+    _, kind, merged, whole = answer_shape(200, "text/event-stream", body.encode())
     assert kind == "text/event-stream"
     assert merged["choices[].finish_reason"] == {"null", "str"}
-    assert ending["choices[].finish_reason"] == {"str"}
-    assert ending["choices[].weight_versions"] == {"list"}
-    merged_by_vllm = f"data: {json.dumps(events[1])}\n\ndata: [DONE]\n\n".encode()
-    _, _, whole, last = answer_shape(200, "text/event-stream", merged_by_vllm)
-    assert whole == last == ending
+    assert merged["choices[].prompt_token_ids"] == {"list", "null"}
+    assert whole["choices[].finish_reason"] == {"str"}
+    assert whole["choices[].prompt_token_ids"] == {"list"}
+    assert whole["choices[].weight_versions"] == {"list"}
+    assert [c["choices"][0]["text"] for c in coalesced(events)] == ["b", "b"]
+    one_a_choice = coalesced(events)
+    merged_by_vllm = "".join(f"data: {json.dumps(e)}\n\n" for e in one_a_choice)
+    _, _, as_sent, as_coalesced = answer_shape(
+        200, "text/event-stream", (merged_by_vllm + "data: [DONE]\n\n").encode()
+    )
+    assert as_sent == as_coalesced == whole
