@@ -229,11 +229,12 @@ def test_a_queued_run_waits_for_quota_says_why_and_runs_once_it_is_freed(
         # an unlabelled run in the same namespace: no queue, no Workload, it just runs
         apply(cluster, namespace, queued_run("free", None))
         apply(cluster, namespace, second)
-        waiting = wait_for(
+        waiting = wait_for(  # Kueue's words, once its scheduler has tried the Workload (the
+            # operator says "waiting for Kueue to consider the run" before that)
             "the second run queued, with Kueue's reason",
             lambda: (
                 (s := run_status(cluster, namespace, "second")).get("phase") == "Queued"
-                and condition(s, "Admitted").get("message")
+                and "insufficient" in (condition(s, "Admitted").get("message") or "")
                 and s
             ),
             seen=lambda: run_status(cluster, namespace, "second"),
