@@ -223,7 +223,7 @@ def fresh_namespaces(node_cluster, request) -> Iterator[LiveRun]:
         cluster.wait_established(f"{PLURAL}.{GROUP}")
 
 
-# ---- Helm ---------------------------------------------------------------------------------------
+# ---- the three ways: Helm, the manifests, the CRD alone ----------------------------------------
 def chart_values(tag: str, namespace: str) -> list[str]:
     """The images imported into the node (never pulled), for a chart of either version."""
     return [
@@ -241,7 +241,7 @@ def helm(cluster, *args: str) -> str:
     return done.stdout
 
 
-# ---- manifests ----------------------------------------------------------------------------------
+# the manifests: rendered as hack/publish.sh manifests renders them
 def manifests(cluster, chart: Path, version: str, watched: str) -> str:
     """``payloadrun.yaml`` as ``hack/publish.sh manifests`` renders it from ``chart`` at
     ``version``, the operator watching ``watched`` (a value set as docs/install.md says: the
