@@ -543,6 +543,24 @@ RetentionClient().record_batch(1, sorted(set(files)))
 print(json.dumps(sorted(set(files))))
 """
 
+
+def record_a_batch(e2e: Backend, run: str) -> list[str]:
+    """Three rollouts by handle through the run's Service, recorded as step 1's batch with the
+    retention sidecar, from the run's orchestrator pod: the files the batch holds."""
+    orchestrator = e2e.pod_of("orchestrator", run)["metadata"]["name"]
+    return json.loads(e2e.python(orchestrator, "orchestrator", ORCHESTRATOR_STEP))
+
+
+def update_the_policy(e2e: Backend, run: str, step: int) -> None:
+    """The trainer has read ``step``: the orchestrator tells the retention sidecar."""
+    orchestrator = e2e.pod_of("orchestrator", run)["metadata"]["name"]
+    e2e.python(
+        orchestrator,
+        "orchestrator",
+        f"from payloadrun import RetentionClient; RetentionClient().policy_updated({step})",
+    )
+
+
 EXISTING = (
     "import json,os,sys; print(json.dumps([os.path.exists(f) for f in json.loads(sys.argv[1])]))"
 )
@@ -552,17 +570,11 @@ def test_consumed_files_are_deleted_from_the_shared_volume(e2e):
     """The orchestrator's loop in its pod: rollouts through the Service (DNS, kube-proxy, the
     writer), a batch recorded with the retention sidecar on loopback; the trainer pod sees the
     files; once the policy is updated, they are gone from the shared volume."""
-    orchestrator = e2e.pod_of("orchestrator")["metadata"]["name"]
-    files = json.loads(e2e.python(orchestrator, "orchestrator", ORCHESTRATOR_STEP))
+    files = record_a_batch(e2e, RUN)
     assert len(files) == 3 and all(f.startswith(f"{ROOT}/v0/") for f in files)
     trainer = e2e.pod_of("trainer")["metadata"]["name"]
     assert json.loads(e2e.python(trainer, "trainer", EXISTING, json.dumps(files))) == [True] * 3
-    e2e.python(
-        orchestrator,
-        "orchestrator",
-        "from payloadrun.retention.client import RetentionClient; "
-        "RetentionClient().policy_updated(1)",
-    )
+    update_the_policy(e2e, RUN, 1)
 
     def gone():
         exists = json.loads(e2e.python(trainer, "trainer", EXISTING, json.dumps(files)))
@@ -648,10 +660,11 @@ def _container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return status
 
 
-def test_a_killed_sidecar_restarts_while_vllm_keeps_running(e2e):
-    before = e2e.pod_of("inference")
+def restart_the_writer(e2e: Backend, run: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The writer sidecar of the run's inference pod killed (SIGTERM to its PID 1), and waited
+    for until the kubelet has restarted it and it is ready: the pod before, and after."""
+    before = e2e.pod_of("inference", run)
     name = before["metadata"]["name"]
-    vllm_before = _container_status(before, "vllm")
     writer_restarts = _container_status(before, "payload-writer")["restartCount"]
     e2e.exec(
         name, "payload-writer", "python", "-c", "import os, signal; os.kill(1, signal.SIGTERM)",
@@ -663,7 +676,12 @@ def test_a_killed_sidecar_restarts_while_vllm_keeps_running(e2e):
         writer = _container_status(pod, "payload-writer")
         return writer["restartCount"] > writer_restarts and writer["ready"] and pod
 
-    pod = wait_for("the writer restarted and ready", restarted, 120)
+    return before, wait_for("the writer restarted and ready", restarted, 120)
+
+
+def test_a_killed_sidecar_restarts_while_vllm_keeps_running(e2e):
+    before, pod = restart_the_writer(e2e, RUN)
+    vllm_before = _container_status(before, "vllm")
     vllm = _container_status(pod, "vllm")
     assert vllm["restartCount"] == vllm_before["restartCount"]
     assert vllm["state"]["running"]["startedAt"] == vllm_before["state"]["running"]["startedAt"]
@@ -709,28 +727,59 @@ def test_containers_cannot_write_where_they_must_not(e2e):
     assert reader == str({f"{ROOT}/v0/probe2": "EROFS"}) + "\n"
 
 
-def test_the_runbook_runs_against_this_run(e2e, tmp_path):
-    """docs/operations.md's commands as written, against this run and the chart's operator pods
-    (test_runbook.py: how the page marks them, what runs rewritten or not at all, and why). Here:
-    the writer has a previous container (killed above) and step 1 was consumed."""
+def run_the_runbook_against(e2e: Backend, run: str, tmp_path: Path) -> None:
+    """docs/operations.md's commands as written, against ``run`` and the chart's operator pods
+    (test_runbook.py: how the page marks them, what runs rewritten or not at all, and why). The
+    run's writer must have a previous container and a step must have been consumed."""
     from test_runbook import NOT_RUN, run_the_runbook, runbook_commands
 
     status = json.loads(
-        e2e.exec(e2e.pod_of("orchestrator")["metadata"]["name"], "orchestrator", "python", "-c",
-                 "from payloadrun import RetentionClient; import json; "
+        e2e.exec(e2e.pod_of("orchestrator", run)["metadata"]["name"], "orchestrator", "python",
+                 "-c", "from payloadrun import RetentionClient; import json; "
                  "print(json.dumps(RetentionClient().status()))")
     )  # fmt: skip
     assert status["policy_step"] >= 1, status  # a step the trainer has read
     values = {
         "NS": NAMESPACE,
-        "RUN": RUN,
-        "POD": e2e.pod_of("inference")["metadata"]["name"],
+        "RUN": run,
+        "POD": e2e.pod_of("inference", run)["metadata"]["name"],
         "OPERATOR_NS": SYSTEM_NS,
         "OPERATOR": "payloadrun",  # hack/install-chart.sh's release
         "STEP": str(status["policy_step"]),
     }
     ran = run_the_runbook(e2e.kubeconfig, e2e.env, values, tmp_path)
     assert len(ran) == len(runbook_commands()) - len(NOT_RUN)
+
+
+def test_the_runbook_runs_against_this_run(e2e, tmp_path):
+    """Here the writer has a previous container (killed above) and step 1 was consumed."""
+    run_the_runbook_against(e2e, RUN, tmp_path)
+
+
+def test_the_runbook_runs_against_a_run_whose_volume_is_its_run_directory(e2e, tmp_path):
+    """The same commands against a run with ``spec.runDirectory``: its volume is mounted at the
+    run directory's path, not at /payloads, so the page's commands that look at the volume must
+    find it through ``status.payloadRoot`` (issue 51). Its writer restarted and a step consumed
+    first, as for the run above."""
+    name = "e2e-rundir"
+    run = run_manifest(e2e.image, name)
+    run["spec"]["trainer"]["replicas"] = 1
+    run["spec"]["runDirectory"] = {"mountPath": "/data"}
+    e2e.kubectl("apply", "-f", "-", input=json.dumps(run))
+
+    def running():
+        status = e2e.get("payloadrun", name, "-n", NAMESPACE).get("status") or {}
+        return status.get("phase") == "Running" and status
+
+    status = wait_for("the run with a run directory running", running, 300)
+    root = f"/data/{NAMESPACE}/{name}/payloads"
+    assert status["payloadRoot"] == root
+    files = record_a_batch(e2e, name)
+    assert len(files) == 3 and all(f.startswith(f"{root}/v0/") for f in files)
+    update_the_policy(e2e, name, 1)
+    restart_the_writer(e2e, name)
+    run_the_runbook_against(e2e, name, tmp_path)
+    e2e.kubectl("delete", "payloadrun", name, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
 
 
 # ---- other runs -----------------------------------------------------------------------------
