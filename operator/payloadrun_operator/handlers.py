@@ -395,7 +395,7 @@ async def admitted(
 async def refused_group_templates(
     op: Operator, follower: Follower | None, built: BuiltRun
 ) -> list[str]:
-    """A group run's pod templates the API server refuses as StatefulSets (a dry run each,
+    """A group run's pod templates the API server refuses as StatefulSets' pods (dry runs,
     :mod:`desired.group_check`), checked when its LeaderWorkerSet is to be applied (new, or its
     inputs changed): nobody else checks them before LeaderWorkerSet's controller fails on them."""
     if built.ctx.spec.inference.pods_per_replica == 1 or not op.discovery.serves(LEADER_WORKER_SET):
@@ -404,15 +404,17 @@ async def refused_group_templates(
     if workload_plan(lws, await live_workload(op, follower, lws)) != WorkloadPlan.APPLY:
         return []
     has_worker = built.ctx.spec.inference.worker_template is not None
-    refused = []
-    for path, statefulset in group_check.statefulsets(lws, has_worker):
+    refused: dict[str, str] = {}  # one refusal a template path
+    for path, check in group_check.checks(lws, has_worker):
+        if path in refused:
+            continue
         try:
-            await op.client.dry_run_create(statefulset)
+            await op.client.dry_run_create(check)
         except KubeApiError as exc:
             if exc.status != 422:  # not the template's fault (quota, a webhook away): applied
                 continue
-            refused.append(group_check.refusal(exc.message, path, statefulset))
-    return list(dict.fromkeys(refused))
+            refused[path] = group_check.refusal(exc.message, path, check)
+    return list(refused.values())
 
 
 async def live_workload(

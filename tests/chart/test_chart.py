@@ -126,6 +126,8 @@ def test_rbac_grants_only_what_the_operator_calls(helm):
     assert deletes == {("batch", "jobs"), ("kueue.x-k8s.io", "workloads")}
     # pods: listed only (a failed Job's exit code, the orchestrator's address)
     assert {verb for _, resource, verb in granted if resource == "pods"} == {"list"}
+    # pod templates: created as dry runs only (a group run's templates checked)
+    assert {verb for _, resource, verb in granted if resource == "podtemplates"} == {"create"}
     # events: posted (core and events.k8s.io), and listed in the core group only (a
     # LeaderWorkerSet's Warnings, by field selector): never watched, never deleted
     events = {(g, v) for g, r, v in granted if r == "events"}

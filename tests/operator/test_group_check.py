@@ -12,29 +12,36 @@ def lws_of(spec):
     return lws
 
 
-def test_each_template_becomes_a_statefulset_at_its_own_path():
+def test_each_template_becomes_a_pod_template_and_a_statefulset_at_its_own_path():
     spec = group_spec()
     spec["inference"]["workerTemplate"] = {"spec": {"containers": [{"name": "vllm"}]}}
     lws = lws_of(spec)
-    (leader_path, leader), (worker_path, worker) = group_check.statefulsets(lws, True)
-    assert (leader_path, worker_path) == (
-        "spec.inference.template",
-        "spec.inference.workerTemplate",
-    )
+    checks = group_check.checks(lws, True)
+    assert [(path, check["kind"]) for path, check in checks] == [
+        ("spec.inference.template", "PodTemplate"),
+        ("spec.inference.template", "StatefulSet"),
+        ("spec.inference.workerTemplate", "PodTemplate"),
+        ("spec.inference.workerTemplate", "StatefulSet"),
+    ]
     templates = lws["spec"]["leaderWorkerTemplate"]
-    assert leader["spec"]["template"] == templates["leaderTemplate"]
-    assert worker["spec"]["template"] == templates["workerTemplate"]
+    (_, leader_pods), (_, leader), (_, worker_pods), (_, worker) = checks
+    for check, key in ((leader_pods, "leaderTemplate"), (leader, "leaderTemplate")):
+        assert group_check.pod_template(check) == templates[key]
+    for check in (worker_pods, worker):
+        assert group_check.pod_template(check) == templates["workerTemplate"]
+    assert leader_pods["template"] == leader["spec"]["template"]
+    for _, check in checks:
+        assert check["metadata"]["generateName"] == "payloadrun-check-"
+        assert check["metadata"]["namespace"] == lws["metadata"]["namespace"]
     for sts in (leader, worker):
         assert (sts["apiVersion"], sts["kind"]) == ("apps/v1", "StatefulSet")
-        assert sts["metadata"]["generateName"] == "payloadrun-check-"
-        assert sts["metadata"]["namespace"] == lws["metadata"]["namespace"]
         labels = sts["spec"]["template"]["metadata"]["labels"]
         assert sts["spec"]["selector"] == {"matchLabels": labels}  # the API server insists
+    assert (worker_pods["apiVersion"], worker_pods["kind"]) == ("v1", "PodTemplate")
     # without a workerTemplate, the workers' pods come from spec.inference.template too
-    assert [p for p, _ in group_check.statefulsets(lws_of(group_spec()), False)] == [
-        "spec.inference.template",
-        "spec.inference.template",
-    ]
+    assert {p for p, _ in group_check.checks(lws_of(group_spec()), False)} == {
+        "spec.inference.template"
+    }
 
 
 def test_a_refusal_is_said_at_the_template_path_with_containers_named():
@@ -42,7 +49,7 @@ def test_a_refusal_is_said_at_the_template_path_with_containers_named():
     spec["inference"]["workerTemplate"] = {
         "spec": {"containers": [{"name": "proxy", "image": "p"}, {"name": "vllm"}]}
     }
-    _, worker = group_check.statefulsets(lws_of(spec), True)[1]
+    _, worker = group_check.checks(lws_of(spec), True)[3]
     names = [c["name"] for c in worker["spec"]["template"]["spec"]["containers"]]
     index = names.index("proxy")
     message = (
@@ -57,4 +64,26 @@ def test_a_refusal_is_said_at_the_template_path_with_containers_named():
         "containers[proxy].ports[0].containerPort: Invalid value: -1: must be between 1 and "
         '65535, inclusive, spec.inference.workerTemplate.metadata.labels: Invalid value: "x": '
         "bad]"
+    )
+
+
+def test_a_pod_templates_refusal_is_said_the_same_way():
+    """Before Kubernetes 1.34 only the PodTemplate's check sees a container's fields."""
+    spec = group_spec()
+    spec["inference"]["workerTemplate"] = {
+        "spec": {"containers": [{"name": "proxy", "image": "p"}, {"name": "vllm"}]}
+    }
+    _, pods = group_check.checks(lws_of(spec), True)[2]
+    names = [c["name"] for c in pods["template"]["spec"]["containers"]]
+    message = (
+        'PodTemplate "payloadrun-check-x7k2p" is invalid: template.spec.containers'
+        f"[{names.index('proxy')}].ports[0].containerPort: Invalid value: -1: must be between 1 "
+        "and 65535, inclusive"
+    )
+    said = group_check.refusal(message, "spec.inference.workerTemplate", pods)
+    assert said == (
+        "spec.inference.workerTemplate: the API server refuses its pods as a StatefulSet's (as "
+        "LeaderWorkerSet's controller would create them): spec.inference.workerTemplate.spec."
+        "containers[proxy].ports[0].containerPort: Invalid value: -1: must be between 1 and "
+        "65535, inclusive"
     )

@@ -43,6 +43,8 @@ STATEFUL_SET = Kind("apps/v1", "StatefulSet", "statefulsets", followed=True)
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 JOB = Kind("batch/v1", "Job", "jobs", followed=True)
 POD = Kind("v1", "Pod", "pods")
+# created as a dry run only: a group run's pod templates checked (desired/group_check.py)
+POD_TEMPLATE = Kind("v1", "PodTemplate", "podtemplates")
 # posted about runs; a LeaderWorkerSet's Warnings listed (a StatefulSet its controller
 # could not make)
 EVENT = Kind("v1", "Event", "events")
@@ -76,6 +78,7 @@ KINDS = (
     DEPLOYMENT,
     JOB,
     POD,
+    POD_TEMPLATE,
     EVENT,
     NETWORK_POLICY,
     LEADER_WORKER_SET,
