@@ -4,6 +4,9 @@
 # Builds (only what is missing) at the versions pinned in cluster/versions.env:
 #   kube-apiserver, kube-controller-manager, kubectl,
 #   kubelet, kube-scheduler, kube-proxy               (k8s.io/kubernetes, one go build)
+#   kube-apiserver, kube-controller-manager of KUBERNETES_OLDEST_VERSION
+#                                                    (another go build: the oldest Kubernetes the
+#                                                    project claims, a control plane only)
 #   etcd                                             (go.etcd.io/etcd/server/v3)
 #   helm                                             (helm.sh/helm/v3)
 #   coredns                                          (github.com/coredns/coredns)
@@ -54,7 +57,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 : "${KUBERNETES_VERSION:?missing in versions.env}" "${ETCD_VERSION:?missing in versions.env}" "${HELM_VERSION:?missing in versions.env}" "${COREDNS_VERSION:?missing in versions.env}" "${KUBE_ROUTER_VERSION:?missing in versions.env}"
-: "${CRANE_VERSION:?missing in versions.env}" "${REGISTRY_VERSION:?missing in versions.env}" "${LWS_VERSION:?missing in versions.env}" "${KUEUE_VERSION:?missing in versions.env}"
+: "${KUBERNETES_OLDEST_VERSION:?missing in versions.env}" "${CRANE_VERSION:?missing in versions.env}" "${REGISTRY_VERSION:?missing in versions.env}" "${LWS_VERSION:?missing in versions.env}" "${KUEUE_VERSION:?missing in versions.env}"
 
 CACHE="${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}"
 JOBS="${PAYLOADRUN_BUILD_JOBS:-2}"
@@ -71,6 +74,9 @@ KUEUE_DIR="$BIN_ROOT/kueue-$KUEUE_VERSION"
 TOOLS_DIR="$BIN_ROOT/release-h$HELM_VERSION-c$CRANE_VERSION"
 SET_DIR="$BIN_ROOT/cluster-k$KUBERNETES_VERSION-e$ETCD_VERSION-h$HELM_VERSION-c$COREDNS_VERSION-r$KUBE_ROUTER_VERSION"
 K8S_BINS=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
+# the oldest Kubernetes tested: a control plane only (tests/integration's compatibility part)
+K8S_OLDEST_DIR="$BIN_ROOT/kubernetes-$KUBERNETES_OLDEST_VERSION"
+K8S_OLDEST_BINS=(kube-apiserver kube-controller-manager)
 
 START_S=$SECONDS
 log() { printf '[%s +%4ds] build.sh: %s\n' "$(date +%H:%M:%S)" "$((SECONDS - START_S))" "$*" >&2; }
@@ -97,6 +103,7 @@ have_all() {
   have_tools && [[ -x "$REGISTRY_DIR/registry" ]] || return 1
   have_manager "$LWS_DIR" && have_manager "$KUEUE_DIR" || return 1
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
+  for b in "${K8S_OLDEST_BINS[@]}"; do [[ -x "$K8S_OLDEST_DIR/$b" ]] || return 1; done
   [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" && -x "$KUBE_ROUTER_DIR/kube-router" ]]
 }
 
@@ -131,7 +138,7 @@ if (( TOOLS_ONLY )) && have_tools; then
 fi
 if (( ! TOOLS_ONLY )) && have_all; then
   [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" && -L "$SET_DIR/crane" && -L "$SET_DIR/registry" && -L "$SET_DIR/lws-manager" && -L "$SET_DIR/kueue-manager" ]] || link_set
-  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION, kueue $KUEUE_VERSION)"
+  log "all binaries present (kubernetes $KUBERNETES_VERSION and $KUBERNETES_OLDEST_VERSION's control plane, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION, kueue $KUEUE_VERSION)"
   echo "$SET_DIR"
   exit 0
 fi
@@ -209,89 +216,100 @@ func main() { etcdmain.Main(os.Args) }
 EOF_MAIN
 }
 
-need_k8s_pkgs=()
-need_etcd=0
-if (( ! TOOLS_ONLY )); then
-  for b in "${K8S_BINS[@]}"; do
-    [[ -x "$K8S_DIR/$b" ]] || need_k8s_pkgs+=("k8s.io/kubernetes/cmd/$b")
+# Kubernetes VERSION's commands BINS into DIR, in one wrapper module (kubernetes-VERSION under
+# the wrappers): each k8s.io/* staging module k8s.io/kubernetes requires as v0.0.0 replaced with
+# its published v0.X.Y. With WITH_ETCD=1, etcd (ETCD_VERSION) joins the build when it is the etcd
+# that version requires, and is left in $OUT; else ETCD_IN_OUT stays 0 and $K8S_ETCD says which
+# etcd Kubernetes requires.
+ETCD_IN_OUT=0
+K8S_ETCD=""
+kubernetes_build() {  # VERSION DIR WITH_ETCD BINS...
+  local version=$1 dir=$2 with_etcd=$3
+  shift 3
+  local bins=("$@") pkgs=() b m
+  for b in "${bins[@]}"; do
+    [[ -x "$dir/$b" ]] || pkgs+=("k8s.io/kubernetes/cmd/$b")
   done
-  [[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
-fi
-
-if (( ${#need_k8s_pkgs[@]} || need_etcd )); then
-  KMINOR="${KUBERNETES_VERSION#v1.}"; KMINOR="${KMINOR%%.*}"
-  STAGING_VERSION="v0.${KUBERNETES_VERSION#v1.}"
-  WRAP="$CACHE/wrappers/kubernetes-$KUBERNETES_VERSION"
-  rm -rf "$WRAP"; mkdir -p "$WRAP"
+  (( ${#pkgs[@]} || with_etcd )) || return 0
+  local kminor="${version#v1.}"; kminor="${kminor%%.*}"
+  local staging_version="v0.${version#v1.}"
+  local wrap="$CACHE/wrappers/kubernetes-$version"
+  rm -rf "$wrap"; mkdir -p "$wrap"
 
   # The staging modules k8s.io/kubernetes requires as v0.0.0 (its own go.mod replaces them
   # with ./staging/...; replace directives of a dependency do not apply, so we repeat them
   # with the published v0.X.Y).
-  KMOD="$WRAP/kubernetes.mod"
-  log "fetching k8s.io/kubernetes@$KUBERNETES_VERSION go.mod"
-  (cd "$WRAP" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" >"$WRAP/download.json" 2>>"$LOG") \
-    || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION from $GOPROXY (see $LOG); check KUBERNETES_VERSION in cluster/versions.env"
-  GOMOD_PATH="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' "$WRAP/download.json")"
-  [[ -f "$GOMOD_PATH" ]] || die "go mod download gave no go.mod path for k8s.io/kubernetes@$KUBERNETES_VERSION (see $WRAP/download.json)"
-  cp "$GOMOD_PATH" "$KMOD"
-  mapfile -t STAGING < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$KMOD" | sort -u)
-  mapfile -t REQUIRED_V0 < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$KMOD" | sort -u)
-  (( ${#STAGING[@]} > 10 )) || die "found only ${#STAGING[@]} staging replaces in k8s.io/kubernetes@$KUBERNETES_VERSION go.mod; the wrapper recipe needs updating"
-  K8S_ETCD="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2}' "$KMOD")"
+  local kmod="$wrap/kubernetes.mod" gomod_path
+  log "fetching k8s.io/kubernetes@$version go.mod"
+  (cd "$wrap" && go mod download -json "k8s.io/kubernetes@$version" >"$wrap/download.json" 2>>"$LOG") \
+    || die "could not download k8s.io/kubernetes@$version from $GOPROXY (see $LOG); check the Kubernetes versions in cluster/versions.env"
+  gomod_path="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' "$wrap/download.json")"
+  [[ -f "$gomod_path" ]] || die "go mod download gave no go.mod path for k8s.io/kubernetes@$version (see $wrap/download.json)"
+  cp "$gomod_path" "$kmod"
+  local staging required_v0
+  mapfile -t staging < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod" | sort -u)
+  mapfile -t required_v0 < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$kmod" | sort -u)
+  (( ${#staging[@]} > 10 )) || die "found only ${#staging[@]} staging replaces in k8s.io/kubernetes@$version go.mod; the wrapper recipe needs updating"
+  K8S_ETCD="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2}' "$kmod")"
 
-  etcd_with_k8s=0
-  if (( need_etcd )) && [[ "$ETCD_VERSION" == "$K8S_ETCD" ]]; then etcd_with_k8s=1; fi
-  build_pkgs=("${need_k8s_pkgs[@]}")
+  local etcd_with_k8s=0
+  if (( with_etcd )) && [[ "$ETCD_VERSION" == "$K8S_ETCD" ]]; then etcd_with_k8s=1; fi
+  local build_pkgs=("${pkgs[@]}")
   (( etcd_with_k8s )) && build_pkgs+=("./cmd/etcd")
+  (( ${#build_pkgs[@]} )) || return 0
 
-  if (( ${#build_pkgs[@]} )); then
-    log "kubernetes $KUBERNETES_VERSION$( (( etcd_with_k8s )) && echo " + etcd $ETCD_VERSION"): wrapper module $WRAP"
-    {
-      echo "// Generated by cluster/build.sh: builds Kubernetes $KUBERNETES_VERSION components."
-      echo "module payloadrun.local/kubernetes"
-      echo
-      echo "go ${GOV#go}"
-      echo
-      echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
-      echo
-      echo "tool ("
-      for b in "${K8S_BINS[@]}"; do echo "	k8s.io/kubernetes/cmd/$b"; done
-      echo ")"
-      echo
-      echo "replace ("
-      for m in "${STAGING[@]}"; do
-        # Only modules the build graph reaches (required as v0.0.0); sample-* modules are not published.
-        if printf '%s\n' "${REQUIRED_V0[@]}" | grep -qxF "$m"; then
-          echo "	$m => $m $STAGING_VERSION"
-        fi
-      done
-      echo ")"
-    } >"$WRAP/go.mod"
-    (( etcd_with_k8s )) && wrapper_etcd_main "$WRAP"
-    log "wrapper go.mod: $(grep -c ' => ' "$WRAP/go.mod") staging replaces to $STAGING_VERSION"
-    log "resolving modules (a cold cache downloads about 1 GB from the module proxy)"
-    # The tool directives make tidy resolve the k8s commands' dependencies.
-    run_go "go mod tidy" -C "$WRAP" mod tidy
-
-    K8S_LDFLAGS="-s -w"
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      K8S_LDFLAGS+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KMINOR -X $pkg.gitTreeState=clean"
+  log "kubernetes $version$( (( etcd_with_k8s )) && echo " + etcd $ETCD_VERSION"): wrapper module $wrap"
+  {
+    echo "// Generated by cluster/build.sh: builds Kubernetes $version components."
+    echo "module payloadrun.local/kubernetes"
+    echo
+    echo "go ${GOV#go}"
+    echo
+    echo "require k8s.io/kubernetes $version"
+    echo
+    echo "tool ("
+    for b in "${bins[@]}"; do echo "	k8s.io/kubernetes/cmd/$b"; done
+    echo ")"
+    echo
+    echo "replace ("
+    for m in "${staging[@]}"; do
+      # Only modules the build graph reaches (required as v0.0.0); sample-* modules are not published.
+      if printf '%s\n' "${required_v0[@]}" | grep -qxF "$m"; then
+        echo "	$m => $m $staging_version"
+      fi
     done
-    OUT="$WRAP/out"; mkdir -p "$OUT"
-    log "compiling ${build_pkgs[*]}$( (( ${#need_k8s_pkgs[@]} )) && echo " (from an empty cache: 15-25 min on 2 cores)")"
-    run_go "kubernetes build" -C "$WRAP" build -v -p "$JOBS" -trimpath -ldflags "$K8S_LDFLAGS" -o "$OUT/" "${build_pkgs[@]}"
-    if (( ${#need_k8s_pkgs[@]} )); then
-      mkdir -p "$K8S_DIR"
-      for b in "${K8S_BINS[@]}"; do
-        [[ -x "$OUT/$b" ]] && mv -f "$OUT/$b" "$K8S_DIR/$b"
-      done
-      "$K8S_DIR/kubectl" version --client >>"$LOG" 2>&1 || die "built kubectl does not run (see $LOG)"
-      log "kubernetes binaries done: $K8S_DIR"
-    fi
-  fi
+    echo ")"
+  } >"$wrap/go.mod"
+  (( etcd_with_k8s )) && wrapper_etcd_main "$wrap"
+  log "wrapper go.mod: $(grep -c ' => ' "$wrap/go.mod") staging replaces to $staging_version"
+  log "resolving modules (a cold cache downloads about 1 GB from the module proxy)"
+  # The tool directives make tidy resolve the k8s commands' dependencies.
+  run_go "go mod tidy ($version)" -C "$wrap" mod tidy
 
+  local ldflags="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kminor -X $pkg.gitTreeState=clean"
+  done
+  OUT="$wrap/out"; mkdir -p "$OUT"
+  log "compiling ${build_pkgs[*]}$( (( ${#pkgs[@]} )) && echo " (from an empty cache: 15-25 min on 2 cores for every command, about 7 for a control plane alone)")"
+  run_go "kubernetes $version build" -C "$wrap" build -v -p "$JOBS" -trimpath -ldflags "$ldflags" -o "$OUT/" "${build_pkgs[@]}"
+  ETCD_IN_OUT=$etcd_with_k8s
+  if (( ${#pkgs[@]} )); then
+    mkdir -p "$dir"
+    for b in "${bins[@]}"; do
+      [[ -x "$OUT/$b" ]] && mv -f "$OUT/$b" "$dir/$b"
+    done
+    "$dir/${bins[0]}" --version >>"$LOG" 2>&1 || die "built ${bins[0]} $version does not run (see $LOG)"
+    log "kubernetes $version done: $dir"
+  fi
+}
+
+if (( ! TOOLS_ONLY )); then
+  need_etcd=0
+  [[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
+  kubernetes_build "$KUBERNETES_VERSION" "$K8S_DIR" "$need_etcd" "${K8S_BINS[@]}"
   if (( need_etcd )); then
-    if (( ! etcd_with_k8s )); then
+    if (( ! ETCD_IN_OUT )); then
       EWRAP="$CACHE/wrappers/etcd-$ETCD_VERSION"
       log "etcd $ETCD_VERSION differs from the $K8S_ETCD that Kubernetes $KUBERNETES_VERSION requires: own wrapper module $EWRAP"
       rm -rf "$EWRAP"; mkdir -p "$EWRAP"
@@ -307,6 +325,8 @@ if (( ${#need_k8s_pkgs[@]} || need_etcd )); then
     "$ETCD_DIR/etcd" --version >>"$LOG" 2>&1 || die "built etcd does not run (see $LOG)"
     log "etcd done: $ETCD_DIR"
   fi
+  # the oldest Kubernetes the project claims: its control plane only, with the same etcd
+  kubernetes_build "$KUBERNETES_OLDEST_VERSION" "$K8S_OLDEST_DIR" 0 "${K8S_OLDEST_BINS[@]}"
 fi
 
 # -- helm: its go.mod has no replace directives, so `go install pkg@version` builds it as released

@@ -1,4 +1,5 @@
-"""``make test``'s pytest: the suite as three pytest processes at once, every test in exactly one.
+"""``make test``'s pytest: the suite as four pytest processes at once, every test in exactly one
+of the first three.
 
 - ``node``: the tests that need the machine's one node (the session's cluster with its node, or
   nodes of their own) or glusterd (which serves the node's volume too). They run in the order
@@ -10,6 +11,12 @@
   the image tests (their own containerd, the images' contents).
 - ``unit``: everything else (``make unit``'s tests): CPU-bound, and nothing in it touches a
   cluster or glusterd, so it fills the cores the other two leave idle.
+- ``oldest-control-plane``: the control-plane tests of what the project puts into a cluster
+  (:data:`OLDEST_PATHS`: the CRD and its rules, the chart and the manifests, the operator's
+  reconcile, watches, election and group runs), again, against the oldest Kubernetes the
+  project claims (``KUBERNETES_OLDEST_VERSION`` in cluster/versions.env: its kube-apiserver and
+  kube-controller-manager, ``PAYLOADRUN_KUBERNETES_VERSION``), with no node (a kubelet must not
+  be newer than its API server). The only tests that run twice.
 
 Each part runs in a cpu cgroup of its own (``/sys/fs/cgroup/cpu`` or cgroup v2's root, when this
 process may make one: root), which holds every process the part starts, whatever session it
@@ -29,8 +36,9 @@ time. When a part ends, its CPU time is printed (``cpu``: its processes' user an
 seconds, from the cgroup's accounting) beside its wall time, so the next slow run says which
 part used the cores.
 
-The three expressions partition the suite (each is the others' complement), so every collected
-test runs in one part and only one, and none is skipped for the split. A test cannot land in the
+The first three expressions partition the suite (each is the others' complement), so every
+collected test runs in one of them and only one, and none is skipped for the split (the fourth
+runs some control-plane modules a second time, on another API server). A test cannot land in the
 wrong part by a missing marker: ``tests/conftest.py`` marks each test by the fixtures it uses
 (``control_plane``, ``node``, ``integration``, ``sharedfs``). Each part writes its own log (named
 at the start; ``tail -f`` it to follow); when a part ends its summary is printed (durations,
@@ -52,6 +60,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from payloadrun_devcluster.binaries import VERSION_ENV, read_versions
+
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "integration or sharedfs"
 NO_NODE = "integration and not node and not sharedfs"
@@ -61,6 +71,19 @@ NO_NODE = "integration and not node and not sharedfs"
 # unit part, which collects everything, fails when a test the node's part would run lies outside
 # them (tests/conftest.py reads PAYLOADRUN_NODE_PATHS), so none is left to no part.
 NODE_PATHS = ("tests/integration", "tests/sharedfs")
+# What runs again on the oldest Kubernetes: every control-plane module of the operator, the CRD,
+# the chart and the manifests. Not the queues' (Kueue v0.19.2's own CRDs need Kubernetes 1.31's
+# selectableFields: the API server refuses them, before the operator is involved) nor those that
+# are the local machine's (images, dashboards, docs, kind's volume).
+OLDEST_PATHS = tuple(
+    f"tests/integration/test_{name}.py"
+    for name in (
+        "controlplane", "operator", "templates_api", "render_api", "explain", "chart_install",
+        "release_manifests", "watching", "one_pass", "stopping", "election", "kube_client",
+        "groups_followed", "groups_refused", "lws_group_env",
+    )
+)  # fmt: skip
+OLDEST_VERSION = read_versions()["KUBERNETES_OLDEST_VERSION"]
 # name: (marker expression, environment, niceness, pytest options). The niceness is the weight
 # of the part's cpu cgroup (nice 0: 1024, nice 5: 336): the two parts that wait on API servers
 # alike, the CPU-bound unit part a third of either.
@@ -73,6 +96,12 @@ PARTS = {
     ),
     "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 0, []),
     "unit": (f"not ({MACHINE})", {"PAYLOADRUN_NODE_PATHS": os.pathsep.join(NODE_PATHS)}, 5, []),
+    "oldest-control-plane": (
+        NO_NODE,
+        {"PAYLOADRUN_NO_NODE": "1", VERSION_ENV: OLDEST_VERSION},
+        0,
+        ["-o", f"testpaths={' '.join(OLDEST_PATHS)}"],
+    ),
 }
 # pytest's sections after the progress dots: what a part prints when it ends
 SUMMARY_START = re.compile(

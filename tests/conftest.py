@@ -23,7 +23,7 @@ for package, home in (("payloadrun_devcluster", "cluster"), ("payloadrun_devkit"
 
 # What a test holds of what the machine has one of, by the fixtures it uses (directly or through
 # another fixture): its marker says so, marked by hand or not. hack/test.py (make test) runs the
-# suite as three pytest processes at once by these markers, and `make unit` takes the tests with
+# suite as pytest processes at once by these markers, and `make unit` takes the tests with
 # none of them: a test that reaches the node, a control plane or glusterd through a fixture never
 # runs beside another that holds it.
 MACHINE_FIXTURES = {

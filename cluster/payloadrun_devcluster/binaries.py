@@ -12,6 +12,10 @@ The layout is keyed by the versions pinned in ``cluster/versions.env``::
     $PAYLOADRUN_CACHE/bin/kueue-<v>/{manager,config/} (Kueue: :mod:`.kueue`, not here)
 
 ``PAYLOADRUN_CLUSTER_BIN`` overrides all of it with one directory holding every binary.
+``PAYLOADRUN_KUBERNETES_VERSION`` (:data:`VERSION_ENV`) picks another built Kubernetes for the
+control plane (kube-apiserver and kube-controller-manager): ``KUBERNETES_OLDEST_VERSION``, the
+oldest the project claims; everything else stays at the pinned versions, and no node runs on it
+(:func:`node_version_skew`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ NODE_NAMES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns", "kube-router
 """What the node beside it adds (containerd and runc come from the machine's packages);
 kube-router is its NetworkPolicy enforcer."""
 BUILD_HINT = "run: bash cluster/build.sh  (or: python -m payloadrun_devcluster build)"
+VERSION_ENV = "PAYLOADRUN_KUBERNETES_VERSION"
+"""The Kubernetes version of the control plane, when not the pinned ``KUBERNETES_VERSION``."""
 
 
 class BinariesMissing(RuntimeError):
@@ -132,10 +138,11 @@ def expected_binaries(versions: dict[str, str] | None = None) -> Binaries:
     versions = versions or read_versions()
     bin_root = cache_dir() / "bin"
     k8s = bin_root / f"kubernetes-{versions['KUBERNETES_VERSION']}"
+    control_plane = bin_root / f"kubernetes-{control_plane_version(versions)}"
     return Binaries(
         etcd=bin_root / f"etcd-{versions['ETCD_VERSION']}" / "etcd",
-        kube_apiserver=k8s / "kube-apiserver",
-        kube_controller_manager=k8s / "kube-controller-manager",
+        kube_apiserver=control_plane / "kube-apiserver",
+        kube_controller_manager=control_plane / "kube-controller-manager",
         kubectl=k8s / "kubectl",
         helm=bin_root / f"helm-{versions['HELM_VERSION']}" / "helm",
         kubelet=k8s / "kubelet",
@@ -143,6 +150,44 @@ def expected_binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_proxy=k8s / "kube-proxy",
         coredns=bin_root / f"coredns-{versions['COREDNS_VERSION']}" / "coredns",
         kube_router=bin_root / f"kube-router-{versions['KUBE_ROUTER_VERSION']}" / "kube-router",
+    )
+
+
+def control_plane_version(versions: dict[str, str]) -> str:
+    """The Kubernetes version of the control plane: :data:`VERSION_ENV` when set (one that
+    ``cluster/build.sh`` builds), else the pinned ``KUBERNETES_VERSION``."""
+    asked = os.environ.get(VERSION_ENV, "").strip()
+    built = [versions["KUBERNETES_VERSION"], versions.get("KUBERNETES_OLDEST_VERSION", "")]
+    if not asked:
+        return built[0]
+    if asked not in built:
+        raise BinariesMissing(
+            f"{VERSION_ENV}={asked} is not a Kubernetes version cluster/build.sh builds; give "
+            f"one of {', '.join(v for v in built if v)} (cluster/versions.env's "
+            "KUBERNETES_VERSION and KUBERNETES_OLDEST_VERSION), or unset it"
+        )
+    return asked
+
+
+def pinned_control_plane(versions: dict[str, str] | None = None) -> bool:
+    """Whether the control plane is the pinned ``KUBERNETES_VERSION`` (the API server whose
+    words the operator's own messages repeat), not another one :data:`VERSION_ENV` picked."""
+    versions = versions or read_versions()
+    return control_plane_version(versions) == versions["KUBERNETES_VERSION"]
+
+
+def node_version_skew(versions: dict[str, str] | None = None) -> str | None:
+    """Why no node may join this control plane, or None: a kubelet must not be newer than its
+    API server (Kubernetes' version skew policy), and the node's are the pinned version's."""
+    if os.environ.get("PAYLOADRUN_CLUSTER_BIN"):
+        return None
+    versions = versions or read_versions()
+    if pinned_control_plane(versions):
+        return None
+    return (
+        f"the control plane is Kubernetes {control_plane_version(versions)} ({VERSION_ENV}), "
+        "older than the node's "
+        f"kubelet {versions['KUBERNETES_VERSION']}: a kubelet must not be newer than its API server"
     )
 
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import glusterfs
-from .binaries import NODE_NAMES, Binaries
+from .binaries import NODE_NAMES, Binaries, node_version_skew
 from .certs import ClusterPKI, issue_client_cert, issue_serving_cert
 from .flexvolume import install as install_volume_driver
 from .images import pause_image_name, pause_image_tarball
@@ -170,7 +170,7 @@ def node_unsupported_reason(binaries: Binaries) -> str | None:
     not_built = [name for name in NODE_NAMES if not os.access(binaries.path(name), os.X_OK)]
     if not_built:
         return f"not built: {', '.join(not_built)}; run: bash cluster/build.sh"
-    return None
+    return node_version_skew()
 
 
 # ---- configuration files (pure) ------------------------------------------------------------

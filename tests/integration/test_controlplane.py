@@ -18,6 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from payloadrun_devcluster import LocalCluster
+from payloadrun_devcluster.binaries import control_plane_version, read_versions
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +55,12 @@ def widget_crd() -> dict:
             },
             {
                 "rule": "self.replicas <= 10",
-                # format() rather than '...' + string(self.replicas): the API server's cost
-                # estimator rejects string(int) concatenation in messageExpression (budget x100).
-                "messageExpression": "'replicas is %d, the limit is 10'.format([self.replicas])",
+                # Neither '...' + string(self.replicas) (the API server's cost estimator rejects
+                # string(int) in a messageExpression: budget x100) nor format() (CEL's string
+                # library has it from Kubernetes 1.30, and the oldest control plane is 1.29).
+                "messageExpression": (
+                    "'replicas is ' + (self.replicas > 100 ? 'far ' : '') + 'above the limit of 10'"
+                ),
             },
         ],
     }
@@ -129,6 +133,15 @@ def widgets_crd(kube_api_client):
     extensions.delete_custom_resource_definition(CRD_NAME)
 
 
+def test_the_api_server_is_the_kubernetes_asked_for(kube_cluster: LocalCluster) -> None:
+    """The pinned Kubernetes, or the oldest the project claims where hack/test.py's part
+    oldest-control-plane asks for it (``PAYLOADRUN_KUBERNETES_VERSION``): what the tests of
+    that part ran against is that version's API server."""
+    status, version = kube_cluster.request("GET", "/version")
+    assert status == 200, version
+    assert version["gitVersion"] == control_plane_version(read_versions())
+
+
 def test_crd_cel_rules_reject_violations_with_their_messages(
     kube_cluster: LocalCluster, kube_api_client, widgets_crd: str, namespace: str, tmp_path
 ) -> None:
@@ -151,7 +164,10 @@ def test_crd_cel_rules_reject_violations_with_their_messages(
     with pytest.raises(ApiException) as rejected:
         create(widget("too-many", replicas=12))
     assert rejected.value.status == 422
-    assert "replicas is 12, the limit is 10" in api_error_message(rejected.value)
+    assert "replicas is above the limit of 10" in api_error_message(rejected.value)
+    with pytest.raises(ApiException) as rejected:
+        create(widget("far-too-many", replicas=120))
+    assert "replicas is far above the limit of 10" in api_error_message(rejected.value)
 
     # Python client: a transition rule (oldSelf) rejects changing an immutable field.
     with pytest.raises(ApiException) as rejected:

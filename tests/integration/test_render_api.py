@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from payloadrun_devcluster.binaries import pinned_control_plane
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator import render
 from payloadrun_operator.api.crd import build_crd
@@ -98,9 +99,13 @@ def test_render_refuses_what_the_api_server_refuses_in_its_words(
 ):
     run = case.run()
     server = dry_run(kube_cluster, namespace, run)
-    assert server.returncode != 0, f"the API server took {case.id}: {server.stdout}"
     code, ours = render_lines(run, tmp_path)
     assert code == 1, ours
+    if server.returncode == 0:
+        # Kubernetes 1.29 (the oldest control plane) takes a port beyond int32 (it did not check
+        # a CRD's int32 format): render refuses it there, and so does the operator's admission
+        assert not pinned_control_plane(), f"the API server took {case.id}: {server.stdout}"
+        return
     theirs = api_server_lines(server.stderr)
     assert theirs, server.stderr
     # A rule of the CRD's CEL the API server checked beside a non-blocking schema error (a
@@ -108,7 +113,10 @@ def test_render_refuses_what_the_api_server_refuses_in_its_words(
     # passes, as the API server does after a type error.
     theirs = [line for line in theirs if not any(m in line for m in CEL_MESSAGES)]
     missing = [line for line in theirs if not any(line in mine for mine in ours)]
-    assert not missing, (
+    # render's words are the pinned Kubernetes' (an older API server words some refusals
+    # otherwise, e.g. an unchecked rule as `<nil>: Invalid value: "null": ...`): on the oldest
+    # control plane (hack/test.py's oldest-control-plane part) both refuse, in their own words
+    assert not (missing and pinned_control_plane()), (
         "the API server says what render does not:\n  "
         + "\n  ".join(missing)
         + "\nrender says:\n  "
