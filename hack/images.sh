@@ -24,6 +24,12 @@
 #
 #   PAYLOADRUN_CACHE          cache directory (default ~/.cache/payloadrun); images under images/
 #   PAYLOADRUN_IMAGE_TAG      tag of both images (default e2e)
+#   PAYLOADRUN_IMAGE_ARCH     the images' architecture, amd64 or arm64 (default: this machine's).
+#                             Another architecture than the machine's is built under emulation:
+#                             Debian's qemu-user-static, registered with the kernel's binfmt_misc
+#                             (mounted and registered here when missing; it needs root), runs the
+#                             image's own binaries (debootstrap's second stage, pip, the checks).
+#                             The tarballs' names carry the architecture.
 #   PAYLOADRUN_IMAGE_REVISION the commit both images' org.opencontainers.image.revision label names
 #                             (default unknown; the release workflow sets it; part of the key)
 #   PAYLOADRUN_DEBIAN_MIRROR  Debian mirror for debootstrap (default: the one apt uses)
@@ -35,7 +41,6 @@ cache=${PAYLOADRUN_CACHE:-$HOME/.cache/payloadrun}
 dir=$cache/images
 tag=${PAYLOADRUN_IMAGE_TAG:-e2e}
 suite=bookworm
-base_name=localhost/payloadrun-python:3.11-bookworm
 sidecar_name=payloadrun:$tag
 operator_name=payloadrun-operator:$tag
 python=${PYTHON:-python3}
@@ -51,10 +56,10 @@ section() { sed -n "/^# >>> $1\$/,/^# <<< $1\$/p" "$self"; }
 logged() {
   local name=$1
   shift
-  mkdir -p "$dir/logs"
-  if ! "$@" >"$dir/logs/$name.log" 2>&1; then
-    tail -n 40 "$dir/logs/$name.log" >&2
-    die "$name failed (full log: $dir/logs/$name.log)"
+  mkdir -p "$logs"
+  if ! "$@" >"$logs/$name.log" 2>&1; then
+    tail -n 40 "$logs/$name.log" >&2
+    die "$name failed (full log: $logs/$name.log)"
   fi
 }
 
@@ -66,12 +71,16 @@ if ! flock -n 9; then
 fi
 
 # ---- keys: cheap, computed first so a warm run stops here ----------------------------------------
-arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+host_arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+arch=${PAYLOADRUN_IMAGE_ARCH:-$host_arch}
 case $arch in
-  amd64) wheel_arch=x86_64 ;;
-  arm64) wheel_arch=aarch64 ;;
-  *) die "unsupported architecture $arch" ;;
+  amd64) wheel_arch=x86_64 qemu_arch=x86_64 ;;
+  arm64) wheel_arch=aarch64 qemu_arch=aarch64 ;;
+  *) die "PAYLOADRUN_IMAGE_ARCH=$arch is not an architecture the images are built for: amd64 or arm64" ;;
 esac
+logs=$dir/logs/$arch
+# one base image an architecture, in the one build storage
+base_name=localhost/payloadrun-python:3.11-bookworm-$arch
 base_key=$({ section base; echo "$suite $arch"; } | sha)
 
 # The wheelhouse's requirement set: the core dependencies and the operator extra (never torch),
@@ -94,7 +103,7 @@ done
 wheel_platforms+=(--platform "manylinux2014_$wheel_arch" --platform "manylinux2010_$wheel_arch"
   --platform "manylinux1_$wheel_arch")
 wheel_key=$(printf '%s\ncp311 %s\n' "$requirements" "${wheel_platforms[*]}" | sha)
-wheels=$dir/wheels-$wheel_key
+wheels=$dir/wheels-$arch-$wheel_key
 
 # What each Dockerfile copies: pyproject.toml, README.md, LICENSE, sidecars/, operator/ (tracked
 # files and untracked ones git does not ignore; .dockerignore drops caches and egg-info).
@@ -115,7 +124,7 @@ image_key() {  # name dockerfile
   printf '%s\n' "$1" "$(sha256sum <"$repo/$2")" "$context_key" "$base_key" "$wheel_key" "$build_key" \
     "$revision" | sha
 }
-tarball() { echo "$dir/${1//[:\/]/_}-$2.tar"; }  # name key
+tarball() { echo "$dir/${1//[:\/]/_}-$arch-$2.tar"; }  # name key
 sidecar_tar=$(tarball "$sidecar_name" "$(image_key "$sidecar_name" sidecars/Dockerfile)")
 operator_tar=$(tarball "$operator_name" "$(image_key "$operator_name" operator/Dockerfile)")
 
@@ -143,6 +152,27 @@ need() {  # command package
 }
 need debootstrap debootstrap
 need buildah buildah
+
+# Another architecture's binaries run under qemu-user, through the kernel's binfmt_misc. Debian's
+# package ships the handler's registration line (binfmt.d); without systemd nothing registers it,
+# so this does. Flag F (in Debian's line) opens the interpreter now: it runs inside chroots too.
+emulate() {  # qemu architecture
+  local handler=/proc/sys/fs/binfmt_misc/qemu-$1 conf=/usr/lib/binfmt.d/qemu-$1.conf
+  [ -f "$handler" ] && grep -q '^enabled' "$handler" && return
+  [ -f "$conf" ] || need qemu-$1-static qemu-user-static
+  [ -f "$conf" ] || die "qemu-user-static installed no $conf"
+  if [ ! -f /proc/sys/fs/binfmt_misc/register ]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null ||
+      die "cannot mount binfmt_misc to run $arch binaries on this $host_arch machine (a container needs CAP_SYS_ADMIN): build the $arch images on an $arch machine"
+  fi
+  log "registering qemu-$1 with binfmt_misc ($arch binaries run emulated)"
+  grep -v '^#' "$conf" >/proc/sys/fs/binfmt_misc/register ||
+    die "binfmt_misc refused $conf's registration"
+  grep -q '^enabled' "$handler" || die "binfmt_misc has no enabled $handler after registering it"
+}
+if [ "$arch" != "$host_arch" ]; then
+  emulate "$qemu_arch"
+fi
 if ! "$python" -m pip --version >/dev/null 2>&1; then
   need pip3 python3-pip
 fi
@@ -229,7 +259,7 @@ EOF
 base_config=(--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
   --env LANG=C.UTF-8 --cmd '["python3"]' --os linux --arch "$arch")
 
-base_tar=$(tarball "$base_name" "$base_key")
+base_tar=$dir/${base_name//[:\/]/_}-$base_key.tar  # its name has the architecture already
 have_base() {
   [ "$(bah inspect --type image \
     --format '{{index .OCIv1.Config.Labels "org.payloadrun.base-recipe"}}' "$base_name" \
@@ -271,7 +301,7 @@ if [ ! -f "$wheels/.complete" ]; then
     --implementation cp --abi cp311 -r "$wheels/requirements.txt"
   if compgen -G "$wheels/torch-*" >/dev/null; then die "torch got into the wheelhouse"; fi
   touch "$wheels/.complete"
-  for old in "$dir"/wheels-*/; do
+  for old in "$dir"/wheels-"$arch"-*/; do
     [ "${old%/}" = "$wheels" ] || rm -rf "${old%/}"
   done
   log "wheelhouse: $(find "$wheels" -name '*.whl' | wc -l) wheels, $(du -sm "$wheels" | cut -f1) MB, in $(elapsed "$t")"
@@ -285,9 +315,10 @@ build_image() {  # name dockerfile tarball
   # and the tarball would carry both names
   local ref=docker.io/library/$name
   t=$(date +%s.%N)
-  log "building $name from $dockerfile"
+  log "building $name for $arch from $dockerfile"
   bah rmi -f "$ref" >/dev/null 2>&1 || true
   logged "build-${name//[:\/]/_}" bah bud --isolation chroot --pull=never --format docker \
+    --platform "linux/$arch" \
     --layers=false -f "$repo/$dockerfile" -t "$ref" \
     --build-arg "PYTHON_IMAGE=$base_name" \
     --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels \
@@ -295,7 +326,7 @@ build_image() {  # name dockerfile tarball
     -v "$wheels:/wheels:ro" "$repo"
   log "built $name in $(elapsed "$t")"
 
-  ctr=$(bah from --pull=never --name "payloadrun-check-$$" "$ref")
+  ctr=$(bah from --pull=never --platform "linux/$arch" --name "payloadrun-check-$$" "$ref")
   mnt=$(bah mount "$ctr")
   site=$(echo "$mnt"/opt/payloadrun/lib/python3*/site-packages)
   [ -d "$site" ] || die "$name: no venv site-packages under /opt/payloadrun"
@@ -313,15 +344,15 @@ build_image() {  # name dockerfile tarball
   # shellcheck disable=SC2086  # the entry point's words
   logged "run-${name//[:\/]/_}" bah run --isolation chroot --user 65532:65532 "$ctr" -- \
     $entry --help
-  grep -q '^usage:' "$dir/logs/run-${name//[:\/]/_}.log" || die "\`$entry --help\` printed no usage"
+  grep -q '^usage:' "$logs/run-${name//[:\/]/_}.log" || die "\`$entry --help\` printed no usage"
   entry=${entry% }
   bah rm "$ctr" >/dev/null
-  log "$name: $size MB uncompressed, no torch, \`$entry --help\` runs as uid 65532"
+  log "$name ($arch): $size MB uncompressed, no torch, \`$entry --help\` runs as uid 65532"
 
   rm -f "$out.tmp"
   logged "push-${name//[:\/]/_}" bah push "$ref" "docker-archive:$out.tmp:$name"
   # keep the cache bounded: older tarballs of this image go
-  rm -f "$dir"/"${name//[:\/]/_}"-*.tar
+  rm -f "$dir"/"${name//[:\/]/_}"-"$arch"-*.tar
   mv "$out.tmp" "$out"
   # the tarball is the product; the build storage keeps only the base image
   bah rmi -f "$ref" >/dev/null

@@ -2,11 +2,13 @@
 # Prepares everything `make test` needs, in two lanes at once, so a cold machine spends its
 # downloads while it compiles:
 #
-#   compile  cluster/build.sh: the Go builds (Kubernetes, etcd, helm, CoreDNS, kube-router, crane,
-#            the registry, LeaderWorkerSet), CPU-bound, about half an hour from an empty cache;
+#   compile  cluster/build.sh: the Go builds (Kubernetes, the oldest Kubernetes' control plane,
+#            etcd, helm, CoreDNS, kube-router, crane, the registry, LeaderWorkerSet, Kueue),
+#            CPU-bound, about half an hour from an empty cache;
 #            then helm-docs (hack/helm-docs.sh)
 #   fetch    the project's venv, vLLM's CPU build, Debian's packages (node, Prometheus, Node.js),
-#            the dashboard schema and the container images, one after another (mostly
+#            the dashboard schema and the container images for amd64 and arm64 (the machine's
+#            other architecture under qemu-user emulation), one after another (mostly
 #            network-bound; every apt-get of the project is in this lane, so none waits on
 #            another's dpkg lock)
 #
@@ -33,7 +35,9 @@ fetch() {
   bash hack/prometheus.sh >/dev/null
   bash hack/dashboard-schema.sh >/dev/null
   if [ "$(id -u)" = 0 ]; then
-    bash hack/images.sh >/dev/null
+    # both architectures the release publishes (hack/publish.sh images; the other one emulated)
+    PAYLOADRUN_IMAGE_ARCH=amd64 bash hack/images.sh >/dev/null
+    PAYLOADRUN_IMAGE_ARCH=arm64 bash hack/images.sh >/dev/null
   else
     log "not root, so no images are built and pods will not start (make node says the same)"
   fi

@@ -7,9 +7,18 @@
 #   bash hack/publish.sh version                  # print the version
 #   bash hack/publish.sh check-tag TAG            # fail unless TAG is v<version> (the workflow's tag)
 #                                                 # and <version> is no development version
-#   bash hack/publish.sh images PREFIX [--plain-http]
-#       both images from hack/images.sh, pushed with crane as PREFIX/payloadrun:<version> (the
-#       sidecars) and PREFIX/payloadrun-operator:<version>
+#   bash hack/publish.sh images PREFIX [--plain-http] [--arch ARCH]
+#       both images from hack/images.sh for amd64 and arm64 (the machine's own natively, the
+#       other under emulation: qemu-user and binfmt_misc, as root), each pushed with crane as
+#       PREFIX/payloadrun:<version>-<arch> (the sidecars) and
+#       PREFIX/payloadrun-operator:<version>-<arch>, then one multi-arch index an image,
+#       PREFIX/payloadrun:<version> and
+#       PREFIX/payloadrun-operator:<version> (a Docker manifest list: a node pulls its own).
+#       --arch ARCH: that architecture's images only, and no index (the release workflow builds
+#       each on a runner of its own architecture, then runs `index`)
+#   bash hack/publish.sh index PREFIX [--plain-http]
+#       the multi-arch index of each image, from the <version>-amd64 and <version>-arm64 already
+#       pushed
 #   bash hack/publish.sh chart PREFIX [--plain-http]
 #       the chart packaged at <version> and pushed with helm as oci://PREFIX/charts/payloadrun
 #   bash hack/publish.sh manifests DIR
@@ -30,7 +39,8 @@
 # crane and helm are built from the Go module proxy at the versions of cluster/versions.env, once,
 # into the cache (`cluster/build.sh --release-tools`). The images need root (hack/images.sh).
 # Progress goes to stderr; stdout has one line per pushed artifact: `<reference>@<digest>` for an
-# image, `oci://...:<version>` for the chart, a file path for each distribution.
+# image (its index, or with --arch its architecture's image), `oci://...:<version>` for the
+# chart, a file path for each distribution.
 #
 #   PYTHON   the Python that runs `build` (default: python3)
 set -euo pipefail
@@ -89,36 +99,76 @@ login() {  # tool prefix plain
   esac
 }
 
-parse_prefix() {  # PREFIX [--plain-http] -> sets prefix, plain
+parse_prefix() {  # PREFIX [--plain-http] [--arch ARCH] -> sets prefix, plain, arches
   prefix=${1:-}
   if [ -z "$prefix" ] || [[ $prefix == -* ]]; then usage; fi
   prefix=${prefix%/}
   [[ $prefix == */* ]] ||
     die "PREFIX '$prefix' names no namespace: give a registry and a path, e.g. ghcr.io/payloadrun or 127.0.0.1:5000/payloadrun"
+  shift
   plain=""
-  case "${2:-}" in
-    "") ;;
-    --plain-http) plain=1 ;;
-    *) die "unknown flag '$2' (only --plain-http)" ;;
-  esac
+  arches=("${ARCHES[@]}")
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --plain-http) plain=1 ;;
+      --arch)
+        [ "$cmd" = images ] || die "--arch is for images only"
+        [[ " ${ARCHES[*]} " == *" ${2:-} "* ]] ||
+          die "--arch '${2:-}' is not one of the release's architectures: ${ARCHES[*]}"
+        arches=("$2")
+        shift
+        ;;
+      *) die "unknown flag '$1' (--plain-http$([ "$cmd" = images ] && echo ", --arch ARCH"))" ;;
+    esac
+    shift
+  done
 }
 
+ARCHES=(amd64 arm64)  # the release's architectures: GPU nodes are x86-64 or (GH200, GB200) arm64
+IMAGES=(payloadrun payloadrun-operator)  # hack/images.sh's, without their tag
+
 push_images() {
-  local v crane name tarball ref lines
+  local v crane arch name tarball ref lines
   v=$(version)
   crane=$(tools)/crane
   login "$crane" "$prefix" "$plain"
-  log "building (or finding cached) both images: hack/images.sh"
-  lines=$(bash "$repo/hack/images.sh")
-  [ "$(wc -l <<<"$lines")" = 2 ] || die "hack/images.sh printed not two images: $lines"
-  while read -r name tarball; do
-    # images.sh names them payloadrun:e2e and payloadrun-operator:e2e: the repository is kept,
-    # the tag is the version
-    ref=$prefix/${name%%:*}:$v
-    log "pushing $(basename "$tarball") as $ref"
-    # crane prints the pushed digest reference
-    "$crane" push ${plain:+--insecure} "$tarball" "$ref"
-  done <<<"$lines"
+  for arch in "${arches[@]}"; do
+    log "building (or finding cached) both images for $arch: hack/images.sh"
+    lines=$(PAYLOADRUN_IMAGE_ARCH=$arch bash "$repo/hack/images.sh")
+    [ "$(wc -l <<<"$lines")" = 2 ] || die "hack/images.sh printed not two images: $lines"
+    while read -r name tarball; do
+      # images.sh names them payloadrun:e2e and payloadrun-operator:e2e: the repository is kept,
+      # the tag is the version and the architecture
+      ref=$prefix/${name%%:*}:$v-$arch
+      log "pushing $(basename "$tarball") as $ref"
+      # crane prints the pushed digest reference
+      if [ "${#arches[@]}" = 1 ]; then
+        "$crane" push ${plain:+--insecure} "$tarball" "$ref"
+      else
+        "$crane" push ${plain:+--insecure} "$tarball" "$ref" >&2
+      fi
+    done <<<"$lines"
+  done
+  [ "${#arches[@]}" = 1 ] || push_indexes
+}
+
+push_indexes() {  # one index an image, of the release's architectures (pushed before)
+  local v crane image arch manifests
+  v=$(version)
+  crane=$(tools)/crane
+  login "$crane" "$prefix" "$plain"
+  for image in "${IMAGES[@]}"; do
+    manifests=()
+    for arch in "${ARCHES[@]}"; do
+      manifests+=(-m "$prefix/$image:$v-$arch")
+    done
+    log "pushing the index $prefix/$image:$v (${ARCHES[*]})"
+    # the platform of each comes from its image's config; Docker media types like the images'
+    "$crane" index append ${plain:+--insecure} --docker-empty-base "${manifests[@]}" \
+      -t "$prefix/$image:$v" >/dev/null ||
+      die "crane could not make the index $prefix/$image:$v: are $v-amd64 and $v-arm64 pushed? (bash hack/publish.sh images $prefix --arch ARCH, for each)"
+    echo "$prefix/$image:$v@$("$crane" digest ${plain:+--insecure} "$prefix/$image:$v")"
+  done
 }
 
 push_chart() {
@@ -202,6 +252,7 @@ case "$cmd" in
     log "tag $tag matches the version $v"
     ;;
   images) parse_prefix "$@"; push_images ;;
+  index) parse_prefix "$@"; push_indexes ;;
   chart) parse_prefix "$@"; push_chart ;;
   manifests) render_manifests "$@" ;;
   dist) build_dist "$@" ;;

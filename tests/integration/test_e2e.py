@@ -371,6 +371,61 @@ def test_the_release_was_installed_from_the_registry_and_pulled_by_the_node(e2e)
         assert {(repository, "manifests"), (repository, "blobs")} <= fetched, fetched
 
 
+MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def registry_get(e2e: Backend, path: str, accept: str | None = None) -> Any:
+    """A JSON document from the test's registry (HTTP on loopback), by its API's path."""
+    headers = {"Accept": accept} if accept else {}
+    request = urllib.request.Request(f"http://{e2e.registry.host}/v2/{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_each_image_is_one_index_of_amd64_and_arm64(e2e):
+    """What hack/publish.sh pushed: per image, one manifest list at the version whose entries
+    are the amd64 and the arm64 image (the latter built here under emulation), each image's
+    config of its own architecture with the OCI labels; the node pulled its own through it."""
+    if e2e.registry is None:
+        pytest.skip("kind: hack/kind-e2e.sh loads the images into kind's node")
+    version = release_version(REPO)
+    for repository in ("payloadrun", "payloadrun-operator"):
+        index = registry_get(e2e, f"payloadrun/{repository}/manifests/{version}", MANIFEST_LIST)
+        assert index["mediaType"] == MANIFEST_LIST, index
+        platforms = {
+            (m["platform"]["os"], m["platform"]["architecture"]): m["digest"]
+            for m in index["manifests"]
+        }
+        assert set(platforms) == {("linux", "amd64"), ("linux", "arm64")}, index
+        for (_, arch), digest in platforms.items():
+            manifest = registry_get(e2e, f"payloadrun/{repository}/manifests/{digest}", MANIFEST)
+            # the same image as the architecture's own tag
+            tagged = registry_get(
+                e2e, f"payloadrun/{repository}/manifests/{version}-{arch}", MANIFEST
+            )
+            assert manifest == tagged
+            config = registry_get(
+                e2e, f"payloadrun/{repository}/blobs/{manifest['config']['digest']}"
+            )
+            assert config["architecture"] == arch and config["os"] == "linux"
+            labels = config["config"]["Labels"]
+            assert labels["org.opencontainers.image.version"] == version
+            assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+            assert labels["org.opencontainers.image.source"].startswith("https://")
+        # containerd asked for the list, then for the amd64 image by digest, never the arm64 one
+        fetched = {
+            r.path.rsplit("/", 1)[1]
+            for r in e2e.registry.requests()
+            if r.method == "GET"
+            and r.status == 200
+            and r.agent.startswith("containerd/")
+            and r.path.startswith(f"/v2/payloadrun/{repository}/manifests/")
+        }
+        assert platforms["linux", "amd64"] in fetched, fetched
+        assert platforms["linux", "arm64"] not in fetched, fetched
+
+
 def outside_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]:
     """A pod of the run's namespace that is no pod of the run."""
     return {

@@ -16,6 +16,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -359,6 +360,22 @@ def test_no_tag_publishes_a_development_version(tmp_path: Path) -> None:
         assert "to 0.2.0 (docs/releasing.md) and tag v0.2.0" in refused.stderr
 
 
+def test_publish_images_takes_only_the_releases_architectures() -> None:
+    """``--arch`` names one of the architectures the release publishes (and only for images):
+    refused before anything is built, with the ones it takes."""
+    refused = publish("images", "127.0.0.1:5000/payloadrun", "--arch", "riscv64")
+    assert refused.returncode != 0
+    assert "--arch 'riscv64' is not one of the release's architectures: amd64 arm64" in (
+        refused.stderr
+    )
+    refused = publish("index", "127.0.0.1:5000/payloadrun", "--arch", "arm64")
+    assert refused.returncode != 0 and "--arch is for images only" in refused.stderr
+    # both commands are in the usage a wrong call prints
+    usage = publish("nonsense").stderr
+    assert "images PREFIX [--plain-http] [--arch ARCH]" in usage
+    assert "index PREFIX [--plain-http]" in usage
+
+
 def test_publish_refuses_a_version_in_a_form_helm_or_oci_would_not_take(tmp_path: Path) -> None:
     refused = publish("version", script=publish_at(tmp_path, "0.2.0.dev0"))
     assert refused.returncode != 0
@@ -369,9 +386,13 @@ def images_wheelhouse() -> Path:
     """hack/images.sh's wheelhouse (the product's dependencies for CPython 3.11 on Linux)."""
     from payloadrun_devcluster.binaries import cache_dir
 
-    complete = sorted(cache_dir().glob("images/wheels-*/.complete"))
+    # this machine's architecture's (hack/images.sh keeps one wheelhouse an architecture)
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    complete = sorted(cache_dir().glob(f"images/wheels-{arch}-*/.complete"))
     if not complete:
-        skip_or_fail("no images wheelhouse (~/.cache/payloadrun/images/wheels-*): make images")
+        skip_or_fail(
+            f"no images wheelhouse (~/.cache/payloadrun/images/wheels-{arch}-*): make images"
+        )
     if sys.version_info[:2] != (3, 11):
         skip_or_fail(f"the wheelhouse is CPython 3.11's; this is {sys.version.split()[0]}")
     return complete[-1].parent
