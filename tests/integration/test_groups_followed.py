@@ -27,6 +27,7 @@ from typing import Any
 
 import kopf
 import pytest
+import yaml
 from addon_api import AddonApi
 from example_runs import example_run
 from kubernetes.client.rest import ApiException
@@ -40,6 +41,7 @@ from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.status import workload_ready
+from payloadrun_operator.platform.discovery import missing_fields
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
 from payloadrun_operator.platform.runtime import Operator
@@ -295,7 +297,7 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         applied = condition(run, "Applied")
         assert applied["status"] == "False"
         assert "Install LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied["message"]
-        assert "leaderworkersets (tested with v0.9.0)" in applied["message"]
+        assert "from LeaderWorkerSet v0.4.0 on; tested with v0.9.0)" in applied["message"]
         assert "restart the operator" in applied["message"]
         ready, validated = condition(run, "Ready"), condition(run, "Validated")
         assert (ready["status"], ready["reason"]) == ("False", "LeaderWorkerSetMissing")
@@ -332,14 +334,18 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         # LeaderWorkerSet counts the group out: the run's status and a Warning event say which
         failed = failed_group_pod(api, namespace, lws_name, group=1, exit_code=3)
         set_ready_groups(api, namespace, lws, ready=1)
-        (run,) = eventually(
-            "the group's failure in the status",
-            lambda: (
-                [r]
-                if (r := get_run(api, namespace, name))["status"].get("lastInferenceGroupRestart")
-                else ""
-            ),
-        )
+
+        def failure_and_groups() -> Any:
+            # the pod's end and the LeaderWorkerSet's status are two events: a pass may see the
+            # first alone (Ready still 0/2), the next one both
+            run = get_run(api, namespace, name)
+            ready = condition(run, "Ready") or {}
+            seen = run["status"].get("lastInferenceGroupRestart") and (
+                f"{lws_name} 1/2 groups ready" in ready.get("message", "")
+            )
+            return [run] if seen else f"not yet: {run['status']}"
+
+        (run,) = eventually("the group's failure and the groups in the status", failure_and_groups)
         last = run["status"]["lastInferenceGroupRestart"]
         assert (last["replica"], last["pod"], last["container"], last["exitCode"]) == (
             1,
@@ -348,8 +354,6 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
             3,
         )
         assert run["status"]["inferenceGroupRestarts"] == 1
-        # written with the pass's conditions: Ready as the LeaderWorkerSet's status says
-        assert f"{lws_name} 1/2 groups ready" in condition(run, "Ready")["message"]
         selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
 
         def restarted() -> Any:  # posted once the status holds the failure
@@ -362,6 +366,73 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
         assert said in event.message
     finally:
         operator.stop()
+
+
+OPENAPI = f"/openapi/v3/apis/{LEADER_WORKER_SET.api_version}"
+SUBDOMAIN_POLICY = ("spec.networkConfig.subdomainPolicy",)
+
+
+def unpublished(kube_cluster) -> tuple[str, ...] | None:
+    """Which of :data:`SUBDOMAIN_POLICY` the API server's OpenAPI document of LeaderWorkerSet's
+    group lacks (None: no document yet). A changed CRD is published a moment after it is
+    applied."""
+    status, document = kube_cluster.request("GET", OPENAPI)
+    return missing_fields(document, LEADER_WORKER_SET, SUBDOMAIN_POLICY) if status == 200 else None
+
+
+def test_an_older_leaderworkerset_that_lacks_what_the_operator_sets_is_named_too_old(
+    kube_cluster, crd, api, namespace, lws_api, tmp_path
+):
+    """A LeaderWorkerSet before v0.4.0 serves leaderworkerset.x-k8s.io/v1 too, without
+    ``spec.networkConfig`` (read in the v0.3.0 module): the API server would drop the
+    subdomain policy the operator sets. Here v0.9.0's CRD without that field stands for it: the
+    operator finds it in the published schema at start, names it too old and applies nothing."""
+    lws_api.install()
+    # the real document: the operator's check reads it as the API server publishes it
+    eventually("v0.9.0's schema published", lambda: unpublished(kube_cluster) == ())
+    older = yaml.safe_load(lws_crd_file().read_text())
+    for version in older["spec"]["versions"]:
+        del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+            "networkConfig"
+        ]
+    operator = None
+    try:
+        applied = kube_cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(older)
+        )
+        assert applied.returncode == 0, applied.stderr
+        eventually(
+            "the older schema published", lambda: unpublished(kube_cluster) == SUBDOMAIN_POLICY
+        )
+        operator = local_operator(kube_cluster, namespace, tmp_path / "operator.log")
+        body = group_run()
+        name = body["metadata"]["name"]
+        api["custom"].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        run = eventually(
+            "Applied LeaderWorkerSetMissing",
+            has_condition(api, namespace, name, "Applied", "LeaderWorkerSetMissing"),
+        )
+        message = condition(run, "Applied")["message"]
+        assert (
+            "this cluster served leaderworkerset.x-k8s.io at v1 without "
+            "spec.networkConfig.subdomainPolicy only when the operator started, an older "
+            "LeaderWorkerSet than the operator needs" in message
+        ), message
+        assert "Upgrade LeaderWorkerSet (https://lws.sigs.k8s.io/" in message
+        ready = condition(run, "Ready")
+        assert ready["message"].startswith("LeaderWorkerSet is too old")
+        assert run_children(api, namespace, name) == []
+        log = (tmp_path / "operator.log").read_text()
+        assert "LeaderWorkerSet leaderworkerset.x-k8s.io/v1: not served; this cluster served" in log
+    finally:
+        if operator is not None:
+            operator.stop()
+        # the module's CRD back, as the module found it
+        restored = kube_cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(lws_crd_file())
+        )
+        assert restored.returncode == 0, restored.stderr
+        eventually("v0.9.0's schema published again", lambda: unpublished(kube_cluster) == ())
 
 
 def test_a_group_template_the_api_server_refuses_is_refused_before_anything_is_applied(

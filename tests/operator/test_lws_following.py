@@ -21,10 +21,10 @@ from payloadrun_operator.api.kinds import LEADER_WORKER_SET, OPTIONAL, STATEFUL_
 from payloadrun_operator.api.models import PayloadRunStatus
 from payloadrun_operator.observed import groups
 from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
-from payloadrun_operator.observed.prerequisites import missing_checks
+from payloadrun_operator.observed.prerequisites import lws_missing_message, missing_checks
 from payloadrun_operator.observed.readiness import GROUP_EVENTS, GROUP_PODS, Observed, run_status
 from payloadrun_operator.observed.status import status_update, workload_ready
-from payloadrun_operator.platform.discovery import Discovery, served_by
+from payloadrun_operator.platform.discovery import Discovery, missing_fields, served_by
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
 from payloadrun_operator.platform.runtime import Operator
@@ -162,6 +162,9 @@ def test_discovery_asks_once_whoever_asks():
         async def discover_group(self, group):  # type: ignore[no-untyped-def]
             return {"versions": [{"version": "v1beta1"}]} if group == "kueue.x-k8s.io" else None
 
+        async def openapi(self, kind):  # type: ignore[no-untyped-def]
+            return lws_openapi(subdomain_policy=True)
+
     async def both() -> tuple[int, bool]:
         client, discovery = Answers(), Discovery()
         assert not discovery.serves(LEADER_WORKER_SET)  # not asked yet: unknown is not served
@@ -174,6 +177,62 @@ def test_discovery_asks_once_whoever_asks():
 
     # once per group version of the add-ons (LeaderWorkerSet's; Kueue's three kinds share one)
     assert asyncio.run(both()) == (2, True)
+
+
+def lws_openapi(subdomain_policy: bool) -> dict:
+    """LeaderWorkerSet's OpenAPI v3 document as the API server publishes a CRD's
+    (``/openapi/v3/apis/leaderworkerset.x-k8s.io/v1``), with or without ``networkConfig`` (a
+    release before v0.4.0); tests/integration/test_groups_followed.py reads the real one."""
+    spec = {"type": "object", "properties": {"replicas": {"type": "integer"}}}
+    if subdomain_policy:
+        network = {"type": "object", "properties": {"subdomainPolicy": {"type": "string"}}}
+        spec["properties"]["networkConfig"] = network
+    gvk = {"group": "leaderworkerset.x-k8s.io", "kind": "LeaderWorkerSet", "version": "v1"}
+    return {
+        "components": {
+            "schemas": {
+                "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {"type": "object"},
+                "io.k8s.x-k8s.leaderworkerset.v1.LeaderWorkerSet": {
+                    "type": "object",
+                    "properties": {"spec": spec},
+                    "x-kubernetes-group-version-kind": [gvk],
+                },
+            }
+        }
+    }
+
+
+def test_an_older_leaderworkerset_is_told_by_the_fields_it_lacks():
+    fields = ("spec.networkConfig.subdomainPolicy",)
+    assert missing_fields(lws_openapi(True), LEADER_WORKER_SET, fields) == ()
+    assert missing_fields(lws_openapi(False), LEADER_WORKER_SET, fields) == fields
+    # no schema of the kind in the document: nothing to tell, nothing refused
+    assert missing_fields({"components": {"schemas": {}}}, LEADER_WORKER_SET, fields) == ()
+    assert missing_fields(None, LEADER_WORKER_SET, fields) == ()
+
+    class Older(KubeClient):
+        async def discover(self, kind):  # type: ignore[no-untyped-def]
+            return LWS_RESOURCES if kind == LEADER_WORKER_SET else None
+
+        async def discover_group(self, group):  # type: ignore[no-untyped-def]
+            return None
+
+        async def openapi(self, kind):  # type: ignore[no-untyped-def]
+            return lws_openapi(subdomain_policy=False)
+
+    discovery = Discovery()
+    asyncio.run(discovery.discover(Older()))
+    assert not discovery.serves(LEADER_WORKER_SET)
+    versions = discovery.group_versions(LEADER_WORKER_SET)
+    assert versions == ("v1 without spec.networkConfig.subdomainPolicy",)
+    said = lws_missing_message(2, versions)
+    assert (
+        "this cluster served leaderworkerset.x-k8s.io at v1 without "
+        "spec.networkConfig.subdomainPolicy only when the operator started, an older "
+        "LeaderWorkerSet than the operator needs: leaderworkerset.x-k8s.io/v1 leaderworkersets "
+        "(with spec.networkConfig.subdomainPolicy: from LeaderWorkerSet v0.4.0 on; tested with "
+        "v0.9.0). Upgrade LeaderWorkerSet"
+    ) in said
 
 
 def test_the_follower_lists_leaderworkersets_only_where_they_are_served():
@@ -200,7 +259,10 @@ def test_a_run_of_groups_without_leaderworkerset_says_so_and_what_to_do():
         True,
     )
     assert "podsPerReplica is 4" in applied.message
-    assert "leaderworkerset.x-k8s.io/v1 leaderworkersets (tested with v0.9.0)" in applied.message
+    assert (
+        "leaderworkerset.x-k8s.io/v1 leaderworkersets (with spec.networkConfig.subdomainPolicy: "
+        "from LeaderWorkerSet v0.4.0 on; tested with v0.9.0)"
+    ) in applied.message
     assert "Install LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied.message
     assert "restart the operator" in applied.message
     assert ready.reason == ReadyReason.LEADER_WORKER_SET_MISSING and not ready.warning

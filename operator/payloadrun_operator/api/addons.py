@@ -18,10 +18,19 @@ class Addon:
     tested: str  # the release the operator's tests run against (cluster/versions.env)
     first_serving: str | None  # the first release that serves kind.api_version
     install: str  # its installation page
+    # fields of the kind's schema the operator sets, which older releases of that API version
+    # lack (the API server would drop them: checked at start in the published OpenAPI schema),
+    # and the first release that has them all
+    required_fields: tuple[str, ...] = ()
+    fields_from: str | None = None
 
     def needs(self) -> str:
         """What the operator needs of it, in words: the API version and the releases."""
         since = f"served from {self.name} {self.first_serving} on; " if self.first_serving else ""
+        if self.fields_from:
+            since = (
+                f"with {', '.join(self.required_fields)}: from {self.name} {self.fields_from} on; "
+            )
         return f"{self.kind.api_version} {self.kind.plural} ({since}tested with {self.tested})"
 
     def not_served(self, group_versions: tuple[str, ...]) -> str:
@@ -45,6 +54,11 @@ LEADER_WORKER_SET_ADDON = Addon(
     tested="v0.9.0",
     first_serving=None,
     install="https://lws.sigs.k8s.io/docs/installation/",
+    # the groups' one DNS subdomain (builders): networkConfig came in v0.4.0 (read in the
+    # modules of v0.3.0 and v0.4.0, api/leaderworkerset/v1/leaderworkerset_types.go); releases
+    # before it serve v1 too
+    required_fields=("spec.networkConfig.subdomainPolicy",),
+    fields_from="v0.4.0",
 )
 # Kueue's v1beta2 API: introduced in v0.15.0 beside v1beta1 (kubernetes-sigs/kueue#7304), the
 # storage version from v0.16, v1beta1 gone in v0.17

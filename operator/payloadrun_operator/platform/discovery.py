@@ -48,6 +48,28 @@ def served_by(kind: Kind, resources: dict | None) -> bool:
     return False
 
 
+def missing_fields(document: dict | None, kind: Kind, fields: Iterable[str]) -> tuple[str, ...]:
+    """The dotted ``fields`` (``spec.networkConfig.subdomainPolicy``) that ``kind``'s schema in an
+    OpenAPI v3 document (``GET /openapi/v3/apis/<group>/<version>``) lacks: an older release of
+    its add-on. Nothing when the document has no schema of the kind (nothing to tell)."""
+    wanted = {"group": kind.group, "version": kind.version, "kind": kind.kind}
+    schemas = ((document or {}).get("components") or {}).get("schemas") or {}
+    for schema in schemas.values():
+        if wanted in (schema.get("x-kubernetes-group-version-kind") or []):
+            break
+    else:
+        return ()
+    missing = []
+    for field in fields:
+        node = schema
+        for name in field.split("."):
+            node = (node.get("properties") or {}).get(name)
+            if node is None:
+                missing.append(field)
+                break
+    return tuple(missing)
+
+
 class Discovery:
     """The add-on kinds the cluster serves, as found at the operator's start."""
 
@@ -104,6 +126,14 @@ class Discovery:
                     for k in self.kinds
                     if (others := tuple(v for v in groups.get(k.group, ()) if v != k.version))
                 }
+                # served at the version, but by a release without fields the operator sets
+                for kind in list(served):
+                    addon = ADDONS.get(kind)
+                    if addon and addon.required_fields:
+                        document = await client.openapi(kind)
+                        if lacking := missing_fields(document, kind, addon.required_fields):
+                            served.remove(kind)
+                            older[kind] = (f"{kind.version} without {', '.join(lacking)}",)
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 if not failed:

@@ -483,6 +483,15 @@ class KubeClient:
         serves of it; None when it serves none (404)."""
         return await self._request("GET", f"/apis/{group}", f"discovering {group}")
 
+    async def openapi(self, kind: Kind) -> dict[str, Any] | None:
+        """The OpenAPI v3 document of ``kind``'s group and version (every schema of it), or None
+        when the cluster publishes none (404). Readable by every authenticated user, like the
+        discovery documents (``system:discovery``: ``/openapi/*``)."""
+        base = "/openapi/v3/api" if kind.api_version == "v1" else "/openapi/v3/apis"
+        return await self._request(
+            "GET", f"{base}/{kind.api_version}", f"reading {kind.api_version}'s OpenAPI schema"
+        )
+
     async def discover(self, kind: Kind) -> dict[str, Any] | None:
         """The discovery document (``APIResourceList``) of ``kind``'s group and version, or None
         when the cluster does not serve that group version (404)."""
