@@ -139,6 +139,20 @@ def test_status_update_writes_only_what_changed_and_names_the_events():
     assert ready.events == [("Normal", "WorkloadsReady", "Ready is True: all ready")]
 
 
+def test_a_condition_whose_message_alone_changed_is_written_without_an_event():
+    """Ready False with the same reason, 0/2 groups ready then 1/2: what the status says stays
+    true (it was left at 0/2 when no other field changed in the pass that saw 1/2), and no event
+    is posted for it."""
+    waiting = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting for w 0/2 ready")}
+    first = status_update({}, 3, waiting, {}, "t1")
+    fewer = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting for w 1/2 ready")}
+    update = status_update(first.fields, 3, fewer, {}, "t2")
+    assert update.fields is not None and update.events == []
+    (ready,) = update.fields["conditions"]
+    assert ready["message"] == "waiting for w 1/2 ready"
+    assert ready["lastTransitionTime"] == "t1"  # still False: no transition
+
+
 def condition_as(ctype: ConditionType, check: Check) -> dict:
     (cond,) = set_condition([], ctype, check, generation=1, now="t0")
     return cond

@@ -305,7 +305,7 @@ def status_update(
     write = None
     if (
         changed
-        or len(after) != len(before)
+        or after != before  # a message too (the groups ready, 0/2 then 1/2): what it says is true
         or any(status.get(k) != v for k, v in new_fields.items())
     ):
         write = {str(k): v for k, v in {**new_fields, StatusField.CONDITIONS: after}.items()}
