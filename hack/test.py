@@ -13,7 +13,7 @@ of the first three.
   cluster or glusterd, so it fills the cores the other two leave idle.
 - ``oldest-control-plane``: the control-plane tests of what the project puts into a cluster
   (:data:`OLDEST_PATHS`: the CRD and its rules, the chart and the manifests, the operator's
-  reconcile, watches, election and group runs), again, against the oldest Kubernetes the
+  reconcile, watches and group runs), again, against the oldest Kubernetes the
   project claims (``KUBERNETES_OLDEST_VERSION`` in cluster/versions.env: its kube-apiserver and
   kube-controller-manager, ``PAYLOADRUN_KUBERNETES_VERSION``), with no node (a kubelet must not
   be newer than its API server). The only tests that run twice.
@@ -71,16 +71,19 @@ NO_NODE = "integration and not node and not sharedfs"
 # unit part, which collects everything, fails when a test the node's part would run lies outside
 # them (tests/conftest.py reads PAYLOADRUN_NODE_PATHS), so none is left to no part.
 NODE_PATHS = ("tests/integration", "tests/sharedfs")
-# What runs again on the oldest Kubernetes: every control-plane module of the operator, the CRD,
+# What runs again on the oldest Kubernetes: the control-plane modules of the operator, the CRD,
 # the chart and the manifests. Not the queues' (Kueue v0.19.2's own CRDs need Kubernetes 1.31's
-# selectableFields: the API server refuses them, before the operator is involved) nor those that
-# are the local machine's (images, dashboards, docs, kind's volume).
+# selectableFields: the API server refuses them, before the operator is involved), nor the
+# election's and the client's (coordination.k8s.io/v1 Leases and the HTTP client are the same on
+# every claimed version, and the election's tests are the suite's most timing-bound: a second run
+# of them cost the node's part CPU for nothing), nor those that are the local machine's (images,
+# dashboards, docs, kind's volume).
 OLDEST_PATHS = tuple(
     f"tests/integration/test_{name}.py"
     for name in (
         "controlplane", "operator", "templates_api", "render_api", "explain", "chart_install",
-        "release_manifests", "watching", "one_pass", "stopping", "election", "kube_client",
-        "groups_followed", "groups_refused", "lws_group_env",
+        "release_manifests", "watching", "one_pass", "stopping", "groups_followed",
+        "groups_refused", "lws_group_env",
     )
 )  # fmt: skip
 OLDEST_VERSION = read_versions()["KUBERNETES_OLDEST_VERSION"]
