@@ -1,5 +1,5 @@
-"""``make test``'s pytest: the suite as three pytest processes at once, every test in exactly one,
-and a fourth after the second (:data:`AFTER`).
+"""``make test``'s pytest: the suite as four pytest processes at once, every test in exactly one
+of the first three.
 
 - ``node``: the tests that need the machine's one node (the session's cluster with its node, or
   nodes of their own) or glusterd (which serves the node's volume too). They run in the order
@@ -106,10 +106,6 @@ PARTS = {
         ["-o", f"testpaths={' '.join(OLDEST_PATHS)}"],
     ),
 }
-# A part that starts when another has ended, in its slot: the oldest Kubernetes' tests after the
-# control plane's (together about 600 s, under the node's part), so three parts want the cores at
-# a time, not four: run beside them, its CPU was taken from the node's part, the critical path.
-AFTER = {"oldest-control-plane": "control-plane"}
 # pytest's sections after the progress dots: what a part prints when it ends
 SUMMARY_START = re.compile(
     r"^=+ (FAILURES|ERRORS|warnings summary|slowest .*durations|short test summary info"
@@ -257,47 +253,6 @@ def group_of(parent: Path, part: Part) -> CpuGroup | None:
         return None
 
 
-def ended(part: Part, code: int, started: float) -> None:
-    """Record that ``part`` exited with ``code``, and print its summary and its times."""
-    part.took = time.monotonic() - part.started
-    cpu = ""
-    if part.group:
-        seconds = part.group.cpu_seconds()
-        cpu = f" (cpu {seconds:.0f} s)" if seconds is not None else ""
-        part.group.remove()
-    print(
-        f"\n{stamp(started)} ===== {part.name} (pytest -m {part.marker!r}) ended: "
-        f"exit {code} in {part.took:.0f} s{cpu}; log {part.log}",
-        flush=True,
-    )
-    print(summary(part.log.read_text(errors="replace")), end="", flush=True)
-    part.code = code
-
-
-def launch(part: Part, argv: list[str], parent: Path | None, started: float) -> None:
-    """Start ``part``'s pytest in its cpu cgroup (when ``parent`` can hold one), saying so."""
-    if parent is not None:
-        part.group = group_of(parent, part)
-    part.started = time.monotonic()
-    with part.log.open("w") as out:
-        part.process = subprocess.Popen(
-            part.command(argv),
-            cwd=REPO,
-            env={**os.environ, **part.env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=part.group.enter if part.group else None,  # noqa: PLW1509 (one thread)
-        )
-    env = "".join(f"{k}={v} " for k, v in part.env.items())
-    options = "".join(f" {option}" for option in part.options)
-    where = f", cpu cgroup {part.group.path}" if part.group else ""
-    print(
-        f"{stamp(started)} {part.name}: {env}nice -n {part.niceness} pytest -m "
-        f"{part.marker!r}{options}, log {part.log}{where}",
-        flush=True,
-    )
-
-
 def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="payloadrun-test-"))
     started = time.monotonic()
@@ -308,15 +263,30 @@ def main(argv: list[str]) -> int:
     parent = cpu_cgroup_parent()
     if parent is not None:
         remove_stale_groups(parent)
-    waiting = [part for part in parts if part.name in AFTER]
     for part in parts:
-        if part not in waiting:
-            launch(part, argv, parent, started)
+        if parent is not None:
+            part.group = group_of(parent, part)
+        with part.log.open("w") as out:
+            part.process = subprocess.Popen(
+                part.command(argv),
+                cwd=REPO,
+                env={**os.environ, **part.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=part.group.enter if part.group else None,  # noqa: PLW1509 (one thread)
+            )
+        env = "".join(f"{k}={v} " for k, v in part.env.items())
+        options = "".join(f" {option}" for option in part.options)
+        where = f", cpu cgroup {part.group.path}" if part.group else ""
+        print(
+            f"{part.name}: {env}nice -n {part.niceness} pytest -m {part.marker!r}{options}, "
+            f"log {part.log}{where}",
+            flush=True,
+        )
 
     def interrupt(signum: int, _frame: object) -> None:
         # SIGTERM (CI cancelling): each part gets SIGINT, so pytest tears its fixtures down (the
-        # cluster stops, the host is cleaned) before it exits; a part not started yet never starts
-        waiting.clear()
+        # cluster stops, the host is cleaned) before it exits
         for part in parts:
             if part.process and part.process.poll() is None:
                 part.process.send_signal(signal.SIGINT)
@@ -325,7 +295,7 @@ def main(argv: list[str]) -> int:
     # the terminal's Ctrl-C reaches every part (one process group): this waits for them
     signal.signal(signal.SIGINT, lambda *_: None)
     failed = []
-    running = [part for part in parts if part not in waiting]
+    running = list(parts)
     next_beat = time.monotonic() + HEARTBEAT_S
     while running:
         time.sleep(1)
@@ -335,19 +305,24 @@ def main(argv: list[str]) -> int:
             if code is None:
                 continue
             running.remove(part)
-            ended(part, code, started)
+            part.took = time.monotonic() - part.started
+            cpu = ""
+            if part.group:
+                seconds = part.group.cpu_seconds()
+                cpu = f" (cpu {seconds:.0f} s)" if seconds is not None else ""
+                part.group.remove()
+            print(
+                f"\n{stamp(started)} ===== {part.name} (pytest -m {part.marker!r}) ended: "
+                f"exit {code} in {part.took:.0f} s{cpu}; log {part.log}",
+                flush=True,
+            )
+            print(summary(part.log.read_text(errors="replace")), end="", flush=True)
+            part.code = code
             if code not in (0, NO_TESTS):
                 failed.append(part.name)
-            for after in [w for w in waiting if AFTER[w.name] == part.name]:
-                waiting.remove(after)
-                launch(after, argv, parent, started)  # whatever the first one's result
-                running.append(after)
         if running and time.monotonic() >= next_beat:
             next_beat += HEARTBEAT_S
-            beat = ", ".join(
-                [f"{h.name} {h.progress()}" for h in running]
-                + [f"{w.name} after {AFTER[w.name]}" for w in waiting]
-            )
+            beat = ", ".join(f"{h.name} {h.progress()}" for h in running)
             print(f"{stamp(started)} running: {beat}", flush=True)
     if all(h.code == NO_TESTS for h in parts):
         failed.append("no test selected")
