@@ -25,7 +25,7 @@ from payloadrun_operator.observed.prerequisites import lws_missing_message, miss
 from payloadrun_operator.observed.readiness import GROUP_EVENTS, GROUP_PODS, Observed, run_status
 from payloadrun_operator.observed.status import status_update, workload_ready
 from payloadrun_operator.platform.discovery import Discovery, missing_fields, served_by
-from payloadrun_operator.platform.kube import KubeClient
+from payloadrun_operator.platform.kube import KubeApiError, KubeClient
 from payloadrun_operator.platform.metrics import OperatorMetrics
 from payloadrun_operator.platform.runtime import Operator
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -219,6 +219,15 @@ def test_an_older_leaderworkerset_is_told_by_the_fields_it_lacks():
 
         async def openapi(self, kind):  # type: ignore[no-untyped-def]
             return lws_openapi(subdomain_policy=False)
+
+    class Forbidden(Older):
+        async def openapi(self, kind):  # type: ignore[no-untyped-def]
+            raise KubeApiError(403, "Forbidden", "forbidden", "reading the schema")
+
+    # a schema the operator may not read (no system:discovery): served, as discovery says
+    unread = Discovery()
+    asyncio.run(unread.discover(Forbidden()))
+    assert unread.serves(LEADER_WORKER_SET)
 
     discovery = Discovery()
     asyncio.run(discovery.discover(Older()))

@@ -130,7 +130,11 @@ class Discovery:
                 for kind in list(served):
                     addon = ADDONS.get(kind)
                     if addon and addon.required_fields:
-                        document = await client.openapi(kind)
+                        try:
+                            document = await client.openapi(kind)
+                        except KubeApiError as exc:  # no schema to read (403): nothing to tell
+                            log.info("%s's schema could not be read: %s", kind.kind, exc)
+                            document = None
                         if lacking := missing_fields(document, kind, addon.required_fields):
                             served.remove(kind)
                             older[kind] = (f"{kind.version} without {', '.join(lacking)}",)
