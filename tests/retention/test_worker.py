@@ -269,7 +269,9 @@ def test_a_worker_killed_while_writing_a_reply_ends_every_call(root):
             small = pool.submit(deleter.scan)
             wait_unanswered(deleter, 1)
             big = pool.submit(deleter.measure, "v0", names)
-            wait_unanswered(deleter, 2)
+            # its line is larger than the pipe's buffer: written in part, it waits for the
+            # stopped worker to read (not counted unanswered until it is written whole)
+            wait_for(lambda: blocked_writing(os.getpid()))
             # the reply reader takes this lock for each whole line it read: held, it stops
             # reading after the first reply, so the second blocks the worker in its write
             with deleter._lock:

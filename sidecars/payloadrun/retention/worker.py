@@ -206,6 +206,9 @@ class _Worker:
 
     proc: subprocess.Popen[bytes]
     waiting: dict[int, Future[Any]] = field(default_factory=dict)
+    # the calls of ``waiting`` whose line is written whole (a call waits from before its write,
+    # so that a reply cannot come before its future is there)
+    written: set[int] = field(default_factory=set)
     # one call's line at a time on its input (held while writing, never with the deleter's lock)
     sending: threading.Lock = field(default_factory=threading.Lock)
     # its input pipe broke: it can take no call, whatever ``poll`` says (``poll`` answers None
@@ -315,10 +318,13 @@ class ProcessDeleter:
 
     @property
     def unanswered(self) -> int:
-        """Calls sent to the current worker and not answered yet (a call is counted once it is
-        written to the worker's input)."""
+        """Calls sent to the current worker and not answered yet (a call is counted once its
+        line is written whole to the worker's input: a worker killed before then never took
+        it, and the call goes to another as its first try)."""
         with self._lock:
-            return len(self._worker.waiting) if self._worker is not None else 0
+            if self._worker is None:
+                return 0
+            return len(self._worker.waiting.keys() & self._worker.written)
 
     # --------------------------------------------------------------------------- the protocol
 
@@ -362,6 +368,9 @@ class ProcessDeleter:
             try:
                 with worker.sending:
                     _send(worker.proc, {"id": call_id, "op": op, **fields})
+                with self._lock:
+                    if call_id in worker.waiting:  # not answered while its write returned
+                        worker.written.add(call_id)
                 return answer
             except OSError as exc:
                 # Nothing reads the worker's input: it exited (or is exiting) and never took
@@ -429,6 +438,7 @@ class ProcessDeleter:
                     continue
                 with self._lock:
                     answer = worker.waiting.pop(call_id, None)
+                    worker.written.discard(call_id)
                 if answer is not None:
                     _settle(answer, reply)
         finally:
@@ -438,6 +448,7 @@ class ProcessDeleter:
             with self._lock:
                 worker.gone = True
                 left, worker.waiting = worker.waiting, {}
+                worker.written.clear()
             for answer in left.values():
                 _settle(answer, WorkerGoneError(f"the deletion worker exited (code {code})"))
 
