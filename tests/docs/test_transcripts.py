@@ -18,7 +18,7 @@ GET = re.compile(r"^\$ kubectl get payloadruns?\b(?P<args>.*)$")
 def printed_columns(wide: bool) -> list[str]:
     """kubectl's header for a PayloadRun: NAME, the printer columns (priority 1 only with
     ``-o wide``), AGE (the server's own last column) unless the CRD names one."""
-    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    (version,) = yaml.load(CRD.read_text(), Loader=yaml.CSafeLoader)["spec"]["versions"]
     columns = [
         c["name"].upper()
         for c in version["additionalPrinterColumns"]

@@ -390,7 +390,7 @@ def test_an_older_leaderworkerset_that_lacks_what_the_operator_sets_is_named_too
     lws_api.install()
     # the real document: the operator's check reads it as the API server publishes it
     eventually("v0.9.0's schema published", lambda: unpublished(kube_cluster) == ())
-    older = yaml.safe_load(lws_crd_file().read_text())
+    older = yaml.load(lws_crd_file().read_text(), Loader=yaml.CSafeLoader)
     for version in older["spec"]["versions"]:
         del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
             "networkConfig"

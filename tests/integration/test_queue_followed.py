@@ -421,7 +421,7 @@ def older_kueue_crds() -> list[dict[str, Any]]:
 
     older = []
     for path in kueue_crd_files():
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
         (stored,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
         crd["spec"]["versions"] = [{**stored, "name": "v1beta1"}]
         crd["spec"].pop("conversion", None)

@@ -42,7 +42,11 @@ def test_the_crd_alone_is_the_generated_one(manifests):
 def test_everything_in_one_is_the_namespace_the_crd_rbac_and_the_operator_at_the_version(
     manifests,
 ):
-    documents = [d for d in yaml.safe_load_all(manifests["payloadrun.yaml"].read_text()) if d]
+    documents = [
+        d
+        for d in yaml.load_all(manifests["payloadrun.yaml"].read_text(), Loader=yaml.CSafeLoader)
+        if d
+    ]
     assert documents[0] == {
         "apiVersion": "v1",
         "kind": "Namespace",

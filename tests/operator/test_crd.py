@@ -53,7 +53,7 @@ def test_schema_is_structural():
 
 
 def test_crd_metadata_and_columns():
-    crd = yaml.safe_load(render_yaml())
+    crd = yaml.load(render_yaml(), Loader=yaml.CSafeLoader)
     assert crd["metadata"]["name"] == "payloadruns.payloadrun.dev"
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}

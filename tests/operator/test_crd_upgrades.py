@@ -49,12 +49,12 @@ def previous_crd() -> dict[str, Any]:
             f"the previous release {release.version} ({release.ref}) is not in this clone: "
             f"{shown.stderr.strip()} (`git fetch --unshallow --tags` brings it)"
         )
-    return yaml.safe_load(shown.stdout)
+    return yaml.load(shown.stdout, Loader=yaml.CSafeLoader)
 
 
 def test_every_field_the_crd_defaults_was_in_the_previous_release():
     before = dict(fields(served_schema(previous_crd())))
-    now = served_schema(yaml.safe_load(render_yaml()))
+    now = served_schema(yaml.load(render_yaml(), Loader=yaml.CSafeLoader))
     defaulted_new = [
         f"{path} (default {node['default']!r})"
         for path, node in fields(now)

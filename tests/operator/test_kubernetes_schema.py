@@ -89,7 +89,7 @@ def lws_crd_spec_schema() -> dict[str, Any] | None:
     )
     if not version or not crd_file.is_file():
         return None
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = yaml.load(crd_file.read_text(), Loader=yaml.CSafeLoader)
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return strict(served["schema"]["openAPIV3Schema"]["properties"]["spec"])
 

@@ -363,7 +363,10 @@ def build_crd(full_templates: bool = False) -> dict[str, Any]:
 def _dump(obj: Any) -> str:
     import yaml
 
-    return yaml.safe_dump(json.loads(json.dumps(obj)), sort_keys=False, width=100)
+    # libyaml's dumper where PyYAML has it: the same text as the pure-Python one (the drift tests
+    # compare the committed file with this), eight times faster on the 1.6 MB CRD
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(json.loads(json.dumps(obj)), Dumper=dumper, sort_keys=False, width=100)
 
 
 def render_yaml() -> str:
