@@ -201,3 +201,28 @@ def test_only_released_volumes_of_ours_with_policy_delete_are_deleted():
         pv("static", "Released", ours=False),
     ]
     assert [v["metadata"]["name"] for v in provisioner.volumes_to_delete(volumes)] == ["released"]
+
+
+def test_the_built_coredns_has_every_plugin_the_nodes_corefile_uses(tmp_path):
+    """build.sh compiles CoreDNS with a list of plugins of its own: a directive the Corefile
+    gains must be in it, or the node's DNS refuses its configuration at start."""
+    from payloadrun_devcluster.binaries import BinariesMissing, find_binaries
+    from payloadrun_devkit.required import skip_or_fail
+
+    try:
+        coredns = find_binaries(("coredns",)).path("coredns")
+    except BinariesMissing as missing:
+        skip_or_fail(str(missing))
+    text = node.corefile(tmp_path / "dns.kubeconfig", 8181, 8182)
+    used = {
+        line.split()[0]
+        for line in text.splitlines()[1:]  # the server block's lines, its address line aside
+        if line.startswith("    ") and not line.startswith("     ") and line.strip() != "}"
+    }
+    assert {"kubernetes", "cache", "health", "ready"} <= used  # the parse reads the directives
+    compiled = set(
+        subprocess.run(
+            [str(coredns), "-plugins"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.split()
+    )
+    assert used <= compiled, f"{sorted(used - compiled)}: add them to COREDNS_PLUGINS (build.sh)"
