@@ -7,8 +7,9 @@
 #            CPU-bound, about half an hour from an empty cache;
 #            then helm-docs (hack/helm-docs.sh)
 #   fetch    the project's venv, vLLM's CPU build, Debian's packages (node, Prometheus, Node.js),
-#            the dashboard schema and the container images for amd64 and arm64 (the machine's
-#            other architecture under qemu-user emulation), one after another (mostly
+#            the dashboard schema, the container images for amd64 and arm64 (the machine's
+#            other architecture under qemu-user emulation) and the previous release's (the
+#            upgrade tests'), one after another (mostly
 #            network-bound; every apt-get of the project is in this lane, so none waits on
 #            another's dpkg lock)
 #
@@ -38,6 +39,9 @@ fetch() {
     # both architectures the release publishes (hack/publish.sh images; the other one emulated)
     PAYLOADRUN_IMAGE_ARCH=amd64 bash hack/images.sh >/dev/null
     PAYLOADRUN_IMAGE_ARCH=arm64 bash hack/images.sh >/dev/null
+    # the previous release's images, which the upgrade tests install (built in the node's
+    # part, the suite's critical path, they cost it over a minute cold)
+    "$(bash hack/venv.sh)/bin/python" -m payloadrun_devkit.previous >/dev/null
   else
     log "not root, so no images are built and pods will not start (make node says the same)"
   fi

@@ -7,12 +7,19 @@ objects (nothing is written to this checkout), and :func:`build_previous_images`
 images with its own ``hack/images.sh`` under a cache of their own (its wheelhouse differs from
 this tree's, and each script keeps one wheelhouse), the base image linked from this tree's cache
 when the recipe is the same.
+
+``python -m payloadrun_devkit.previous`` builds those images into the cache ahead of the tests:
+``hack/prepare.sh`` (``make test``) does it beside the Go builds, so the node's tests, the
+suite's critical path, find them built.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,3 +88,37 @@ def build_previous_images(tree: Path, release: Release, cache: Path) -> dict[str
     return build_images(
         tree, env={"PAYLOADRUN_CACHE": str(own), "PAYLOADRUN_IMAGE_TAG": release.version}
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m payloadrun_devkit.previous",
+        description=(
+            "Build the previous release's images (the release CHANGELOG.md names, from a "
+            "temporary clone of its tree) into the cache, where the upgrade tests find them. "
+            "Prints each image's name and tarball."
+        ),
+    )
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        default=Path(__file__).resolve().parents[2],
+        help="this project's checkout, whose history holds the release (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    from payloadrun_devcluster.binaries import cache_dir
+
+    release = previous_release(args.repo)
+    with tempfile.TemporaryDirectory(prefix="payloadrun-previous-") as scratch:
+        try:
+            tree = checkout(args.repo, release, Path(scratch) / release.version)
+        except PreviousReleaseMissing as missing:
+            print(f"python -m payloadrun_devkit.previous: {missing}", file=sys.stderr)
+            return 1
+        for name, tarball in build_previous_images(tree, release, cache_dir()).items():
+            print(name, tarball)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

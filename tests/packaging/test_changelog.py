@@ -5,6 +5,8 @@ docs that name versions rather than history (issue 34: "since pod templates" whe
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,26 @@ def test_the_history_pattern_catches_what_it_is_for():
     for phrase in ("Since pod templates: a run", "as before issue 33", "Earlier builds used"):
         assert HISTORY.search(phrase)
     assert not HISTORY.search("a development build before 0.1.0")
+
+
+def test_building_the_previous_releases_images_from_a_shallow_clone_says_what_brings_it(tmp_path):
+    """make test's prepare builds the release CHANGELOG.md names from this clone's history
+    (``python -m payloadrun_devkit.previous``); a clone without that history gets the command
+    that fetches it, not a traceback."""
+    shallow = tmp_path / "shallow"
+    subprocess.run(
+        ["git", "clone", "--quiet", "--depth", "1", f"file://{REPO}", str(shallow)],
+        check=True,
+        timeout=120,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "payloadrun_devkit.previous", "--repo", str(shallow)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"is not in {shallow}" in result.stderr
+    assert "git fetch --unshallow --tags" in result.stderr
