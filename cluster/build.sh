@@ -81,15 +81,7 @@ K8S_OLDEST_BINS=(kube-apiserver kube-controller-manager)
 
 START_S=$SECONDS
 log() { printf '[%s +%4ds] build.sh: %s\n' "$(date +%H:%M:%S)" "$((SECONDS - START_S))" "$*" >&2; }
-OLDEST_PID=""  # the oldest Kubernetes' build, in the background while the rest builds
-die() {
-  log "ERROR: $*"
-  if [[ -n "$OLDEST_PID" ]]; then  # nothing left running (its cache entry is written last)
-    log "waiting for the build of Kubernetes $KUBERNETES_OLDEST_VERSION to end"
-    wait "$OLDEST_PID" || true
-  fi
-  exit 1
-}
+die() { log "ERROR: $*"; exit 1; }
 
 have_tools() {
   [[ -x "$HELM_DIR/helm" && -x "$CRANE_DIR/crane" ]]
@@ -337,11 +329,8 @@ if (( ! TOOLS_ONLY )); then
     "$ETCD_DIR/etcd" --version >>"$LOG" 2>&1 || die "built etcd does not run (see $LOG)"
     log "etcd done: $ETCD_DIR"
   fi
-  # The oldest Kubernetes the project claims (its control plane only, with the same etcd) builds
-  # beside the tools and add-ons below: alone, one go build leaves a core idle while it waits on
-  # the module proxy and while it links (about 70% of two cores busy), and the other takes it.
-  kubernetes_build "$KUBERNETES_OLDEST_VERSION" "$K8S_OLDEST_DIR" 0 "${K8S_OLDEST_BINS[@]}" &
-  OLDEST_PID=$!
+  # the oldest Kubernetes the project claims: its control plane only, with the same etcd
+  kubernetes_build "$KUBERNETES_OLDEST_VERSION" "$K8S_OLDEST_DIR" 0 "${K8S_OLDEST_BINS[@]}"
 fi
 
 # -- helm: its go.mod has no replace directives, so `go install pkg@version` builds it as released
@@ -481,10 +470,6 @@ if (( ! TOOLS_ONLY )) && ! have_manager "$KUEUE_DIR"; then
     "$KUEUE_DIR" --help
 fi
 
-if [[ -n "$OLDEST_PID" ]]; then
-  wait "$OLDEST_PID" || { OLDEST_PID=""; die "the build of Kubernetes $KUBERNETES_OLDEST_VERSION failed (above)"; }
-  OLDEST_PID=""
-fi
 wanted || die "build finished but binaries are missing; see $LOG"
 log "done in $((SECONDS - START_S))s; cache size $(du -sh "$CACHE" 2>/dev/null | cut -f1)"
 finish

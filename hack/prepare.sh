@@ -40,7 +40,8 @@ fetch() {
     PAYLOADRUN_IMAGE_ARCH=amd64 bash hack/images.sh >/dev/null
     PAYLOADRUN_IMAGE_ARCH=arm64 bash hack/images.sh >/dev/null
     # the previous release's images, which the upgrade tests install (built in the node's
-    # part, the suite's critical path, they cost it over a minute cold)
+    # part, the suite's critical path, they cost it over two minutes cold: 0.1.0 debootstraps
+    # a base image of its own)
     "$(bash hack/venv.sh)/bin/python" -m payloadrun_devkit.previous >/dev/null
   else
     log "not root, so no images are built and pods will not start (make node says the same)"

@@ -6,7 +6,8 @@ its tag (``v<version>``). :func:`checkout` makes a clone of it that shares this 
 objects (nothing is written to this checkout), and :func:`build_previous_images` builds its
 images with its own ``hack/images.sh`` under a cache of their own (its wheelhouse differs from
 this tree's, and each script keeps one wheelhouse), the base image linked from this tree's cache
-when the recipe is the same.
+when its name is the same (a tarball names its recipe's key; 0.1.0's names no architecture, so
+it builds its own base once, about two minutes cold).
 
 ``python -m payloadrun_devkit.previous`` builds those images into the cache ahead of the tests:
 ``hack/prepare.sh`` (``make test``) does it beside the Go builds, so the node's tests, the
