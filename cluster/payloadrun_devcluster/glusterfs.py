@@ -11,6 +11,10 @@ userspace NFS client and this kernel has none; GlusterFS needs nothing beyond De
 - :class:`GlusterServer`: ``glusterd``, one per machine (its port 24007 is fixed), bound to
   127.0.0.1 with its state under ``/run/payloadrun-gluster``. Started by the first user that needs
   it, stopped by :meth:`GlusterServer.stop_if_idle` once no volume is left.
+- :data:`machine_lock`: the processes that use it at once (``make test``'s node part, whose node
+  serves its volume, and the part that runs the GlusterFS tests) take turns: glusterd refuses a
+  second transaction while one runs ("Another transaction is in progress"), and "is it idle?
+  stop it" or "is it running? create a volume" must not interleave with another process's.
 - :class:`Volume`: one brick on a local directory (or on a tmpfs of a given size, for a volume
   that fills up), with the fault controls the tests use: kill the brick process and start it
   again, stop it (SIGSTOP) and let it go on.
@@ -27,6 +31,7 @@ Root and Linux only (FUSE mounts); standard library only, like the rest of this 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import re
@@ -34,6 +39,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -54,6 +60,43 @@ COHERENT_MOUNT_OPTIONS = ("--attribute-timeout=0", "--entry-timeout=0", "--negat
 COHERENT_VOLUME_OPTIONS = {"performance.stat-prefetch": "off"}
 
 _counter = itertools.count()
+
+
+class MachineLock:
+    """An exclusive lock of every process on this machine (``flock`` on ``path``), re-entrant
+    within a process: what holds it may call what takes it again (a volume's creation runs
+    ``gluster`` commands, each of which takes it too). The lock file is opened close-on-exec, so a
+    glusterd started under it does not hold it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._in_process = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._in_process.acquire()
+        if self._depth == 0:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._in_process.release()
+                raise
+            self._fd = fd
+        self._depth += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+        self._in_process.release()
+
+
+# beside RUN_DIR, not in it: the lock outlives a cleanup of the server's state
+machine_lock = MachineLock(RUN_DIR.with_name(RUN_DIR.name + ".lock"))
 
 
 class GlusterError(RuntimeError):
@@ -147,8 +190,10 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def gluster(*args: str, timeout: float = 120) -> str:
-    """``gluster --mode=script ARGS``; its output, or :class:`GlusterError` with what it said."""
-    result = _run("gluster", "--mode=script", *args, timeout=timeout)
+    """``gluster --mode=script ARGS``; its output, or :class:`GlusterError` with what it said.
+    One at a time on the machine (:data:`machine_lock`)."""
+    with machine_lock:
+        result = _run("gluster", "--mode=script", *args, timeout=timeout)
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip()
         raise GlusterError(f"gluster {' '.join(args)} failed ({result.returncode}): {said}")
@@ -342,11 +387,18 @@ class GlusterServer:
         if reason:
             raise GlusterError(f"GlusterFS cannot run here: {reason}")
         server = cls()
-        if not server.running():
-            server._clean_leftovers()
-            server._start()
-        server._delete_volumes_of_gone_processes()
+        with machine_lock:
+            server._start_if_stopped()
+            server._delete_volumes_of_gone_processes()
         return server
+
+    def _start_if_stopped(self) -> None:
+        """Start glusterd when none runs (another process that found it idle may have stopped
+        it since this one's :meth:`ensure`), after a crashed one's leftovers go. Under
+        :data:`machine_lock`."""
+        if not self.running():
+            self._clean_leftovers()
+            self._start()
 
     @staticmethod
     def pid() -> int | None:
@@ -397,6 +449,13 @@ class GlusterServer:
         ``name`` defaults to a test volume of this process (:data:`TEST_VOLUME_PREFIX`).
         """
         name = name or f"{TEST_VOLUME_PREFIX}{os.getpid()}-{next(_counter)}"
+        with machine_lock:
+            self._start_if_stopped()
+            return self._create_volume(brick_dir, name, size_bytes, options)
+
+    def _create_volume(
+        self, brick_dir: Path, name: str, size_bytes: int | None, options: dict[str, str] | None
+    ) -> Volume:
         brick_dir.mkdir(parents=True, exist_ok=True)
         tmpfs = None
         if size_bytes is not None:
@@ -425,6 +484,10 @@ class GlusterServer:
 
     def delete_volume(self, name: str) -> None:
         """Unmount its clients, stop and delete the volume, and remove its brick's data."""
+        with machine_lock:
+            self._delete_volume(name)
+
+    def _delete_volume(self, name: str) -> None:
         volume = self.volumes.pop(name, None)
         for source, point in fuse_mounts(f"127.0.0.1:{name}"):
             if source == f"127.0.0.1:{name}" or source.startswith(f"127.0.0.1:{name}/"):
@@ -448,12 +511,13 @@ class GlusterServer:
 
     def stop_if_idle(self) -> bool:
         """Stop glusterd when no volume is left on it; True when it is stopped (or was)."""
-        if not self.running():
+        with machine_lock:
+            if not self.running():
+                return True
+            if self.volume_names():
+                return False
+            self._stop()
             return True
-        if self.volume_names():
-            return False
-        self._stop()
-        return True
 
     def _stop(self) -> None:
         pid = self.pid()
