@@ -132,6 +132,130 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
+# --- a run and its children as the operator observes them -----------------------------------------
+
+T0 = "2026-12-01T10:00:00Z"  # when an observed thing happened (a pod finished, a deletion began)
+# Kubernetes' reason for each outcome condition of a Job
+JOB_OUTCOME_REASONS = {"Failed": "BackoffLimitExceeded", "Complete": "CompletionsReached"}
+
+
+def observed_run(
+    spec: dict[str, Any] | None = None,
+    *,
+    name: str = NAME,
+    namespace: str = NAMESPACE,
+    uid: str = UID,
+    labels: dict[str, str] | None = None,
+    **status: Any,
+) -> dict[str, Any]:
+    """A ``PayloadRun`` as the operator reads it after its first pass: generation 1, observed,
+    provisioning by handle with the sidecars in the inference pods; ``status`` fields (in the
+    API's camelCase) over those. ``spec`` defaults to a failure policy of two restarts."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "generation": 1, "uid": uid}
+    if labels is not None:
+        metadata["labels"] = labels
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": spec if spec is not None else {"failurePolicy": {"backoffLimit": 2}},
+        "status": {
+            "observedGeneration": 1,
+            "phase": "Provisioning",
+            "payloadMode": "ByHandle",
+            "sidecars": {"podLayout": 2},
+            **status,
+        },
+    }
+
+
+def run_owner(run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ownerReference the operator sets on a child of ``run`` (default: :data:`OWNER`)."""
+    if run is None:
+        return dict(OWNER)
+    meta = run["metadata"]
+    return OWNER | {"apiVersion": run["apiVersion"], "name": meta["name"], "uid": meta["uid"]}
+
+
+def job(
+    component: str = "trainer",
+    *,
+    name: str | None = None,
+    run: str = NAME,
+    namespace: str = NAMESPACE,
+    uid: str | None = None,
+    labels: dict[str, str] | None = None,
+    resource_version: str | None = None,
+    parallelism: int = 1,
+    ready: int = 1,
+    outcome: str | None = None,
+    failed: int = 0,
+    succeeded: int = 0,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """A component's Job (``<run>-<component>``, or ``name``) as a watch event gives it:
+    ``outcome`` ("Failed", "Complete") sets its condition as Kubernetes does, ``deleting`` its
+    deletion timestamp."""
+    metadata: dict[str, Any] = {
+        "name": name or f"{run}-{component}",
+        "namespace": namespace,
+        "uid": uid or f"{component}-uid",
+    }
+    if labels is not None:
+        metadata["labels"] = labels
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    if deleting:
+        metadata["deletionTimestamp"] = T0
+    conditions = []
+    if outcome:
+        conditions = [{"type": outcome, "status": "True", "reason": JOB_OUTCOME_REASONS[outcome]}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {"parallelism": parallelism},
+        "status": {
+            "ready": ready,
+            "conditions": conditions,
+            "failed": failed,
+            "succeeded": succeeded,
+        },
+    }
+
+
+def failed_pod(
+    component: str, rank: int, code: int, *, finished: str = T0, suffix: str = "abcde"
+) -> dict[str, Any]:
+    """A pod of a component's indexed Job (rank ``rank``) whose container exited ``code``."""
+    return {
+        "metadata": {
+            "name": f"{NAME}-{component}-{rank}-{suffix}",
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": component,
+                    "state": {"terminated": {"exitCode": code, "finishedAt": finished}},
+                }
+            ],
+        },
+    }
+
+
+def observed_children(*objs: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Children as the operator's cache holds them: by ``(namespace, kind, name)``."""
+    return {(o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def condition_of(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
+    """The condition ``ctype`` in an object's status (a run's, a Workload's, a Job's), or None."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == ctype), None)
+
+
 # --- Kueue ---------------------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from example_runs import example_run
 from kubernetes.client.rest import ApiException
 from test_operator import eventually
 
+from builders import condition_of, run_owner
 from payloadrun_devcluster import BinariesMissing
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_devkit.required import skip_or_fail
@@ -117,15 +118,10 @@ def get_run(api, namespace: str, name: str) -> dict[str, Any]:
     return api["custom"].get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
-def condition(run: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    conditions = (run.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == ctype), None)
-
-
 def has_condition(api, namespace: str, name: str, ctype: str, reason: str) -> Callable[[], Any]:
     def probe() -> Any:
         run = get_run(api, namespace, name)
-        found = condition(run, ctype)
+        found = condition_of(run, ctype)
         return run if found and found["reason"] == reason else (found or {}).get("reason", "")
 
     return probe
@@ -168,18 +164,6 @@ def lws_listable(api) -> bool:
             return False
         raise
     return True
-
-
-def run_owner(run: dict[str, Any]) -> dict[str, Any]:
-    meta = run["metadata"]
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "PayloadRun",
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def hand_made_lws(run: dict[str, Any]) -> dict[str, Any]:
@@ -294,12 +278,12 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
             "Applied LeaderWorkerSetMissing",
             has_condition(api, namespace, name, "Applied", "LeaderWorkerSetMissing"),
         )
-        applied = condition(run, "Applied")
+        applied = condition_of(run, "Applied")
         assert applied["status"] == "False"
         assert "Install LeaderWorkerSet (https://lws.sigs.k8s.io/" in applied["message"]
         assert "from LeaderWorkerSet v0.4.0 on; tested with v0.9.0)" in applied["message"]
         assert "restart the operator" in applied["message"]
-        ready, validated = condition(run, "Ready"), condition(run, "Validated")
+        ready, validated = condition_of(run, "Ready"), condition_of(run, "Validated")
         assert (ready["status"], ready["reason"]) == ("False", "LeaderWorkerSetMissing")
         assert (validated["status"], validated["reason"]) == ("True", "SpecValid")
         assert run["status"]["phase"] == "Provisioning"
@@ -339,7 +323,7 @@ def test_a_run_of_groups_waits_for_leaderworkerset_then_follows_its_groups(
             # the pod's end and the LeaderWorkerSet's status are two events: a pass may see the
             # first alone (Ready still 0/2), the next one both
             run = get_run(api, namespace, name)
-            ready = condition(run, "Ready") or {}
+            ready = condition_of(run, "Ready") or {}
             seen = run["status"].get("lastInferenceGroupRestart") and (
                 f"{lws_name} 1/2 groups ready" in ready.get("message", "")
             )
@@ -412,14 +396,14 @@ def test_an_older_leaderworkerset_that_lacks_what_the_operator_sets_is_named_too
             "Applied LeaderWorkerSetMissing",
             has_condition(api, namespace, name, "Applied", "LeaderWorkerSetMissing"),
         )
-        message = condition(run, "Applied")["message"]
+        message = condition_of(run, "Applied")["message"]
         assert (
             "this cluster served leaderworkerset.x-k8s.io at v1 without "
             "spec.networkConfig.subdomainPolicy only when the operator started, an older "
             "LeaderWorkerSet than the operator needs" in message
         ), message
         assert "Upgrade LeaderWorkerSet (https://lws.sigs.k8s.io/" in message
-        ready = condition(run, "Ready")
+        ready = condition_of(run, "Ready")
         assert ready["message"].startswith("LeaderWorkerSet is too old")
         assert run_children(api, namespace, name) == []
         log = (tmp_path / "operator.log").read_text()
@@ -455,7 +439,7 @@ def test_a_group_template_the_api_server_refuses_is_refused_before_anything_is_a
         run = eventually(
             "Validated InvalidSpec", has_condition(api, namespace, name, "Validated", "InvalidSpec")
         )
-        message = condition(run, "Validated")["message"]
+        message = condition_of(run, "Validated")["message"]
         assert message.startswith(
             "spec.inference.workerTemplate: the API server refuses its pods as a StatefulSet's"
         ), message

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from pod_helpers import IMAGE, get, kubectl, wait_for
 
+from builders import condition_of
 from payloadrun_devcluster import kueue as kq
 
 pytestmark = pytest.mark.integration
@@ -45,12 +46,8 @@ PODS = 2
 GPU = "example.com/gpu"  # an extended resource, as nvidia.com/gpu is on GPU nodes
 
 
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
-
-
 def is_true(obj: dict[str, Any], kind: str) -> bool:
-    found = condition(obj, kind)
+    found = condition_of(obj, kind)
     return bool(found) and found["status"] == "True"
 
 
@@ -373,7 +370,9 @@ def test_a_workload_is_admitted_and_one_that_does_not_fit_waits_until_it_finishe
     assert assignment["flavors"] == {"cpu": flavor, "memory": flavor, GPU: flavor}
     assert assignment["count"] == PODS
     assert assignment["resourceUsage"] == {"cpu": "600m", "memory": "128Mi", GPU: "2"}
-    assert condition(first, "QuotaReserved")["message"] == f"Quota reserved in ClusterQueue {queue}"
+    assert (
+        condition_of(first, "QuotaReserved")["message"] == f"Quota reserved in ClusterQueue {queue}"
+    )
     assert not first["metadata"].get("finalizers")  # Kueue adds none to a hand-made Workload
 
     create(kube_cluster, namespace, workload("second", queue))
@@ -383,9 +382,9 @@ def test_a_workload_is_admitted_and_one_that_does_not_fit_waits_until_it_finishe
         namespace,
         "second",
         "to wait for quota",
-        lambda wl: (c := condition(wl, "QuotaReserved")) is not None and c["status"] == "False",
+        lambda wl: (c := condition_of(wl, "QuotaReserved")) is not None and c["status"] == "False",
     )
-    reserved = condition(second, "QuotaReserved")
+    reserved = condition_of(second, "QuotaReserved")
     print(f"waiting: reason {reserved['reason']!r}, message {reserved['message']!r}")
     assert reserved["reason"] == "Pending"
     # 1 CPU less the first's 600m leaves 400m of the 600m asked; 2 GPUs less 2 leaves none
@@ -431,7 +430,7 @@ def test_a_higher_priority_workload_preempts_and_the_owner_releases_the_quota(
         victim = wait_workload(
             kube_cluster, namespace, "low", "evicted", lambda wl: is_true(wl, "Evicted")
         )
-        eviction = condition(victim, "Evicted")
+        eviction = condition_of(victim, "Evicted")
         print(f"evicted: {eviction['reason']!r}: {eviction['message']!r}")
         assert eviction["reason"] == "Preempted"
         assert is_true(victim, "Preempted")
@@ -443,7 +442,7 @@ def test_a_higher_priority_workload_preempts_and_the_owner_releases_the_quota(
         # the owner, its pods stopped, clears the admission as Kueue's own integrations do
         # (jobframework's reconciler, "handle eviction")
         def released(wl: dict[str, Any]) -> dict[str, Any]:
-            evicted = condition(wl, "Evicted")
+            evicted = condition_of(wl, "Evicted")
             conditions = with_condition(
                 wl["status"]["conditions"], "QuotaReserved", "False", "Pending", evicted["message"]
             )

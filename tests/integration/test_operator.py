@@ -17,6 +17,7 @@ from example_runs import example_run
 from kubernetes.client.rest import ApiException
 from pod_helpers import status_caught_up
 
+from builders import condition_of
 from payloadrun_devkit.local_operator import LocalOperator
 from payloadrun_operator.api.crd import build_crd
 from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
@@ -92,10 +93,6 @@ def reconciled(api, namespace: str, name: str, generation: int | None = None):
     return eventually(f"{namespace}/{name} reconciled", probe)
 
 
-def condition(run: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next(c for c in run["status"]["conditions"] if c["type"] == ctype)
-
-
 def children(api, namespace: str, name: str) -> dict[tuple[str, str], Any]:
     selector = f"payloadrun.dev/run={name}"
     found = {}
@@ -155,7 +152,7 @@ def test_kubectl_apply_of_each_example(kube_cluster, operator, api, namespace):
     for name, (mode, reason) in expected.items():
         run = reconciled(api, namespace, name)
         assert (run["status"]["payloadMode"], run["status"]["payloadModeReason"]) == (mode, reason)
-        assert condition(run, "Validated")["status"] == "True"
+        assert condition_of(run, "Validated")["status"] == "True"
 
     table = kube_cluster.kubectl("get", "payloadruns", "-n", namespace).stdout
     assert table.splitlines()[0].split() == ["NAME", "MODE", "PHASE", "READY", "CLAIM", "AGE"]
@@ -199,11 +196,11 @@ def test_by_handle_run_children_status_and_events(operator, api, namespace):
     assert status["payloadRoot"] == root
     assert status["claimName"] == f"{name}-payloads"
     assert status["phase"] == "Provisioning"
-    assert condition(run, "Validated")["reason"] == "SpecValid"
+    assert condition_of(run, "Validated")["reason"] == "SpecValid"
     # no provisioner serves the nfs-rwx class here: the claim waits, and the status says so
-    volume = condition(run, "VolumeReady")
+    volume = condition_of(run, "VolumeReady")
     assert (volume["status"], volume["reason"]) == ("False", "ClaimPending")
-    assert condition(run, "Ready")["status"] == "False"
+    assert condition_of(run, "Ready")["status"] == "False"
 
     kids = children(api, namespace, name)
     assert {kind for kind, _ in kids} == {
@@ -273,10 +270,10 @@ def test_volume_becomes_ready_when_a_volume_binds(kube_cluster, operator, api, n
 
         def volume_ready():
             run = get_run(api, namespace, name)
-            return condition(run, "VolumeReady")["status"] == "True" and run
+            return condition_of(run, "VolumeReady")["status"] == "True" and run
 
         run = eventually("VolumeReady=True", volume_ready, timeout=60)
-        assert condition(run, "VolumeReady")["reason"] == "ClaimBound"
+        assert condition_of(run, "VolumeReady")["reason"] == "ClaimBound"
         # the volume bound is news (a flip of VolumeReady): an event, the first of the run's
         # life (its conditions as a new run posted none)
         events = eventually(
@@ -296,7 +293,7 @@ def test_inline_run_has_no_volume_and_no_sidecars(operator, api, namespace):
     name = body["metadata"]["name"]
     create_run(api, namespace, body)
     run = reconciled(api, namespace, name)
-    assert condition(run, "VolumeReady")["reason"] == "NotNeeded"
+    assert condition_of(run, "VolumeReady")["reason"] == "NotNeeded"
     assert "claimName" not in run["status"]
     kids = children(api, namespace, name)
     assert not any(kind == "PersistentVolumeClaim" for kind, _ in kids)
@@ -597,10 +594,10 @@ def test_operator_rejects_what_cel_would_on_a_cluster_without_cel(
         create_run(api, namespace, body)  # accepted: no CEL now
         run = reconciled(api, namespace, body["metadata"]["name"])
         assert run["status"]["phase"] == "Rejected"
-        validated = condition(run, "Validated")
+        validated = condition_of(run, "Validated")
         assert (validated["status"], validated["reason"]) == ("False", "InvalidSpec")
         assert CEL_MESSAGE in validated["message"]
-        ready = condition(run, "Ready")  # Ready speaks of the accepted spec: there is none
+        ready = condition_of(run, "Ready")  # Ready speaks of the accepted spec: there is none
         assert (ready["status"], ready["reason"]) == ("False", "SpecRejected")
         assert children(api, namespace, body["metadata"]["name"]) == {}
 
@@ -780,7 +777,7 @@ def test_a_refused_child_is_in_the_conditions_and_events_until_applied(api, oper
     assert "HTTP 403 Forbidden" in refused["message"] and "exceeded quota" in refused["message"]
     status = get_run(api, namespace, name)["status"]
     assert "observedGeneration" not in status  # nothing claims the spec was applied
-    assert condition(get_run(api, namespace, name), "Ready")["reason"] == "ApplyFailed"
+    assert condition_of(get_run(api, namespace, name), "Ready")["reason"] == "ApplyFailed"
 
     def warning() -> Any:
         events = api["core"].list_namespaced_event(

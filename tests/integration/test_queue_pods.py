@@ -44,7 +44,7 @@ from pod_helpers import (
     wait_for_phase,
 )
 
-from builders import context
+from builders import condition_of, context
 from payloadrun.testing.processes import FAKE_VLLM_MODULE
 from payloadrun_devcluster import kueue as kueue_objects
 from payloadrun_operator.desired import queueing
@@ -170,8 +170,7 @@ def workloads(cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 def condition(status: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
     """A condition of a status (a run's, or a Workload's), {} when it has none of that type."""
-    conds = (status or {}).get("conditions") or []
-    return next((c for c in conds if c["type"] == ctype), {})
+    return condition_of({"status": status}, ctype) or {}
 
 
 def true(obj: dict[str, Any] | None, ctype: str) -> bool:

@@ -1,31 +1,23 @@
 """The follower's cache: what it keeps of an event's object, and which run it concerns."""
 
+import builders
 from payloadrun_operator.observed.following import Cache, newer, owner_of, slim
 
 RUN_LABEL = {"payloadrun.dev/run": "r1"}
 
 
 def job(name: str, rv: str, labels=RUN_LABEL, ns: str = "ml") -> dict:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "resourceVersion": rv,
-            "labels": labels,
-            "managedFields": [{"manager": "payloadrun-operator"}],
-        },
-        "spec": {"parallelism": 2, "suspend": False, "template": {"spec": {"containers": []}}},
-        "status": {"ready": 1},
-    }
+    return builders.job(name=name, resource_version=rv, labels=labels, namespace=ns)
 
 
 def test_slim_drops_what_the_status_never_reads():
-    kept = slim(job("r1-trainer", "5"))
+    full = job("r1-trainer", "5")
+    full["metadata"]["managedFields"] = [{"manager": "payloadrun-operator"}]
+    full["spec"] |= {"suspend": False, "template": {"spec": {"containers": []}}}
+    kept = slim(full)
     assert "managedFields" not in kept["metadata"] and "template" not in kept["spec"]
-    assert kept["spec"] == {"parallelism": 2, "suspend": False}
-    assert kept["status"] == {"ready": 1}
+    assert kept["spec"] == {"parallelism": 1, "suspend": False}
+    assert kept["status"] == full["status"]
     run = {
         "kind": "PayloadRun",
         "metadata": {

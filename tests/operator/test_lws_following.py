@@ -9,6 +9,7 @@ import asyncio
 import re
 from pathlib import Path
 
+from builders import job, observed_run, run_owner
 from payloadrun_operator.api import names
 from payloadrun_operator.api.addons import ADDONS, KUEUE_ADDON, LEADER_WORKER_SET_ADDON
 from payloadrun_operator.api.conditions import (
@@ -57,16 +58,6 @@ LWS_RESOURCES = {
 }
 
 
-def run_owner() -> dict:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "PayloadRun",
-        "name": NAME,
-        "uid": RUN_UID,
-        "controller": True,
-    }
-
-
 def lws(ready: int = 0, replicas: int = 2, generation: int = 1, observed: int = 1) -> dict:
     return {
         "apiVersion": LEADER_WORKER_SET.api_version,
@@ -78,7 +69,7 @@ def lws(ready: int = 0, replicas: int = 2, generation: int = 1, observed: int = 
             "generation": generation,
             "resourceVersion": "5",
             "labels": LABELS,
-            "ownerReferences": [run_owner()],
+            "ownerReferences": [run_owner(group_run())],
         },
         "spec": {
             "replicas": replicas,
@@ -109,31 +100,17 @@ def lws_statefulset(name: str, owner_kind: str = "LeaderWorkerSet") -> dict:
     }
 
 
-def job(component: str) -> dict:
-    return {
-        "kind": "Job",
-        "metadata": {"name": f"{NAME}-{component}", "namespace": NS, "labels": LABELS},
-        "spec": {"parallelism": 1},
-        "status": {"ready": 1},
-    }
+def run_jobs() -> tuple[dict, ...]:
+    """The orchestrator's and the trainers' Jobs of the run, running."""
+    return tuple(
+        job(component, run=NAME, labels=LABELS) for component in ("orchestrator", "trainer")
+    )
 
 
 def group_run(pods_per_replica: int = 2) -> dict:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "PayloadRun",
-        "metadata": {"name": NAME, "namespace": NS, "generation": 1, "uid": RUN_UID},
-        "spec": {
-            "inference": {"replicas": 2, "podsPerReplica": pods_per_replica},
-            "failurePolicy": {"backoffLimit": 2},
-        },
-        "status": {
-            "observedGeneration": 1,
-            "phase": "Provisioning",
-            "payloadMode": "Inline",
-            "sidecars": {"podLayout": 2},
-        },
-    }
+    inference = {"replicas": 2, "podsPerReplica": pods_per_replica}
+    spec = {"inference": inference, "failurePolicy": {"backoffLimit": 2}}
+    return observed_run(spec, name=NAME, uid=RUN_UID, payloadMode="Inline")
 
 
 # --- discovery --------------------------------------------------------------------------------
@@ -383,7 +360,7 @@ def cached(*objs: dict) -> dict:
 
 
 def test_the_run_is_ready_when_its_leaderworkerset_is_and_never_on_lws_statefulsets():
-    jobs = (job("orchestrator"), job("trainer"))
+    jobs = run_jobs()
     others = (lws_statefulset("big-vllm"), lws_statefulset("big-vllm-0", owner_kind="Pod"))
     waiting = run_status(group_run(), Observed(cached(lws(ready=1), *others, *jobs)), NOW)
     ready = waiting.checks[ConditionType.READY]
@@ -472,7 +449,7 @@ def test_a_failure_is_recorded_once_and_counted():
 
 
 def test_a_pass_lists_the_groups_pods_only_while_a_group_is_short_of_ready():
-    jobs = (job("orchestrator"), job("trainer"))
+    jobs = run_jobs()
     run = group_run()
     ready = run_status(run, Observed(cached(lws(ready=2), *jobs)), NOW)
     assert GROUP_PODS not in ready.wants  # every group ready: nothing listed
@@ -550,7 +527,7 @@ def test_the_events_listed_are_this_leaderworkersets_warnings():
 
 
 def test_a_groups_workers_refused_are_said_while_its_leader_is_alone():
-    jobs = (job("orchestrator"), job("trainer"))
+    jobs = run_jobs()
     # group 0 whole, group 1's leader alone: its workers' StatefulSet refused by a quota
     pods = [healthy_pod(0, "l0"), group_pod(0, 1, "w0"), healthy_pod(1, "l1")]
     events = [
@@ -581,7 +558,7 @@ def test_a_groups_workers_refused_are_said_while_its_leader_is_alone():
 
 
 def test_refused_leaders_are_said_until_the_controller_applies_their_generation():
-    jobs = (job("orchestrator"), job("trainer"))
+    jobs = run_jobs()
     older = lws_event(
         "Failed to create leader statefulset big-vllm: old", at="2026-12-04T10:00:00Z"
     )
@@ -610,7 +587,7 @@ def test_refused_leaders_are_said_until_the_controller_applies_their_generation(
 
 
 def test_both_refusals_at_once_are_both_said():
-    jobs = (job("orchestrator"), job("trainer"))
+    jobs = run_jobs()
     events = [lws_event("Failed to update leader statefulset big-vllm: no"), workers_refused("l1")]
     pods = [healthy_pod(1, "l1")]
     seen = Observed(

@@ -7,82 +7,35 @@ import copy
 
 import pytest
 
+from builders import NAMESPACE, T0, failed_pod, job, observed_children, observed_run
 from payloadrun_operator.api.conditions import PayloadsReleasedReason, StatusField
 from payloadrun_operator.api.models import PayloadRunStatus
 from payloadrun_operator.observed.readiness import LAST_STEP, Observed, RunStatus, run_status
 from payloadrun_operator.observed.status import STATUS_FIELDS, Check, status_update
 
 NOW = "2026-12-04T11:00:00Z"
-T0 = "2026-12-04T10:00:00Z"
-NS, NAME = "ml", "run1"
 
 
 def run(phase="Provisioning", suspend=False, claim="run1-payloads", **status):
-    body = {
-        "apiVersion": "payloadrun.dev/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {"name": NAME, "namespace": NS, "generation": 1, "uid": "run-uid"},
-        "spec": {"suspend": suspend, "failurePolicy": {"backoffLimit": 2}},
-        "status": {
-            "observedGeneration": 1,
-            "phase": phase,
-            "payloadMode": "ByHandle",
-            "sidecars": {"podLayout": 2},
-            **({"claimName": claim} if claim else {}),
-            **status,
-        },
-    }
-    return body
+    spec = {"suspend": suspend, "failurePolicy": {"backoffLimit": 2}}
+    claimed = {"claimName": claim} if claim else {}
+    return observed_run(spec, uid="run-uid", phase=phase, **claimed, **status)
 
 
 def sts(ready=2, replicas=2):
     return {
         "kind": "StatefulSet",
-        "metadata": {"name": "run1-inference", "namespace": NS, "generation": 1},
+        "metadata": {"name": "run1-inference", "namespace": NAMESPACE, "generation": 1},
         "spec": {"replicas": replicas},
         "status": {"observedGeneration": 1, "readyReplicas": ready},
     }
 
 
-def job(component, ready=1, parallelism=1, outcome=None, uid=None, deleting=False, failed=0):
-    meta = {"name": f"run1-{component}", "namespace": NS, "uid": uid or f"{component}-uid"}
-    if deleting:
-        meta["deletionTimestamp"] = T0
-    conditions = []
-    if outcome:
-        reason = "BackoffLimitExceeded" if outcome == "Failed" else "CompletionsReached"
-        conditions = [{"type": outcome, "status": "True", "reason": reason}]
-    status = {"ready": ready, "conditions": conditions, "failed": failed, "succeeded": 4}
-    return {"kind": "Job", "metadata": meta, "spec": {"parallelism": parallelism}, "status": status}
-
-
 def claim(phase="Bound"):
     return {
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "run1-payloads", "namespace": NS},
+        "metadata": {"name": "run1-payloads", "namespace": NAMESPACE},
         "status": {"phase": phase},
-    }
-
-
-def children(*objs):
-    return {(o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]): o for o in objs}
-
-
-def failed_pod(component, rank, code, finished=T0):
-    return {
-        "metadata": {
-            "name": f"run1-{component}-{rank}-abcde",
-            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
-        },
-        "status": {
-            "phase": "Failed",
-            "containerStatuses": [
-                {
-                    "name": component,
-                    "state": {"terminated": {"exitCode": code, "finishedAt": finished}},
-                }
-            ],
-        },
     }
 
 
@@ -94,11 +47,13 @@ def running_children(**changes):
         "claim": claim(),
     }
     objs.update(changes)
-    return children(*(o for o in objs.values() if o is not None))
+    return observed_children(*(o for o in objs.values() if o is not None))
 
 
 def observed(kids, **more):
-    return Observed(kids, claim=kids.get((NS, "PersistentVolumeClaim", "run1-payloads")), **more)
+    return Observed(
+        kids, claim=kids.get((NAMESPACE, "PersistentVolumeClaim", "run1-payloads")), **more
+    )
 
 
 def said(result: RunStatus):
