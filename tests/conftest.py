@@ -95,14 +95,14 @@ def compositions(monkeypatch):
     ``compose``, counted (tests/operator/test_build_once.py, tests/integration/test_one_pass.py)."""
     from collections import Counter
 
-    from payloadrun_operator.desired import builders
+    from payloadrun_operator.desired import pods
 
     counts: Counter[str] = Counter()
-    real = builders.compose
+    real = pods.compose
 
     def counting(template, parts):
         counts[parts.role] += 1
         return real(template, parts)
 
-    monkeypatch.setattr(builders, "compose", counting)
+    monkeypatch.setattr(pods, "compose", counting)
     return counts

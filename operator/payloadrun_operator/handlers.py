@@ -39,7 +39,6 @@ from payloadrun_operator.api.names import (
     FIELD_MANAGER,
     FINALIZER,
     INFERENCE,
-    run_workloads,
 )
 from payloadrun_operator.desired import context, group_check
 from payloadrun_operator.desired.admission import Admission, admit
@@ -247,7 +246,7 @@ async def reconcile(
     if not final:  # a finished run keeps what it ran with
         fields |= {
             StatusField.PAYLOAD_MODE: str(decision.mode),
-            StatusField.PAYLOAD_MODE_REASON: decision.reason,
+            StatusField.PAYLOAD_MODE_REASON: str(decision.reason),
             StatusField.PAYLOAD_MODE_MESSAGE: decision.message,
             StatusField.PAYLOAD_ROOT: ctx.root,
             StatusField.CLAIM_NAME: ctx.claim,
@@ -313,14 +312,9 @@ async def apply_children(
     empty: their answers are not read), and the Jobs still being deleted before they can be
     created again. A refusal raises once its step is done: the first refused child's, in order.
     """
-    ctx = built.ctx
-    workload_kinds = {
-        (kind, name)
-        for _, kind, name in run_workloads(ctx.name, ctx.spec.inference.pods_per_replica)
-    }
     children = built.children
-    others = [c for c in children if (c["kind"], c["metadata"]["name"]) not in workload_kinds]
-    workloads = [c for c in children if (c["kind"], c["metadata"]["name"]) in workload_kinds]
+    others = [c for c in children if not built.is_workload(c)]
+    workloads = [c for c in children if built.is_workload(c)]
     applied: dict[tuple[str, str], dict[str, Any]] = {}
     if not final:  # only the followed kinds' answers are read (into the cache): not decoded
         answers = await all_of(

@@ -18,6 +18,8 @@ from builders import (
     group_spec,
     kueue_condition,
     kueue_workload,
+    observed_children,
+    observed_run,
     run_spec,
 )
 from payloadrun_operator.api.conditions import (
@@ -132,7 +134,7 @@ def test_the_admitted_flavors_node_labels_and_tolerations_reach_each_pod_set():
     assert placements["inference"].node_selector == {"pool": "cpu", "cloud.example/gpu": "h100"}
     assert placements["orchestrator"] == queueing.Placement({"pool": "cpu"})
     run = built()
-    placed = by_kind(queueing.placed(run.children, placements))
+    placed = by_kind(queueing.placed(run, placements))
     inference = placed["StatefulSet", f"{NAME}-inference"]["spec"]["template"]["spec"]
     assert inference["nodeSelector"] == {"pool": "cpu", "cloud.example/gpu": "h100"}
     assert inference["tolerations"] == GPU_FLAVOR["spec"]["tolerations"]
@@ -148,7 +150,7 @@ def test_the_admitted_flavors_node_labels_and_tolerations_reach_each_pod_set():
     unplaced = by_kind(run.children)
     assert placed["ConfigMap", f"{NAME}-settings"] == unplaced["ConfigMap", f"{NAME}-settings"]
     assert "nodeSelector" not in unplaced["Job", f"{NAME}-trainer"]["spec"]["template"]["spec"]
-    assert queueing.placed(run.children, {}) == list(run.children)
+    assert queueing.placed(run, {}) == list(run.children)
 
 
 def test_a_group_runs_leaders_and_workers_are_placed_as_their_pod_sets():
@@ -156,7 +158,7 @@ def test_a_group_runs_leaders_and_workers_are_placed_as_their_pod_sets():
         "inference": queueing.Placement({"role": "head"}),
         "inference-workers": queueing.Placement({"role": "worker"}),
     }
-    placed = by_kind(queueing.placed(built(group_spec()).children, placements))
+    placed = by_kind(queueing.placed(built(group_spec()), placements))
     group = placed["LeaderWorkerSet", f"{NAME}-vllm"]["spec"]["leaderWorkerTemplate"]
     assert group["leaderTemplate"]["spec"]["nodeSelector"] == {"role": "head"}
     assert group["workerTemplate"]["spec"]["nodeSelector"] == {"role": "worker"}
@@ -166,7 +168,7 @@ def test_a_new_placement_reaches_a_workload_about_to_run_and_nothing_else():
     run = built()
     children = by_kind(run.children)
     placements = {"trainer": queueing.Placement({"pool": "a"})}
-    job = by_kind(queueing.placed(run.children, placements))["Job", f"{NAME}-trainer"]
+    job = by_kind(queueing.placed(run, placements))["Job", f"{NAME}-trainer"]
     suspended = copy.deepcopy(children["Job", f"{NAME}-trainer"])
     suspended["spec"]["suspend"] = True  # as a queued run's Job waits
     # admitted: the suspended Job takes its placement in place (a suspended Job's scheduling
@@ -350,33 +352,14 @@ def test_a_finished_run_releases_its_quota_at_once():
 
 
 def queued_run(phase="Provisioning", **labels):
-    return {
-        "apiVersion": "payloadrun.dev/v1alpha1",
-        "kind": "PayloadRun",
-        "metadata": {
-            "name": NAME,
-            "namespace": NAMESPACE,
-            "generation": 1,
-            "uid": "run-uid",
-            "labels": {"kueue.x-k8s.io/queue-name": "team-a", **labels},
-        },
-        "spec": {"failurePolicy": {"backoffLimit": 2}},
-        "status": {
-            "observedGeneration": 1,
-            "phase": phase,
-            "payloadMode": "Inline",
-            "sidecars": {"podLayout": 2},
-        },
-    }
-
-
-def kids(*objs):
-    return {(o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]): o for o in objs}
+    queue_label = {"kueue.x-k8s.io/queue-name": "team-a", **labels}
+    spec = {"failurePolicy": {"backoffLimit": 2}}
+    return observed_run(spec, uid="run-uid", labels=queue_label, phase=phase, payloadMode="Inline")
 
 
 def test_a_run_waiting_for_quota_is_queued_not_ready():
     waiting = kueue_workload(kueue_condition("QuotaReserved", False, "Pending", PENDING_MESSAGE))
-    result = run_status(queued_run(), Observed(kids(waiting)), NOW)
+    result = run_status(queued_run(), Observed(observed_children(waiting)), NOW)
     assert result.checks[ConditionType.READY].reason == ReadyReason.QUEUED
     admitted = result.checks[ConditionType.ADMITTED]
     assert (admitted.ok, admitted.reason) == (False, AdmittedReason.PENDING)
@@ -388,7 +371,7 @@ def test_a_run_waiting_for_quota_is_queued_not_ready():
 
 def test_an_admitted_run_is_ready_when_its_workloads_are():
     workload = admitted_workload({"inference": {"cpu": "cpu"}})
-    result = run_status(queued_run(), Observed(kids(workload)), NOW)
+    result = run_status(queued_run(), Observed(observed_children(workload)), NOW)
     assert result.checks[ConditionType.ADMITTED].ok
     assert result.checks[ConditionType.READY].reason == ReadyReason.WORKLOADS_NOT_READY
     update = status_update({}, 1, result.checks, result.fields, NOW)
@@ -396,26 +379,26 @@ def test_an_admitted_run_is_ready_when_its_workloads_are():
 
 
 def test_an_evicted_run_lists_its_pods_and_owes_the_quota_once_none_runs():
-    result = run_status(queued_run(), Observed(kids(evicted())), NOW)
+    result = run_status(queued_run(), Observed(observed_children(evicted())), NOW)
     assert RUN_PODS in result.wants
     running = [{"metadata": {"name": "run1-trainer-0"}, "status": {"phase": "Running"}}]
-    result = run_status(queued_run(), Observed(kids(evicted()), run_pods=running), NOW)
+    result = run_status(queued_run(), Observed(observed_children(evicted()), run_pods=running), NOW)
     assert result.queue_duty is queue.Duty.NONE and not result.wants
     assert result.checks[ConditionType.ADMITTED].reason == AdmittedReason.EVICTED
-    result = run_status(queued_run(), Observed(kids(evicted()), run_pods=[]), NOW)
+    result = run_status(queued_run(), Observed(observed_children(evicted()), run_pods=[]), NOW)
     assert result.queue_duty is queue.Duty.RELEASE
 
 
 def test_a_finished_queued_run_marks_its_workload_finished():
     workload = admitted_workload({"inference": {"cpu": "cpu"}})
-    result = run_status(queued_run(phase="Succeeded"), Observed(kids(workload)), NOW)
+    result = run_status(queued_run(phase="Succeeded"), Observed(observed_children(workload)), NOW)
     assert result.queue_duty is queue.Duty.FINISH
 
 
 def test_a_run_without_a_queue_has_no_admitted_condition():
     body = queued_run()
     body["metadata"]["labels"] = {}
-    result = run_status(body, Observed(kids(evicted())), NOW)
+    result = run_status(body, Observed(observed_children(evicted())), NOW)
     assert ConditionType.ADMITTED not in result.checks
     assert StatusField.QUEUE not in result.fields
     assert result.queue_duty is queue.Duty.NONE
@@ -438,12 +421,12 @@ def test_a_queued_run_without_kueue_gets_nothing_and_says_why():
 
 def test_a_run_whose_queue_label_was_removed_leaves_queued_behind():
     body = queued_run()
-    waiting = run_status(body, Observed(kids(kueue_workload())), NOW)
+    waiting = run_status(body, Observed(observed_children(kueue_workload())), NOW)
     before = status_update({}, 1, waiting.checks, waiting.fields, NOW)
     assert before.phase == Phase.QUEUED
     body["metadata"]["labels"] = {}
     body["status"] |= before.fields
-    result = run_status(body, Observed(kids()), NOW)
+    result = run_status(body, Observed(observed_children()), NOW)
     assert result.fields[StatusField.QUEUE] is None  # removed from the status (a merge patch)
     after = status_update(
         body["status"], 1, result.checks, result.fields, NOW, dropped=result.dropped
@@ -458,7 +441,7 @@ def test_a_run_whose_pods_started_unqueued_runs_on_and_says_so():
     body["status"]["startTime"] = NOW  # started (by 0.1.0, or before the label), never queued
     assert queue.started_unqueued(body)
     assert queue.queue_in_effect(body) is None
-    result = run_status(body, Observed(kids()), NOW)
+    result = run_status(body, Observed(observed_children()), NOW)
     admitted = result.checks[ConditionType.ADMITTED]
     assert (admitted.ok, admitted.reason, admitted.warning) == (
         False,

@@ -171,6 +171,24 @@ MEANINGS: dict[ConditionType, str] = {
     "cleanup Job)",
 }
 
+
+class EventType(StrEnum):
+    """The types of the Kubernetes events the operator posts about a run."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class EventReason(StrEnum):
+    """The reasons of the run's events that are no condition's transition (those carry the
+    condition's reason): restarts, each said once, as a Warning."""
+
+    # the trainers' Job failed and every rank restarts together (restarts.py)
+    TRAINERS_RESTARTED = "TrainersRestarted"
+    # a LeaderWorkerSet group failed and restarts whole (groups.py)
+    INFERENCE_GROUP_RESTARTED = "InferenceGroupRestarted"
+
+
 # A batch/v1 Job's condition types once it has ended (outcome.job_outcome's values): the Job's
 # vocabulary, not the run's.
 JOB_COMPLETE = "Complete"

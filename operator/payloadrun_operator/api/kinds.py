@@ -33,6 +33,11 @@ class Kind:
         """The API version within its group (``v1beta2`` of ``kueue.x-k8s.io/v1beta2``)."""
         return self.api_version.rpartition("/")[2]
 
+    @property
+    def type_meta(self) -> dict[str, str]:
+        """A manifest's first two fields (Kubernetes' TypeMeta): its apiVersion and kind."""
+        return {"apiVersion": self.api_version, "kind": self.kind}
+
 
 RUN = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
 CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", followed=True)
@@ -49,6 +54,8 @@ POD_TEMPLATE = Kind("v1", "PodTemplate", "podtemplates")
 # could not make)
 EVENT = Kind("v1", "Event", "events")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+# the operators' leader election (platform/election.py)
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")
 # A run's multi-node inference replicas (spec.inference.podsPerReplica > 1): kubernetes-sigs/lws,
 # installed in the cluster or not (the operator follows it only where its API exists).
 LEADER_WORKER_SET = Kind(
@@ -81,6 +88,7 @@ KINDS = (
     POD_TEMPLATE,
     EVENT,
     NETWORK_POLICY,
+    LEASE,
     LEADER_WORKER_SET,
     WORKLOAD,
     RESOURCE_FLAVOR,

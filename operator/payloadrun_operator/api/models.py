@@ -148,6 +148,25 @@ class PayloadModeSetting(StrEnum):
     INLINE = "Inline"
 
 
+class PayloadModeReason(StrEnum):
+    """Why a run's payloads move by handle or inline (``status.payloadModeReason``): the rule of
+    ``spec.payloads.mode`` that decided (desired/decisions.py), in the order it is asked."""
+
+    INLINE_REQUESTED = "InlineRequested"  # Inline: spec.payloads.mode says so
+    BY_HANDLE_REQUESTED = "ByHandleRequested"  # ByHandle: spec.payloads.mode says so
+    PAYLOAD_ROOT_SET = "PayloadRootSet"  # ByHandle: spec.payloads.root is set
+    NO_PER_TOKEN_PAYLOADS = "NoPerTokenPayloads"  # Inline: neither capture is on
+    SINGLE_NODE = "SingleNode"  # Inline
+    DISAGGREGATED = "Disaggregated"  # Inline: the P/D router does not stitch segments
+    MULTI_NODE_PER_TOKEN_PAYLOADS = "MultiNodePerTokenPayloads"  # ByHandle
+
+
+def _either(reasons: list[PayloadModeReason]) -> str:
+    """``A, B or C``."""
+    words = [str(r) for r in reasons]
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
 class DeletionPolicy(StrEnum):
     DELETE = "Delete"
     RETAIN = "Retain"
@@ -217,10 +236,12 @@ class Volume(Model):
 class Payloads(Model):
     mode: PayloadModeSetting = Field(
         default=PayloadModeSetting.AUTO,
-        description="Auto: by handle when spec.payloads.root is set (PayloadRootSet), or when "
-        "router replay or sampling-mask capture is on, deploymentType is MultiNode and "
-        "inference is not disaggregated (MultiNodePerTokenPayloads); inline otherwise "
-        "(NoPerTokenPayloads, SingleNode, Disaggregated). Inline and ByHandle force the mode.",
+        description="Auto: by handle when spec.payloads.root is set "
+        f"({PayloadModeReason.PAYLOAD_ROOT_SET}), or when router replay or sampling-mask "
+        "capture is on, deploymentType is MultiNode and inference is not disaggregated "
+        f"({PayloadModeReason.MULTI_NODE_PER_TOKEN_PAYLOADS}); inline otherwise "
+        f"({PayloadModeReason.NO_PER_TOKEN_PAYLOADS}, {PayloadModeReason.SINGLE_NODE}, "
+        f"{PayloadModeReason.DISAGGREGATED}). Inline and ByHandle force the mode.",
     )
     root: Annotated[str, Field(max_length=1024, pattern=r"^/")] | None = Field(
         default=None,
@@ -915,9 +936,8 @@ class PayloadRunStatus(Model):
     )
     payload_mode_reason: str | None = Field(
         default=None,
-        description="Why that mode, as a CamelCase reason: InlineRequested, ByHandleRequested, "
-        "PayloadRootSet, NoPerTokenPayloads, SingleNode, Disaggregated or "
-        "MultiNodePerTokenPayloads (spec.payloads.mode says the rule).",
+        description=f"Why that mode, as a CamelCase reason: {_either(list(PayloadModeReason))} "
+        "(spec.payloads.mode says the rule).",
     )
     payload_mode_message: str | None = Field(default=None, description="Why that mode, in words.")
     payload_root: str | None = Field(

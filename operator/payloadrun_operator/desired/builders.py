@@ -3,8 +3,7 @@
 Children: the ReadWriteMany claim (unless the run names an existing one, or needs none), a
 ConfigMap with the run's effective settings, and three workloads with their Services. Each
 workload's pods are the role's template (``spec.<role>.template``, a PodTemplateSpec) with the
-operator's parts on top (:mod:`templates` has the rules, :func:`common_parts` and the
-``*_parts`` functions what is added):
+operator's parts on top, composed once by :mod:`pods`:
 
 - inference: a StatefulSet of vLLM pods, ``<run>-inference-<i>`` on its headless Service (every
   replica addressable: :func:`env.inference_admin_urls`). By handle, the writer sidecar runs beside
@@ -16,14 +15,11 @@ operator's parts on top (:mod:`templates` has the rules, :func:`common_parts` an
   rendezvous variables (rank 0 is the master: :func:`env.rendezvous_env`). Any rank's failure fails
   the Job, and the operator restarts all ranks together. Its completion is the run's success.
 
-Every main container gets ``/dev/shm`` (inference and trainers) and the run directory unless
-the template has its own; by handle the trainers see the payload root read-only. Both Jobs use
-``restartPolicy: Never`` (a failed pod stays, with its logs) and never run a replacement beside
-the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries the hash of its
-inputs (:func:`pinning.inputs_hash`) and has pods only while the run is active
+Both Jobs use ``restartPolicy: Never`` (a failed pod stays, with its logs) and never run a
+replacement beside the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries
+the hash of its inputs (:func:`pinning.inputs_hash`) and has pods only while the run is active
 (``RunContext.active``, :mod:`context`). A finished run's ``<run>-cleanup`` Job deletes its
-payload files (:func:`build_cleanup`). The pods' env is :mod:`env`'s, their volumes
-:mod:`volumes`', the operator's own containers :mod:`sidecars`'.
+payload files (:func:`build_cleanup`).
 
 Every child carries an owner reference to the run (garbage-collected with it), except a managed
 claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
@@ -34,85 +30,59 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from payloadrun.settings import Env
 from payloadrun_operator.api import names
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET
+from payloadrun_operator.api.kinds import (
+    CLAIM,
+    CONFIG_MAP,
+    JOB,
+    LEADER_WORKER_SET,
+    SERVICE,
+    STATEFUL_SET,
+)
 from payloadrun_operator.api.models import (
     KIND,
     ApiServerLayout,
-    Inference,
-    Orchestrator,
-    PayloadAccess,
-    Trainer,
 )
 from payloadrun_operator.api.names import (
     INFERENCE,
     ORCHESTRATOR,
     TRAINER,
-    VOLUME_NAME,
 )
 from payloadrun_operator.desired import networkpolicy as netpol
-from payloadrun_operator.desired.context import WORKER_TEMPLATE_PATH, RunContext
+from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import (
     DEFAULT_CLAIM_SIZE,
     claim_owned_by_run,
     manages_claim,
-    run_dir_on_payload_volume,
 )
 from payloadrun_operator.desired.env import (
-    env_list,
-    group_env,
-    identity_env,
     inference_admin_urls,
     inference_url,
     inference_world_size,
-    main_env,
-    rendezvous_env,
     retention_url,
-    run_env,
-    step_env,
-    user_env,
 )
-from payloadrun_operator.desired.shape import LEADER, SINGLE, WORKER, port_errors
+from payloadrun_operator.desired.pods import (
+    INFERENCE_WORKER,
+    compose_pods,
+    fs_group,
+    labels,
+    placement,
+    rule_errors,
+    selector,
+)
 from payloadrun_operator.desired.sidecars import (
     cleanup_container,
-    resources,
-    retention_container,
-    writer_container,
 )
 from payloadrun_operator.desired.templates import (
     Manifest,
-    Parts,
     TemplateConflict,
-    compose,
-    read_only_overlays,
-    run_fs_group,
-    with_overlays,
 )
 from payloadrun_operator.desired.volumes import (
     payload_volume,
-    run_directory_mount,
-    run_volumes,
-    volume_mount,
 )
 
 # --- shared pieces -------------------------------------------------------------------------------
-
-
-def labels(ctx: RunContext, component: str) -> dict[str, str]:
-    return {
-        names.LABEL_NAME: names.APP,
-        names.LABEL_INSTANCE: ctx.name,
-        names.LABEL_COMPONENT: component,
-        names.LABEL_MANAGED_BY: names.FIELD_MANAGER,
-        names.LABEL_RUN: ctx.name,
-    }
-
-
-def selector(ctx: RunContext, component: str) -> dict[str, str]:
-    return {names.LABEL_RUN: ctx.name, names.LABEL_COMPONENT: component}
 
 
 def owner_reference(ctx: RunContext) -> Manifest:
@@ -131,247 +101,6 @@ def metadata(ctx: RunContext, name: str, component: str, *, owned: bool = True) 
     if owned:
         meta["ownerReferences"] = [owner_reference(ctx)]
     return meta
-
-
-# --- pod templates -------------------------------------------------------------------------------
-
-
-def short_fields(role: Inference | Orchestrator | Trainer) -> Manifest:
-    """The short fields of a role that are set, as container fields (an empty list is unset)."""
-    fields: Manifest = {}
-    if role.image:
-        fields["image"] = role.image
-    if role.command:
-        fields["command"] = list(role.command)
-    if role.args:
-        fields["args"] = list(role.args)
-    if role.resources is not None:
-        fields["resources"] = resources(role.resources)
-    return fields
-
-
-def placement(ctx: RunContext) -> Manifest:
-    """spec.placement as pod spec fields (the templates merge with it)."""
-    place = ctx.spec.placement
-    fields: Manifest = {}
-    if place.node_selector:
-        fields["nodeSelector"] = dict(place.node_selector)
-    if place.tolerations:
-        fields["tolerations"] = list(place.tolerations)
-    if place.service_account_name:
-        fields["serviceAccountName"] = place.service_account_name
-    if place.image_pull_secrets:
-        fields["imagePullSecrets"] = [{"name": s.name} for s in place.image_pull_secrets]
-    return fields
-
-
-def fs_group(ctx: RunContext) -> int | None:
-    """The run's fsGroup, by handle (the sidecars write as this group): see run_fs_group."""
-    if not ctx.by_handle:
-        return None
-    return run_fs_group(ctx.template_sources(), ctx.settings.sidecar_uid)[0]
-
-
-# A StatefulSet's pods restart in place; a Job's are replaced (and counted) instead.
-RESTART_POLICY = {INFERENCE: "Always", ORCHESTRATOR: "Never", TRAINER: "Never"}
-
-
-def common_parts(ctx: RunContext, component: str) -> dict[str, Any]:
-    """What the operator adds to every role's pods (the fields of :class:`Parts` they share)."""
-    role = getattr(ctx.spec, component)
-    run_dir_mount = run_directory_mount(ctx)
-    payloads = ctx.by_handle or run_dir_on_payload_volume(ctx.spec)
-    return {
-        "role": component,
-        "short": short_fields(role),
-        "short_env": tuple(user_env(role.env)),
-        "identity": tuple(env_list(identity_env(ctx))),
-        "mounts": (run_dir_mount,) if run_dir_mount else (),
-        "volumes": tuple(run_volumes(ctx, payloads=payloads)),
-        "labels": labels(ctx, component),
-        "placement": placement(ctx),
-        "fs_group": fs_group(ctx),
-        "pod": {
-            "subdomain": names.headless_name(ctx.name, component),
-            "restartPolicy": RESTART_POLICY[component],
-        },
-        # the pods' DNS names are their hostnames, which the StatefulSet or Job gives them
-        "pod_unset": ("hostname",),
-    }
-
-
-def writer_ports(ctx: RunContext) -> dict[int, str]:
-    """The writer's ports, by the field that sets each (by handle: inline runs have no writer)."""
-    writer = ctx.spec.inference.writer
-    if not ctx.by_handle:
-        return {}
-    return {
-        writer.port: "spec.inference.writer.port",
-        writer.metrics_port: "spec.inference.writer.metricsPort",
-    }
-
-
-def inference_parts(ctx: RunContext, pod: str = SINGLE) -> Parts:
-    """What the operator adds to an inference pod: ``pod`` is the StatefulSet's one pod
-    (SINGLE), or a LeaderWorkerSet group's LEADER or WORKER template. A pod that serves (every
-    pod but a worker in the ``Leader`` layout) declares its API servers' ports and, by handle,
-    has the writer in front of them, with the payload volume."""
-    inference, writer = ctx.spec.inference, ctx.spec.inference.writer
-    shape = ctx.inference_shape
-    serves = shape.serves(pod)
-    by_handle = ctx.by_handle and serves
-    env = main_env(ctx, env_list({k: v for k, v in run_env(ctx).items() if k != Env.PAYLOAD_ROOT}))
-    common = common_parts(ctx, INFERENCE)
-    if pod != SINGLE:
-        env = (*env, *group_env(ctx, pod))
-        common["volumes"] = tuple(
-            run_volumes(ctx, payloads=by_handle or run_dir_on_payload_volume(ctx.spec))
-        )
-        common["pod"] = {**common["pod"], "subdomain": names.inference_groups_name(ctx.name)}
-        uses = f"LeaderWorkerSet (the pods of {names.inference_groups_name(ctx.name)})"
-        extra: dict[str, Any] = {
-            "pod_names": "<run>-vllm-<replica> and <run>-vllm-<replica>-<pod>",
-            "refused_env": {name: "LeaderWorkerSet's pod webhook" for name in names.LWS_ENV},
-            "refused_label_prefixes": {names.LWS_LABEL_PREFIX: uses},
-        }
-        if pod == WORKER and inference.worker_template is not None:
-            extra["template_path"] = WORKER_TEMPLATE_PATH
-    else:
-        extra = {}
-    ports = tuple(
-        {"name": shape.port_name(d), "containerPort": port} for d, port in enumerate(shape.ports)
-    )
-    reserved = {writer.port: "writer sidecar", writer.metrics_port: "writer sidecar's metrics"}
-    return Parts(
-        main=names.VLLM_CONTAINER,
-        env=env,
-        ports=ports if serves else (),
-        sidecars=(writer_container(ctx),) if by_handle else (),
-        shm=True,
-        shm_size=None if inference.shm_size is None else str(inference.shm_size),
-        reserved_ports=reserved if by_handle else {},
-        **common,
-        **extra,
-    )
-
-
-def orchestrator_parts(ctx: RunContext) -> Parts:
-    retention = ctx.spec.orchestrator.retention
-    env = {
-        **run_env(ctx),
-        Env.INFERENCE_URL: inference_url(ctx),
-        Env.INFERENCE_ADMIN_URLS: inference_admin_urls(ctx),
-        Env.INFERENCE_WORLD_SIZE: inference_world_size(ctx),
-        Env.RETENTION_URL: retention_url(ctx),
-        Env.TRAINER_HOST: ctx.host(TRAINER),
-        **step_env(ctx),
-    }
-    reserved = {
-        retention.port: "retention sidecar",
-        retention.metrics_port: "retention sidecar's metrics",
-    }
-    return Parts(
-        main=names.ORCHESTRATOR_CONTAINER,
-        env=main_env(ctx, env_list(env)),
-        sidecars=(retention_container(ctx),) if ctx.by_handle else (),
-        reserved_ports=reserved if ctx.by_handle else {},
-        **common_parts(ctx, ORCHESTRATOR),
-    )
-
-
-def trainer_parts(ctx: RunContext) -> Parts:
-    trainer = ctx.spec.trainer
-    common = common_parts(ctx, TRAINER)
-    if ctx.by_handle and not run_dir_on_payload_volume(ctx.spec):  # else: the run directory's
-        read_only = trainer.payload_access is PayloadAccess.READ_ONLY
-        common["mounts"] = (*common["mounts"], volume_mount(ctx, read_only=read_only))
-    return Parts(
-        main=names.TRAINER_CONTAINER,
-        env=main_env(
-            ctx,
-            env_list({**run_env(ctx), Env.INFERENCE_WORLD_SIZE: inference_world_size(ctx)})
-            + rendezvous_env(ctx),
-        ),
-        ports=({"name": names.TRAINER_DIST_PORT_NAME, "containerPort": names.TRAINER_DIST_PORT},),
-        shm=True,
-        shm_size=None if trainer.shm_size is None else str(trainer.shm_size),
-        **common,
-    )
-
-
-ROLE_PARTS = {INFERENCE: inference_parts, ORCHESTRATOR: orchestrator_parts, TRAINER: trainer_parts}
-# The key of a group run's worker template in BuiltRun.pods (its leader's is INFERENCE's).
-INFERENCE_WORKER = "inference-worker"
-
-
-def pod_template(ctx: RunContext, component: str) -> Manifest:
-    """``component``'s pod template (a group run's inference: its leader's, and
-    INFERENCE_WORKER its workers'); raises :class:`TemplateConflict` on a collision."""
-    if component == INFERENCE_WORKER:
-        inference = ctx.spec.inference
-        template = inference.worker_template or inference.template
-        return compose(template, inference_parts(ctx, WORKER))
-    if component == INFERENCE and ctx.inference_shape.groups:
-        return compose(ctx.spec.inference.template, inference_parts(ctx, LEADER))
-    parts = ROLE_PARTS[component](ctx)
-    template = ctx.templates()[component]
-    pod = compose(template, parts)
-    read_only = ctx.spec.trainer.payload_access is PayloadAccess.READ_ONLY
-    if component == TRAINER and ctx.by_handle and read_only:
-        overlays, errors = read_only_overlays(
-            pod["spec"], ctx.claim or "", VOLUME_NAME, ctx.payload_mount_path, ctx.root or ""
-        )
-        if errors:
-            raise TemplateConflict([f"spec.trainer.template: {e}" for e in errors])
-        pod["spec"] = with_overlays(pod["spec"], overlays)
-    return pod
-
-
-COMPONENTS = (INFERENCE, ORCHESTRATOR, TRAINER)
-
-
-def pod_keys(ctx: RunContext) -> tuple[str, ...]:
-    """The pod templates a run has: one per role, and a group run's workers'."""
-    if ctx.inference_shape.groups:
-        return (INFERENCE, INFERENCE_WORKER, ORCHESTRATOR, TRAINER)
-    return COMPONENTS
-
-
-def compose_pods(ctx: RunContext) -> tuple[dict[str, Manifest], list[str]]:
-    """Each pod template, composed once, and every collision of every template (a template that
-    collides has no entry here). A group's workers that use the leader's template can repeat
-    its collisions: each is said once."""
-    pods: dict[str, Manifest] = {}
-    errors: list[str] = []
-    for key in pod_keys(ctx):
-        try:
-            pods[key] = pod_template(ctx, key)
-        except TemplateConflict as conflict:
-            errors += [e for e in conflict.errors if e not in errors]
-    return pods, errors
-
-
-def rule_errors(ctx: RunContext) -> list[str]:
-    """The reasons a run's pods cannot be built that no single template shows: fsGroups that
-    disagree, a run directory on the payload volume's path (checks that need the payload mode)."""
-    errors = []
-    run_dir = ctx.spec.run_directory
-    if (
-        ctx.by_handle
-        and run_dir is not None
-        and run_dir.claim_name is not None
-        and run_dir.mount_path == ctx.payload_mount_path
-    ):
-        errors.append(
-            f"spec.runDirectory.mountPath {run_dir.mount_path} is where the payload volume is "
-            "mounted: choose another path, or drop spec.runDirectory.claimName to make the "
-            "payload volume the run directory"
-        )
-    if ctx.by_handle or ctx.spec.run_directory is not None:  # pods that share a volume
-        errors += run_fs_group(ctx.template_sources(), ctx.settings.sidecar_uid)[1]
-    inference = ctx.spec.inference
-    errors += port_errors(ctx.inference_shape, writer_ports(ctx), inference.data_parallel_rpc_port)
-    return errors
 
 
 @dataclass(frozen=True)
@@ -393,6 +122,12 @@ class BuiltRun:
         kind, name = workload_of(self.ctx, component)
         (found,) = [c for c in self.children if c["kind"] == kind and c["metadata"]["name"] == name]
         return found
+
+    def is_workload(self, child: Manifest) -> bool:
+        """Whether ``child`` is one of the run's workloads (:func:`names.run_workloads`, by kind
+        and name: the one place that says which children hold pods)."""
+        workloads = names.run_workloads(self.ctx.name, self.ctx.spec.inference.pods_per_replica)
+        return (child["kind"], child["metadata"]["name"]) in {(k, n) for _, k, n in workloads}
 
 
 def workload_of(ctx: RunContext, component: str) -> tuple[str, str]:
@@ -465,8 +200,7 @@ def build_claim(ctx: RunContext) -> Manifest | None:
     if vol.storage_class_name:
         spec["storageClassName"] = vol.storage_class_name
     return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
+        **CLAIM.type_meta,
         "metadata": metadata(ctx, ctx.claim, names.PAYLOADS, owned=claim_owned_by_run(ctx.spec)),
         "spec": spec,
     }
@@ -476,7 +210,7 @@ def effective_settings(ctx: RunContext) -> dict[str, str]:
     spec = ctx.spec
     values = {
         "payloadMode": str(ctx.decision.mode),
-        "payloadModeReason": ctx.decision.reason,
+        "payloadModeReason": str(ctx.decision.reason),
         "payloadModeMessage": ctx.decision.message,
         "payloadRoot": ctx.root,
         "claimName": ctx.claim,
@@ -499,8 +233,7 @@ def effective_settings(ctx: RunContext) -> dict[str, str]:
 
 def build_config_map(ctx: RunContext) -> Manifest:
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
+        **CONFIG_MAP.type_meta,
         "metadata": metadata(ctx, ctx.child_name(names.SETTINGS), names.SETTINGS),
         "data": effective_settings(ctx),
     }
@@ -515,8 +248,7 @@ def headless_service(ctx: RunContext, component: str, ports: list[Manifest]) -> 
     if ports:
         spec["ports"] = ports
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.type_meta,
         "metadata": metadata(ctx, names.headless_name(ctx.name, component), component),
         "spec": spec,
     }
@@ -530,8 +262,7 @@ def workload_metadata(ctx: RunContext, component: str) -> Manifest:
 
 def stateful_set(ctx: RunContext, component: str, replicas: int, pod: Manifest) -> Manifest:
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        **STATEFUL_SET.type_meta,
         "metadata": workload_metadata(ctx, component),
         "spec": {
             "replicas": replicas if ctx.active else 0,
@@ -548,8 +279,7 @@ def job(ctx: RunContext, component: str, pods: int, pod: Manifest, backoff_limit
     headless Service); a failed pod is replaced (once it has stopped) up to ``backoff_limit``
     times."""
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        **JOB.type_meta,
         "metadata": workload_metadata(ctx, component),
         "spec": {
             "suspend": not ctx.active,
@@ -587,8 +317,7 @@ def build_inference(
             }
         )
     service = {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.type_meta,
         "metadata": metadata(ctx, ctx.child_name(INFERENCE), INFERENCE),
         "spec": {"selector": inference_service_selector(ctx), "ports": ports},
     }
@@ -758,8 +487,7 @@ def build_cleanup(ctx: RunContext) -> Manifest:
     if group is not None:
         pod["securityContext"] = {"fsGroup": group, "fsGroupChangePolicy": "OnRootMismatch"}
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        **JOB.type_meta,
         "metadata": metadata(ctx, ctx.child_name(names.CLEANUP), names.CLEANUP),
         "spec": {
             "backoffLimit": 3,

@@ -11,6 +11,7 @@ from payloadrun_operator.api.models import (
     TWO_MOUNT_PATHS_MESSAGE,
     DeletionPolicy,
     DeploymentType,
+    PayloadModeReason,
     PayloadModeSetting,
     PayloadRunSpec,
 )
@@ -26,7 +27,7 @@ class PayloadMode(StrEnum):
 @dataclass(frozen=True)
 class ModeDecision:
     mode: PayloadMode
-    reason: str  # CamelCase, for status and events
+    reason: PayloadModeReason  # for the status and the log
     message: str  # a sentence for humans
 
     @property
@@ -69,31 +70,37 @@ def decide_payload_mode(spec: PayloadRunSpec) -> ModeDecision:
     """By handle or inline, and why. Call after :func:`validation_errors` found nothing."""
     setting = spec.payloads.mode
     if setting is PayloadModeSetting.INLINE:
-        return ModeDecision(PayloadMode.INLINE, "InlineRequested", "spec.payloads.mode is Inline")
+        return ModeDecision(
+            PayloadMode.INLINE, PayloadModeReason.INLINE_REQUESTED, "spec.payloads.mode is Inline"
+        )
     if setting is PayloadModeSetting.BY_HANDLE:
         return ModeDecision(
-            PayloadMode.BY_HANDLE, "ByHandleRequested", "spec.payloads.mode is ByHandle"
+            PayloadMode.BY_HANDLE,
+            PayloadModeReason.BY_HANDLE_REQUESTED,
+            "spec.payloads.mode is ByHandle",
         )
     if spec.payloads.root is not None:
         return ModeDecision(
-            PayloadMode.BY_HANDLE, "PayloadRootSet", "spec.payloads.root is set by hand"
+            PayloadMode.BY_HANDLE,
+            PayloadModeReason.PAYLOAD_ROOT_SET,
+            "spec.payloads.root is set by hand",
         )
     if not (spec.router_replay or spec.sampling_mask_capture):
         return ModeDecision(
             PayloadMode.INLINE,
-            "NoPerTokenPayloads",
+            PayloadModeReason.NO_PER_TOKEN_PAYLOADS,
             "neither router replay nor sampling-mask capture is on: there is nothing large to move",
         )
     if spec.deployment_type is DeploymentType.SINGLE_NODE:
         return ModeDecision(
             PayloadMode.INLINE,
-            "SingleNode",
+            PayloadModeReason.SINGLE_NODE,
             "a single-node run keeps payloads in process memory; a shared volume buys nothing",
         )
     if spec.inference.disaggregated:
         return ModeDecision(
             PayloadMode.INLINE,
-            "Disaggregated",
+            PayloadModeReason.DISAGGREGATED,
             "prefill/decode-disaggregated inference: the P/D router does not stitch by-handle "
             "routing segments, so payloads stay inline",
         )
@@ -107,7 +114,7 @@ def decide_payload_mode(spec: PayloadRunSpec) -> ModeDecision:
     )
     return ModeDecision(
         PayloadMode.BY_HANDLE,
-        "MultiNodePerTokenPayloads",
+        PayloadModeReason.MULTI_NODE_PER_TOKEN_PAYLOADS,
         f"{what} on a multi-node run without disaggregation: payloads move by handle",
     )
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from payloadrun_operator.api import names
+from payloadrun_operator.api.kinds import NETWORK_POLICY
 
 Manifest = dict[str, Any]
 
@@ -47,8 +48,7 @@ def network_policy(
 ) -> Manifest:
     """The policy selecting ``component``'s pods of ``run``, admitting what ``rules`` say."""
     return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
+        **NETWORK_POLICY.type_meta,
         "metadata": {
             "name": names.child_name(run, component),
             "namespace": namespace,

@@ -30,20 +30,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from payloadrun_operator.api import names
 from payloadrun_operator.api.kinds import (
-    JOB,
     LEADER_WORKER_SET,
-    STATEFUL_SET,
     WORKLOAD,
     WORKLOAD_PRIORITY_CLASS,
 )
 from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
-from payloadrun_operator.desired.builders import INFERENCE_WORKER, BuiltRun, metadata
+from payloadrun_operator.desired.builders import BuiltRun, metadata
+from payloadrun_operator.desired.pods import INFERENCE_WORKER
 
 Manifest = dict[str, Any]
 
@@ -166,20 +165,15 @@ def _pod_templates(workload: Manifest) -> dict[str, Manifest]:
     return {component: spec["template"]}
 
 
-WORKLOAD_KINDS = frozenset({STATEFUL_SET.kind, JOB.kind, LEADER_WORKER_SET.kind})
-
-
-def placed(children: Iterable[Manifest], placements: Mapping[str, Placement]) -> list[Manifest]:
-    """``children`` with each workload's pods placed where its pod sets were admitted, and the
-    placement's hash on the workload (:data:`names.PLACEMENT_ANNOTATION`); the other children
-    as they are. Nothing changes without placements (a run without a queue)."""
+def placed(built: BuiltRun, placements: Mapping[str, Placement]) -> list[Manifest]:
+    """The run's children with each workload's pods placed where its pod sets were admitted,
+    and the placement's hash on the workload (:data:`names.PLACEMENT_ANNOTATION`); the other
+    children as they are. Nothing changes without placements (a run without a queue)."""
     if not any(placements.values()):
-        return list(children)
+        return list(built.children)
     out = []
-    for child in children:
-        if child["kind"] not in WORKLOAD_KINDS or names.LABEL_COMPONENT not in (
-            child["metadata"].get("labels") or {}
-        ):
+    for child in built.children:
+        if not built.is_workload(child):
             out.append(child)
             continue
         workload = copy.deepcopy(child)

@@ -21,6 +21,7 @@ from payloadrun_operator.api.conditions import (
     Phase,
     StatusField,
 )
+from payloadrun_operator.api.kinds import JOB, POD
 from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
@@ -63,14 +64,16 @@ async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None
             "apiVersion": api_version,
             "kind": kind,
             "metadata": {"name": live["metadata"]["name"], "namespace": ns},
-            "spec": {"suspend": True} if kind == "Job" else {"replicas": 0},
+            "spec": {"suspend": True} if kind == JOB.kind else {"replicas": 0},
         }
         if plan.needs_scaling(stopped, live):
             await op.client.apply(plan.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
 
 
 async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any]]:
-    return await op.client.list_objects("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job}")
+    return await op.client.list_objects(
+        POD.api_version, POD.kind, namespace, f"{JOB_NAME_LABEL}={job}"
+    )
 
 
 async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
@@ -133,7 +136,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             f"deletionPolicy Retain: claim {claim} and the files stay",
         )
     job_name = child_name(meta["name"], CLEANUP)
-    job = children.get((meta["namespace"], "Job", job_name))
+    job = children.get((meta["namespace"], JOB.kind, job_name))
     if job is None:
         pin = status.get(StatusField.SIDECARS) or {}
         ctx = RunContext.of(

@@ -38,7 +38,6 @@ from payloadrun_operator.observed.status import Check, workload_ready
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # on every pod of a LeaderWorkerSet
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0": the group's leader
-GROUP_RESTARTED = "InferenceGroupRestarted"  # the Warning event's reason
 # LeaderWorkerSet v0.9.0's reasons for a StatefulSet (or its headless Service) it could not make
 # or change (``pkg/controllers``: ``FailedCreate``, ``FailedUpdate``), and its notes' shapes
 REFUSED_REASONS = frozenset({"FailedCreate", "FailedUpdate"})

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+from payloadrun_operator.api.kinds import JOB
 from payloadrun_operator.api.names import INPUTS_ANNOTATION, PLACEMENT_ANNOTATION
 from payloadrun_operator.observed.outcome import job_outcome
 
@@ -38,7 +39,7 @@ def activity_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a workload that change without its template: whether it has pods (a
     StatefulSet's replicas, a Job's suspend) and a Job's failure limit."""
     spec = manifest.get("spec", {})
-    if manifest.get("kind") == "Job":
+    if manifest.get("kind") == JOB.kind:
         fields = {"suspend": bool(spec.get("suspend", False))}
         if "backoffLimit" in spec:
             fields["backoffLimit"] = spec["backoffLimit"]
@@ -65,7 +66,7 @@ def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) ->
         return WorkloadPlan.WAIT
     wanted = desired["metadata"].get("annotations") or {}
     have = live["metadata"].get("annotations") or {}
-    is_job = desired["kind"] == "Job"
+    is_job = desired["kind"] == JOB.kind
     if have.get(INPUTS_ANNOTATION) != wanted.get(INPUTS_ANNOTATION):
         return WorkloadPlan.RECREATE if is_job else WorkloadPlan.APPLY
     if has_pods(desired) and have.get(PLACEMENT_ANNOTATION) != wanted.get(PLACEMENT_ANNOTATION):
@@ -77,7 +78,7 @@ def workload_plan(desired: Mapping[str, Any], live: Mapping[str, Any] | None) ->
 def has_pods(manifest: Mapping[str, Any]) -> bool:
     """Whether the workload ``manifest`` asks for pods (not suspended, replicas above 0)."""
     activity = activity_of(manifest)
-    if manifest.get("kind") == "Job":
+    if manifest.get("kind") == JOB.kind:
         return not activity["suspend"]
     return bool(activity["replicas"])
 
@@ -89,4 +90,4 @@ def needs_scaling(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
     live_activity = activity_of({"kind": desired["kind"], "spec": live.get("spec", {})})
     if all(live_activity.get(key) == value for key, value in wanted.items()):
         return False
-    return not (desired["kind"] == "Job" and job_outcome(live))
+    return not (desired["kind"] == JOB.kind and job_outcome(live))

@@ -32,11 +32,13 @@ import aiohttp
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
     ConditionType,
+    EventReason,
+    EventType,
     Phase,
     ReadyReason,
     StatusField,
 )
-from payloadrun_operator.api.kinds import EVENT, LEADER_WORKER_SET
+from payloadrun_operator.api.kinds import CLAIM, EVENT, JOB, LEADER_WORKER_SET, POD
 from payloadrun_operator.api.models import KIND, FailurePolicy
 from payloadrun_operator.api.names import (
     API_VERSION,
@@ -180,7 +182,7 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         **outcome.suspend_check(suspend, status),
         **queue_checks,
     }
-    listed = {c: children.get((ns, "Job", child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
+    listed = {c: children.get((ns, JOB.kind, child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
     deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
     jobs = {c: None if c in deleting else j for c, j in listed.items()}
@@ -298,7 +300,7 @@ def cached_status(
     if context.is_final(status.get(StatusField.PHASE)):
         return None
     ns, claim_name = run["metadata"]["namespace"], status.get(StatusField.CLAIM_NAME)
-    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
+    claim = children.get((ns, CLAIM.kind, claim_name or ""))
     if claim_name and claim is None:
         return None
     computed = run_status({**run, "status": status}, Observed(children, claim=claim), now)
@@ -375,13 +377,13 @@ async def observe(op: Operator, run: Mapping[str, Any], children: finishing.Chil
     ns = meta["namespace"]
     if context.is_final(status.get(StatusField.PHASE)):
         return Observed(children, released=await finishing.release(op, run, children))
-    trainers = children.get((ns, "Job", child_name(meta["name"], TRAINER)))
+    trainers = children.get((ns, JOB.kind, child_name(meta["name"], TRAINER)))
     if trainers is None and run_layout(run).restarts_trainers_together:
         await recreate_trainers(op, run)
     claim_name = status.get(StatusField.CLAIM_NAME)
-    claim = children.get((ns, "PersistentVolumeClaim", claim_name or ""))
+    claim = children.get((ns, CLAIM.kind, claim_name or ""))
     if claim_name and claim is None:  # a claim the run brings carries no label of ours
-        claim = await op.client.get("v1", "PersistentVolumeClaim", ns, claim_name)
+        claim = await op.client.get(CLAIM.api_version, CLAIM.kind, ns, claim_name)
     return Observed(children, claim=claim)
 
 
@@ -396,7 +398,9 @@ async def observe_wanted(
     observed = replace(observed, pods=pods)
     if GROUP_PODS in wants:
         lws_name = finishing.workloads_of(run)[0][2]
-        listed = await op.client.list_objects("v1", "Pod", ns, groups.pods_selector(lws_name))
+        listed = await op.client.list_objects(
+            POD.api_version, POD.kind, ns, groups.pods_selector(lws_name)
+        )
         observed = replace(observed, group_pods=listed)
     if GROUP_EVENTS in wants:
         lws = observed.children[(ns, LEADER_WORKER_SET.kind, finishing.workloads_of(run)[0][2])]
@@ -406,7 +410,7 @@ async def observe_wanted(
         observed = replace(observed, group_events=listed)
     if RUN_PODS in wants:
         listed = await op.client.list_objects(
-            "v1", "Pod", ns, f"{LABEL_RUN}={run['metadata']['name']}"
+            POD.api_version, POD.kind, ns, f"{LABEL_RUN}={run['metadata']['name']}"
         )
         running = [p for p in listed if (p.get("status") or {}).get("phase") not in ENDED]
         observed = replace(observed, run_pods=running)
@@ -442,16 +446,22 @@ async def refresh_run(
     group_restart = computed.fields.get(StatusField.LAST_INFERENCE_GROUP_RESTART)
     if group_restart is not None:  # recorded: said once, as a Warning
         await client.post_event(
-            run, "Warning", groups.GROUP_RESTARTED, group_restart["message"], now
+            run,
+            EventType.WARNING,
+            EventReason.INFERENCE_GROUP_RESTARTED,
+            group_restart["message"],
+            now,
         )
     if computed.restart is not None:  # recorded: now the failed Job goes, and its pods with it
         plan, job = computed.restart
         if restarts.ACTIONS[plan].record:
             message = computed.fields[StatusField.LAST_TRAINER_RESTART]["message"]
-            await client.post_event(run, "Warning", "TrainersRestarted", message, now)
+            await client.post_event(
+                run, EventType.WARNING, EventReason.TRAINERS_RESTARTED, message, now
+            )
         job_meta = job["metadata"]
         await client.delete(
-            "batch/v1", "Job", ns, job_meta["name"], "Foreground", uid=job_meta["uid"]
+            JOB.api_version, JOB.kind, ns, job_meta["name"], "Foreground", uid=job_meta["uid"]
         )
     if computed.queue_duty is not queue.Duty.NONE:  # owed to Kueue: the quota back, or Finished
         workload = queue.cached_workload(children, ns, meta["name"])
@@ -468,7 +478,7 @@ async def refresh_run(
         await finishing.stop(op, run, children)
     volume = computed.checks.get(ConditionType.VOLUME_READY)
     claim_name = status.get(StatusField.CLAIM_NAME)
-    brought = bool(claim_name) and (ns, "PersistentVolumeClaim", claim_name) not in children
+    brought = bool(claim_name) and (ns, CLAIM.kind, claim_name) not in children
     # an evicted run whose pods are still stopping: no watched object says when the last is gone
     stopping = bool(observed.run_pods)
     recheck = (brought and not (volume and volume.ok)) or stopping or computed.recheck

@@ -20,13 +20,14 @@ from payloadrun_operator.api.conditions import (
     TRUE_REASONS,
     AdmittedReason,
     ConditionType,
+    EventType,
     Phase,
     ReadyReason,
     Reason,
     StatusField,
     VolumeReadyReason,
 )
-from payloadrun_operator.api.kinds import LEADER_WORKER_SET
+from payloadrun_operator.api.kinds import JOB, LEADER_WORKER_SET
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, REASON_PATTERN, ConditionStatus
 
 STATUS_FIELDS = frozenset(StatusField)
@@ -238,7 +239,7 @@ def workload_ready(obj: dict[str, Any] | None, name: str | None = None) -> tuple
     name = obj["metadata"]["name"]
     spec = obj.get("spec", {})
     status = obj.get("status", {})
-    if obj.get("kind") == "Job":  # its template never changes: no generation to wait for
+    if obj.get("kind") == JOB.kind:  # its template never changes: no generation to wait for
         if any(
             c.get("type") == JOB_COMPLETE and c.get("status") == ConditionStatus.TRUE
             for c in status.get("conditions") or []
@@ -311,7 +312,7 @@ def status_update(
         write = {str(k): v for k, v in {**new_fields, StatusField.CONDITIONS: after}.items()}
     events = [
         (
-            "Warning" if check.warning else "Normal",
+            EventType.WARNING if check.warning else EventType.NORMAL,
             str(check.reason),
             f"{ctype} is {check.ok}: {check.message}",
         )

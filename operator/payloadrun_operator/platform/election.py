@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from payloadrun_operator.api.kinds import LEASE
+
 log = logging.getLogger("payloadrun.election")
-LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+LEASES = f"/apis/{LEASE.api_version}/namespaces/{{namespace}}/{LEASE.plural}"
 
 
 @dataclass(frozen=True)
@@ -220,8 +222,7 @@ class LeaseApi:
     def create(self, spec: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """The new Lease, or None when another candidate created it first."""
         body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
+            **LEASE.type_meta,
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": spec,
         }

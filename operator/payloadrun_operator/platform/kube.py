@@ -23,7 +23,7 @@ import aiohttp
 import kopf
 import orjson
 
-from payloadrun_operator.api.kinds import PLURALS, Kind
+from payloadrun_operator.api.kinds import EVENT, PLURALS, Kind
 from payloadrun_operator.api.names import FIELD_MANAGER
 
 # Refusals worth a second try within one reconcile: the server is busy, restarting, or lost its
@@ -408,8 +408,7 @@ class KubeClient:
         """A core/v1 Event about ``obj`` (what kubectl describe shows)."""
         meta = obj["metadata"]
         event = {
-            "apiVersion": "v1",
-            "kind": "Event",
+            **EVENT.type_meta,
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": obj["apiVersion"],
