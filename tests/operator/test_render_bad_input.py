@@ -23,7 +23,7 @@ import yaml
 from bad_runs import BAD, BASE_RUN, GOOD, Case
 
 from payloadrun_operator import render
-from payloadrun_operator.api import schema_check
+from payloadrun_operator.api import schema_check, structural
 from payloadrun_operator.api.crd import build_crd
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.platform.settings import OperatorSettings
@@ -183,10 +183,10 @@ def test_every_keyword_of_the_crds_schema_is_one_the_check_knows() -> None:
 
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     walk(spec)
-    assert seen <= schema_check.KNOWN_KEYWORDS, seen - schema_check.KNOWN_KEYWORDS
+    assert seen <= structural.KNOWN_KEYWORDS, seen - structural.KNOWN_KEYWORDS
     # a string format would need a check of its own (the API server validates date-time, ...)
     assert formats == set(), formats
-    assert integer_formats <= schema_check.INTEGER_FORMATS, integer_formats
+    assert integer_formats <= structural.INTEGER_FORMATS, integer_formats
 
 
 def test_the_schema_check_does_not_change_the_body_it_reads() -> None:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from payloadrun_operator.api import schema_check, validation
 from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
+from payloadrun_operator.api.structural import NOT_CHECKED
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.builders import BuiltRun, build_run
 from payloadrun_operator.desired.context import RunContext
@@ -48,7 +49,7 @@ def spec_errors(body: Mapping[str, Any]) -> tuple[PayloadRunSpec | None, list[st
     if isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
         errors.append(f"{NAME_LENGTH_MESSAGE} ({name!r} has {len(name)})")
     if any(e.blocking for e in found):
-        return None, [*errors, schema_check.NOT_CHECKED]
+        return None, [*errors, NOT_CHECKED]
     try:
         spec = PayloadRunSpec.model_validate(schema_check.spec_as_stored(body.get("spec") or {}))
     except ValidationError as exc:
