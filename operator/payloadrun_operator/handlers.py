@@ -521,6 +521,9 @@ class Requeue:
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: set[tuple[str, str]] = set()  # queued, their pass not started yet
         self._stopped = False
+        # the run's log lines as kopf's handlers write them ("[namespace/name] ...", the run's
+        # reference in JSON logs), never posted as events
+        self._kopf_settings = kopf.OperatorSettings()
 
     def __call__(self, key: tuple[str, str], delay: float = 0.0) -> None:
         if self._stopped:  # a retry's timer, or a child's event, after the operator stopped
@@ -550,7 +553,6 @@ class Requeue:
 
     async def _reconcile(self, key: tuple[str, str]) -> None:
         op = self.op
-        logger = logging.LoggerAdapter(log, {"run": f"{key[0]}/{key[1]}"})
         with self.drain.working():
             try:
                 async with self.locks.hold(key), self.reconciling:
@@ -558,6 +560,7 @@ class Requeue:
                     body = await op.client.get(API_VERSION, KIND, *key)
                     if body is None or body["metadata"].get("deletionTimestamp"):
                         return
+                    logger = kopf.LocalObjectLogger(body=body, settings=self._kopf_settings)
                     await reconcile(op, body, logger, self.follower)
             except kopf.TemporaryError as exc:
                 self(key, exc.delay or op.settings.apply_retry_seconds)

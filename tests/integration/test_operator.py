@@ -467,6 +467,11 @@ def test_workloads_deleted_behind_the_operators_back_are_made_again_at_once(
     assert {k: v for k, v in after.items() if k not in remade} == {
         k: v for k, v in before.items() if k not in remade
     }, "a child other than the two was written"
+    # the pass a child's event started logs as kopf's do: its lines name the run
+    marker = f"[{namespace}/{name}] applied"
+    eventually(
+        "the second pass's log line", lambda: operator.log_tail(10_000).count(marker) >= 2 or None
+    )
 
 
 def test_operator_restart_creates_no_duplicates(operator, api, namespace):
@@ -476,6 +481,8 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     held = reconciled(api, namespace, name)
     before = {key: writes(obj) for key, obj in children(api, namespace, name).items()}
     marker = f"[{namespace}/{name}] applied"
+    # logged after the status the wait above reads is written
+    eventually("the first pass's log line", lambda: marker in operator.log_tail(10_000) or None)
     assert operator.log_tail(10_000).count(marker) == 1
     operator.stop()
     operator.start()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import NamedTuple
 
 import aiohttp
 import pytest
@@ -24,13 +25,25 @@ from aiohttp import web
 from .conftest import RealVLLM, ServerThread, files_under, free_port, http
 
 
+class Answer(NamedTuple):
+    status: int
+    body: bytes
+
+
 class Tap:
-    """A recording relay: forwards each request to vLLM and keeps the raw answers."""
+    """A recording relay: forwards each request to vLLM and keeps the raw answers, by request.
+
+    Its port is one the kernel chose, which another process on the machine may have been told
+    was free a moment before (``free_port``) and may probe for health: a test reads the answers
+    to its own request (:meth:`answered`), not whatever reached the port."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.bodies: list[bytes] = []
-        self.statuses: list[int] = []
+        self.answers: dict[tuple[str, str], list[Answer]] = {}
+
+    def answered(self, method: str, path: str) -> list[Answer]:
+        """vLLM's answers to ``method path``, in order."""
+        return self.answers.get((method, path), [])
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -42,8 +55,9 @@ class Tap:
             ) as resp,
         ):
             raw = await resp.read()
-            self.bodies.append(raw)
-            self.statuses.append(resp.status)
+            self.answers.setdefault((request.method, request.path), []).append(
+                Answer(resp.status, raw)
+            )
             return web.Response(
                 status=resp.status,
                 body=raw,
@@ -125,8 +139,8 @@ def test_real_vllm_answers_pass_through_byte_for_byte(tapped, real_vllm, root, p
     body = _with_model(real_vllm, path, body)
     reply = http("POST", writer.url + path, json.dumps(body).encode(), timeout=120)
     assert reply.status == 200, reply.body[:300]
-    assert len(tap.bodies) == 1
-    assert reply.body == tap.bodies[0]
+    (sent,) = tap.answered("POST", path)
+    assert reply.body == sent.body
     assert files_under(root) == []
     n = body.get("n", body.get("sampling_params", {}).get("n", 1))
     prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
@@ -196,11 +210,12 @@ def test_real_vllm_accepts_payload_dir_where_the_writer_reads_it(
     choices = reply.json()["choices"]
     n = body.get("n", body.get("sampling_params", {}).get("n", 1))
     assert [c["index"] for c in choices] == list(range(n))
-    sent = json.loads(tap.bodies[0])["choices"]
+    (answer,) = tap.answered("POST", path)
+    sent = json.loads(answer.body)["choices"]
     if all(c.get("routed_experts") is None and c.get("sampling_mask") is None for c in sent):
         # no capture (any CPU vLLM): nothing to move, vLLM's answer as sent
         assert reply.headers["x-payloadrun-mode"] == "inline"
-        assert reply.body == tap.bodies[0]
+        assert reply.body == answer.body
         assert files_under(root) == []
     else:  # a vLLM with capture on (PAYLOADRUN_VLLM_URL on a GPU): the arrays go to files
         assert reply.headers["x-payloadrun-mode"] == "handle"
@@ -237,7 +252,7 @@ def test_real_vllm_streams_with_payload_dir_pass_through(tapped, real_vllm, root
     body = _with_model(real_vllm, path, body)
     reply = _post_with_payload_dir(writer, path, body, f"{root}/v1")
     assert reply.headers["content-type"].startswith("text/event-stream")
-    assert reply.body == tap.bodies[0]
+    assert [reply.body] == [a.body for a in tap.answered("POST", path)]
     assert _events(reply.body)
     assert files_under(root) == []
 
@@ -291,8 +306,9 @@ def test_real_vllm_error_answers_pass_through_unchanged(
             args["payload_dir"] = f"{root}/v1"
         body = json.dumps(body).encode()
     reply = http("POST", writer.url + path, body, timeout=120)
-    assert reply.status == status == tap.statuses[0], reply.body[:300]
-    assert reply.body == tap.bodies[0]
+    (sent,) = tap.answered("POST", path)
+    assert reply.status == status == sent.status, reply.body[:300]
+    assert reply.body == sent.body
     assert "x-payloadrun-fallback" not in reply.headers
     if reply.headers["content-type"].startswith("application/json") and b'"error"' in reply.body:
         assert reply.json()["error"]["code"] == status
@@ -301,7 +317,8 @@ def test_real_vllm_error_answers_pass_through_unchanged(
 
 def test_real_vllm_health_and_models_pass_through(tapped):
     writer, tap = tapped
-    assert http("GET", writer.url + "/v1/models").body == tap.bodies[0]
+    models = http("GET", writer.url + "/v1/models").body
+    assert [models] == [a.body for a in tap.answered("GET", "/v1/models")]
     assert http("GET", writer.url + "/health").status == 200
     assert http("GET", writer.url + "/readyz").status == 200
 
