@@ -24,8 +24,8 @@ for package, home in (("payloadrun_devcluster", "cluster"), ("payloadrun_devkit"
 # What a test holds of what the machine has one of, by the fixtures it uses (directly or through
 # another fixture): its marker says so, marked by hand or not. hack/test.py (make test) runs the
 # suite as pytest processes at once by these markers, and `make unit` takes the tests with
-# none of them: a test that reaches the node or a control plane through a fixture never runs
-# beside another that holds it (glusterd's users take turns: glusterfs.machine_lock).
+# none of them: a test that reaches the node, a control plane or glusterd through a fixture never
+# runs beside another that holds it (and glusterd's users take turns: glusterfs.machine_lock).
 MACHINE_FIXTURES = {
     "kube_cluster": ("integration", "control_plane"),  # the session's control plane
     "node_cluster": ("integration", "node"),  # ... with its node, where pods run
@@ -48,8 +48,10 @@ def machine_markers(fixturenames: list[str] | tuple[str, ...]) -> set[str]:
 
 def in_node_part(markers: set[str]) -> bool:
     """Whether hack/test.py's node part runs a test with ``markers``: its expression
-    ``(integration or sharedfs) and node``."""
-    return bool({"integration", "sharedfs"} & markers) and "node" in markers
+    ``(integration or sharedfs) and not (integration and not node and not sharedfs)``."""
+    machine = "integration" in markers or "sharedfs" in markers
+    no_node = "integration" in markers and not {"node", "sharedfs"} & markers
+    return machine and not no_node
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

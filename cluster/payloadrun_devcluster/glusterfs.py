@@ -11,8 +11,8 @@ userspace NFS client and this kernel has none; GlusterFS needs nothing beyond De
 - :class:`GlusterServer`: ``glusterd``, one per machine (its port 24007 is fixed), bound to
   127.0.0.1 with its state under ``/run/payloadrun-gluster``. Started by the first user that needs
   it, stopped by :meth:`GlusterServer.stop_if_idle` once no volume is left.
-- :data:`machine_lock`: the processes that use it at once (``make test``'s node part, whose node
-  serves its volume, and the part that runs the GlusterFS tests) take turns: glusterd refuses a
+- :data:`machine_lock`: the processes that use it at once (a node, whose volume it serves, the
+  GlusterFS tests, a benchmark, a test's users of their own) take turns: glusterd refuses a
   second transaction while one runs ("Another transaction is in progress"), and "is it idle?
   stop it" or "is it running? create a volume" must not interleave with another process's.
 - :class:`Volume`: one brick on a local directory (or on a tmpfs of a given size, for a volume

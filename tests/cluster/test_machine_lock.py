@@ -1,5 +1,5 @@
-"""``glusterfs.MachineLock``: the lock glusterd's users on one machine take turns by (make
-test's node part and the part that runs the GlusterFS tests), tried from other processes."""
+"""``glusterfs.MachineLock``: the lock glusterd's users on one machine take turns by (a node,
+the GlusterFS tests, a benchmark), tried from other processes."""
 
 from __future__ import annotations
 

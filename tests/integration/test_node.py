@@ -54,8 +54,8 @@ def host_snapshot() -> dict:
         ],
         "run dir": RUN_DIR.exists(),
         # the node's GlusterFS volume and its clients (the provisioner's, every pod's); not
-        # glusterd's own life, nor other volumes': make test's GlusterFS tests may use the same
-        # glusterd at once (hack/test.py runs them in another part)
+        # glusterd's own life, nor other volumes': another process (the GlusterFS tests, a
+        # benchmark) may use the same glusterd at once
         "gluster mounts": [point for _, point in glusterfs.fuse_mounts(NODE_VOLUME_SOURCE)],
         "node volume": node_volume_exists(),
         "kubepods": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")),

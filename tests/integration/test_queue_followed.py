@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 from addon_api import AddonApi
 from example_runs import example_run
-from test_groups_followed import condition, get_run, has_condition, local_operator, run_children
+from test_groups_followed import get_run, has_condition, local_operator, run_children
 from test_operator import eventually
 
+from builders import condition_of
 from payloadrun_devcluster import BinariesMissing
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.kinds import KUEUE_API_VERSION, WORKLOAD
@@ -203,12 +204,12 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
         run = eventually(
             "Applied KueueMissing", has_condition(api, namespace, name, "Applied", "KueueMissing")
         )
-        applied = condition(run, "Applied")
+        applied = condition_of(run, "Applied")
         assert applied["status"] == "False"
         assert "Install Kueue (https://kueue.sigs.k8s.io/" in applied["message"]
         assert "(served from Kueue v0.15.0 on; tested with v0.19.2)" in applied["message"]
         assert "remove the label to run it without a queue" in applied["message"]
-        assert condition(run, "Ready")["reason"] == "KueueMissing"
+        assert condition_of(run, "Ready")["reason"] == "KueueMissing"
         assert run_children(api, namespace, name) == []
         selector = f"involvedObject.name={name},involvedObject.kind=PayloadRun"
         events = api["core"].list_namespaced_event(namespace, field_selector=selector).items
@@ -247,8 +248,8 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
             "the run Queued",
             lambda: (r := get_run(api, namespace, name))["status"].get("phase") == "Queued" and r,
         )
-        assert condition(run, "Admitted")["reason"] == "Pending"
-        assert condition(run, "Ready")["reason"] == "Queued"
+        assert condition_of(run, "Admitted")["reason"] == "Pending"
+        assert condition_of(run, "Ready")["reason"] == "Queued"
         assert run["status"]["queue"] == {"name": QUEUE, "workload": f"payloadrun-{name}"}
         assert eventually("its workloads without pods", lambda: stopped(api, namespace, name))
 
@@ -271,7 +272,7 @@ def test_a_queued_run_waits_for_kueue_then_follows_its_workloads_admission(
             "Admitted True",
             lambda: (
                 (r := get_run(api, namespace, name))
-                and (condition(r, "Admitted") or {}).get("status") == "True"
+                and (condition_of(r, "Admitted") or {}).get("status") == "True"
                 and r
             ),
         )
@@ -384,8 +385,8 @@ def test_a_label_on_a_run_whose_pods_started_keeps_it_running_until_it_is_suspen
             "Admitted StartedUnqueued",
             has_condition(api, namespace, name, "Admitted", "StartedUnqueued"),
         )
-        assert condition(run, "Admitted")["status"] == "False"
-        assert f"({QUEUE})" in condition(run, "Admitted")["message"]
+        assert condition_of(run, "Admitted")["status"] == "False"
+        assert f"({QUEUE})" in condition_of(run, "Admitted")["message"]
         assert run["status"]["phase"] != "Queued"
         assert "queue" not in run["status"]
         assert workload(api, namespace, name) is None
@@ -463,11 +464,11 @@ def test_an_older_kueue_is_named_too_old_with_the_release_the_operator_needs(
             )
         finally:
             operator.stop()
-        message = condition(run, "Applied")["message"]
+        message = condition_of(run, "Applied")["message"]
         assert f"served {KUEUE_GROUP} at v1beta1 only" in message, message
         assert "an older Kueue than the operator needs: kueue.x-k8s.io/v1beta2" in message
         assert "(served from Kueue v0.15.0 on; tested with v0.19.2). Upgrade Kueue" in message
-        assert condition(run, "Ready")["message"].startswith("Kueue is too old:")
+        assert condition_of(run, "Ready")["message"].startswith("Kueue is too old:")
         assert run_children(api, namespace, name) == []
         # and said once at start, in the operator's log
         started = [line for line in log.read_text().splitlines() if "Workload kueue" in line]

@@ -1,8 +1,8 @@
-"""Processes of one machine that use its glusterd at once, as ``make test``'s node part (whose
-node serves its volume from it) and the part that runs these tests do: each creates, changes and
-deletes volumes and stops glusterd when it finds it idle, and none fails for the others
-(glusterd refuses a second transaction while one runs, and a process that found it idle must not
-stop it under another's new volume): ``glusterfs.machine_lock``."""
+"""Processes of one machine that use its glusterd at once, as a node (whose volume it serves),
+these tests and a benchmark may: each creates, changes and deletes volumes and stops glusterd
+when it finds it idle, and none fails for the others (glusterd refuses a second transaction
+while one runs, and a process that found it idle must not stop it under another's new volume):
+``glusterfs.machine_lock``."""
 
 from __future__ import annotations
 
