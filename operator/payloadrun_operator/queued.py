@@ -2,8 +2,9 @@
 pods run (its :class:`Gate`, from its Workload and the admitted ResourceFlavors) and its Workload
 brought to what the run needs (:func:`bring_queue`), around the pure parts
 (:mod:`desired.queueing` builds, :mod:`observed.queue` reads). The follower's side (the quota
-given back after an eviction, ``Finished``) is :func:`observed.readiness.refresh_run`'s; a
-Workload's change of admission reconciles its run again (:class:`handlers.Requeue`).
+given back after an eviction, ``Finished``) is carried out after the pass's status write
+(:mod:`reconcile`); a Workload's change of admission owes its run the spec side again
+(:func:`observed.following.child_event_requeues`).
 """
 
 from __future__ import annotations

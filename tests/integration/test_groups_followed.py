@@ -515,7 +515,7 @@ def test_statefulsets_leaderworkerset_makes_are_never_the_runs_children(
         client = KubeClient()
         op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, OperatorMetrics())
         client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
-        follower = Follower(op, lambda: "2026-12-04T11:00:00Z")
+        follower = Follower(op)
         follower.start([namespace])
 
         async def lws_now() -> dict:  # the LeaderWorkerSet as an event of its watch brings it

@@ -100,7 +100,7 @@ def test_the_reconcile_reads_the_cache_once_synced_and_writes_through():
 
     async def main() -> None:
         op = Operator(OperatorSettings(), KubeClient(), OperatorMetrics())
-        follower = Follower(op, lambda: "2026-12-04T00:00:00Z")
+        follower = Follower(op)
         managed = {"app.kubernetes.io/managed-by": "payloadrun-operator", **RUN_LABEL}
         follower.wrote(job("r1-trainer", "3", labels=managed))
         assert follower.live("Job", "ml", "r1-trainer") == (False, None)  # not synced: ask
@@ -113,47 +113,5 @@ def test_the_reconcile_reads_the_cache_once_synced_and_writes_through():
         # would ever update or remove it
         follower.wrote(job("r1-orchestrator", "4", labels=RUN_LABEL))
         assert follower.live("Job", "ml", "r1-orchestrator") == (True, None)
-
-    asyncio.run(main())
-
-
-def test_pending_runs_count_what_the_workers_still_owe_until_a_pass_is_done():
-    """``payloadrun_operator_status_pending_runs``: a run queued twice is pending once; once a
-    worker has taken it and finished with it, nothing is (with ``status_refreshes_total``, what
-    the integration tests wait on instead of sleeping)."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from payloadrun_operator.observed.following import Follower
-    from payloadrun_operator.platform.kube import KubeClient
-    from payloadrun_operator.platform.metrics import OperatorMetrics
-    from payloadrun_operator.platform.runtime import Operator
-    from payloadrun_operator.platform.settings import OperatorSettings
-
-    def sample(metrics: OperatorMetrics, line_start: str) -> float:
-        text = generate_latest(metrics.registry).decode()
-        (line,) = [line for line in text.splitlines() if line.startswith(line_start + " ")]
-        return float(line.split()[-1])
-
-    async def main() -> None:
-        metrics = OperatorMetrics()
-        op = Operator(OperatorSettings(), KubeClient(), metrics)
-        follower = Follower(op, lambda: "2026-12-03T00:00:00Z")
-        run = {"metadata": {"name": "r1", "namespace": "ml", "resourceVersion": "1"}}
-        # not reconciled yet (no observedGeneration): the pass reads no child, calls no API
-        for rv in ("1", "2"):
-            event = {"type": "MODIFIED", "object": {**run, "metadata": {**run["metadata"]}}}
-            event["object"]["metadata"]["resourceVersion"] = rv
-            follower.observe("PayloadRun", event)
-        assert follower.pending() == 1
-        assert sample(metrics, "payloadrun_operator_status_pending_runs") == 1
-        worker = asyncio.create_task(follower._work())
-        for _ in range(100):
-            if follower.pending() == 0:
-                break
-            await asyncio.sleep(0.01)
-        worker.cancel()
-        assert sample(metrics, "payloadrun_operator_status_pending_runs") == 0
 
     asyncio.run(main())

@@ -223,7 +223,7 @@ def test_an_older_leaderworkerset_is_told_by_the_fields_it_lacks():
 
 def test_the_follower_lists_leaderworkersets_only_where_they_are_served():
     op = Operator(OperatorSettings(), KubeClient(), OperatorMetrics())
-    follower = Follower(op, lambda: NOW)
+    follower = Follower(op)
     op.discovery.mark([])
     kinds = {kind for _, kind in follower.followed()}
     assert "LeaderWorkerSet" not in kinds and {"StatefulSet", "Job"} <= kinds

@@ -17,7 +17,6 @@ from payloadrun_operator.api.conditions import (
     VolumeReadyReason,
 )
 from payloadrun_operator.api.models import MAX_CONDITION_MESSAGE, PayloadRunStatus
-from payloadrun_operator.handlers import utc_now
 from payloadrun_operator.observed.status import (
     Check,
     bounded_message,
@@ -31,6 +30,7 @@ from payloadrun_operator.observed.status import (
     workload_ready,
     workloads_check,
 )
+from payloadrun_operator.reconcile import utc_now
 
 READY = ConditionType.READY
 VALIDATED = ConditionType.VALIDATED

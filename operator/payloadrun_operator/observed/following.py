@@ -1,14 +1,15 @@
-"""Status from watch events, as controller-runtime's ``Owns()`` does it: a cache and a queue.
+"""What the operator knows of the runs and their children, as controller-runtime's informers
+and cached client: a cache kept by watch events, and every event told to the work queue.
 
 kopf watches the runs, the follower's reflectors (:mod:`watching`) the kinds of child the
 status reads (:data:`kinds.CHILD_KINDS`); every event goes to :meth:`Follower.observe`, which
-keeps the object in a :class:`Cache` and queues the run it belongs to (its own name, or a
-child's ``payloadrun.dev/run`` label). A few
-workers take runs off the queue and call :func:`readiness.refresh_run` with the cached run and
-children: a pod that becomes ready moves its StatefulSet's or Job's status, whose event reaches
-the run's ``Ready`` condition within milliseconds, and a run whose children did not change costs
-nothing (no call, no write). A run queued again while it is being refreshed is refreshed once more
-afterwards, never twice at once.
+keeps the object in a :class:`Cache` and tells the work queue (:mod:`platform.workqueue`) the run
+it belongs to (its own name, or a child's ``payloadrun.dev/run`` label), as controller-runtime's
+``Owns()`` maps an owned object's event to its owner's key: a pod that becomes ready moves its
+StatefulSet's or Job's status, whose event reaches the run's ``Ready`` condition within
+milliseconds, and a run whose children did not change costs nothing (no call, no write). Two
+kinds of event owe the run its spec side too (:func:`child_event_requeues`): a child deleted, a
+Workload whose admission changed.
 
 Children are known by the managed-by label, and an object that carries it but has a controller
 other than a run is left out (:func:`controlled_elsewhere`): LeaderWorkerSet copies the labels of
@@ -19,15 +20,15 @@ and watched only where the cluster served their API when the operator started
 Neither kopf's watch handler (``on.event``) nor the reflectors put a finalizer on anything. The
 cache holds only what the status reads: managed fields and pod templates (a run's and its
 workloads') are dropped, so 1,000 runs of 8 children stay small. It is filled by one list of
-each kind before the workers start (a run refreshed before its children arrive would flap to
+each kind before the first pass (a run passed over before its children arrive would flap to
 not-ready; each kind's watch starts from its list's version), and every
 ``resync_seconds`` every cached run is queued again: a safety net, as controller-runtime's
 ``SyncPeriod`` is, that costs no API call.
 
-The reconcile reads a run's workloads from the same cache once it is synced (:meth:`Follower.live`)
+A pass reads a run's workloads from the same cache once it is synced (:meth:`Follower.live`)
 instead of asking the API server for each (three GETs a run), as controller-runtime's cached
 client does. What the operator itself writes goes into the cache at once (:meth:`Follower.wrote`:
-the API server's answer to an apply), so a reconcile that follows another sees its writes even
+the API server's answer to an apply), so a pass that follows another sees its writes even
 before their watch events arrive; an event older than what is cached (one of those writes'
 predecessors), or than the object's deletion, changes nothing.
 """
@@ -53,7 +54,7 @@ from payloadrun_operator.api.names import (
     LABEL_MANAGED_BY,
     LABEL_RUN,
 )
-from payloadrun_operator.observed import queue, readiness
+from payloadrun_operator.observed import queue
 from payloadrun_operator.observed.watching import Reflector, WatchSettings
 from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.runtime import Operator
@@ -62,8 +63,7 @@ log = logging.getLogger("payloadrun.following")
 RunKey = tuple[str, str]  # (namespace, name)
 ChildKey = tuple[str, str, str]  # (namespace, kind, name)
 DIFFBASE_ANNOTATION = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
-RETRY_SECONDS = 5.0  # after a refresh that failed (the API unreachable, say)
-RECHECK_SECONDS = 5.0  # a claim the run brings, not watched: looked at again until bound
+RETRY_SECONDS = 5.0  # after a list that failed (the API unreachable, say)
 # A list's items carry no apiVersion: each cached object gets its kind's.
 API_VERSIONS = {k.kind: k.api_version for k in (RUN, *FOLLOWED)}
 # Deletions remembered (the latest), so that a write's answer older than its object's deletion
@@ -199,6 +199,18 @@ class Cache:
             store[key] = slim({**obj, "apiVersion": API_VERSIONS[kind], "kind": kind})
         return owner_of(kind, obj)
 
+    def deleted(self, kind: str, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` (a run or a child, as some event or read gave it) was deleted since:
+        its deletion is remembered, and not older than it."""
+        meta = obj["metadata"]
+        key = (
+            (meta["namespace"], meta["name"])
+            if kind == KIND
+            else (meta["namespace"], kind, meta["name"])
+        )
+        gone = self._deleted.get(key)
+        return gone is not None and not older(gone, obj)
+
     def replace(
         self, kind: str, namespace: str | None, listed: Iterable[Mapping[str, Any]]
     ) -> set[RunKey]:
@@ -241,49 +253,36 @@ def _report_end(task: asyncio.Task[None]) -> None:
 
 
 class Follower:
-    """The cache, the queue of runs to refresh, and the workers that refresh them."""
+    """The cache of the runs and their children, filled by one list of each kind, then kept by
+    the watches; every event that concerns a run is told to ``notify`` (the work queue's add:
+    :mod:`platform.workqueue`) with whether it owes the run its spec side
+    (:func:`child_event_requeues`)."""
 
-    def __init__(
-        self,
-        op: Operator,
-        clock: Callable[[], str],
-        *,
-        workers: int = 4,
-        resync_seconds: float | None = None,
-    ) -> None:
+    def __init__(self, op: Operator, *, resync_seconds: float | None = None) -> None:
         self.op = op
         self.cache = Cache()
-        self._clock = clock
-        self._workers = workers
         self._resync = resync_seconds if resync_seconds is not None else op.settings.resync_seconds
-        self._queue: asyncio.Queue[RunKey] = asyncio.Queue()
-        self._queued: set[RunKey] = set()
-        self._busy: set[RunKey] = set()
-        self._again: set[RunKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self._requeue: Callable[[RunKey], None] | None = None
+        # told of every run an event concerns, and whether it owes the run its spec side
+        self.notify: Callable[[RunKey, bool], None] = _nobody
         self.reflectors: list[Reflector] = []  # the children's watches, once synced
         self.synced = asyncio.Event()
-        op.metrics.status_pending.set_function(self.pending)
-
-    def pending(self) -> int:
-        """Runs queued or being refreshed (a delayed retry or recheck counts once it is due)."""
-        return len(self._queued | self._busy)
 
     # -- the watches' side --
     def observe(self, kind: str, event: Mapping[str, Any]) -> None:
-        """A raw watch event (kopf's ``event``: its ``type`` and ``object``). Called in the event
-        loop (async handlers: kopf runs sync ones on threads, and the queue is not thread-safe)."""
+        """A raw watch event (kopf's ``event``: its ``type`` and ``object``): into the cache, and
+        its run told. Called in the event loop (async handlers: kopf runs sync ones on threads,
+        and the cache is not thread-safe)."""
         obj = event.get("object")
         if not isinstance(obj, Mapping) or "metadata" not in obj:
             return
         run = self.cache.put(kind, obj, deleted=event.get("type") == "DELETED")
         if run is not None:
-            self.add(run)
+            self.notify(run, False)
 
     def observe_child(self, kind: Kind, event: Mapping[str, Any]) -> None:
         """A watch event of one of the operator's children (:mod:`watching`): into the cache
-        (:meth:`observe`), and its run reconciled when the event calls for it
+        (:meth:`observe`), its run told, with its spec side owed when the event calls for it
         (:func:`child_event_requeues`)."""
         obj = event.get("object")
         if not isinstance(obj, Mapping) or "metadata" not in obj:
@@ -291,24 +290,12 @@ class Follower:
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), kind.kind, meta.get("name", ""))
         before = self.cache.children.get(key)
-        self.observe(kind.kind, event)
+        run = self.cache.put(kind.kind, obj, deleted=event.get("type") == "DELETED")
         after = self.cache.children.get(key)
-        run = (meta.get("labels") or {}).get(LABEL_RUN)
-        if run and self._requeue and child_event_requeues(kind, event.get("type"), before, after):
-            self._requeue((key[0], run))
+        if run is not None:
+            self.notify(run, child_event_requeues(kind, event.get("type"), before, after))
 
-    def add(self, run: RunKey, delay: float = 0.0) -> None:
-        """Queue ``run`` (after ``delay`` seconds); once, however often it is added."""
-        if delay > 0:
-            asyncio.get_running_loop().call_later(delay, self.add, run)
-            return
-        if run in self._busy:
-            self._again.add(run)
-        elif run not in self._queued:
-            self._queued.add(run)
-            self._queue.put_nowait(run)
-
-    # -- the reconcile's side --
+    # -- the pass's side --
     def live(self, kind: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
         """``(True, the child as cached, or None when it does not exist)`` once the cache is
         synced; ``(False, None)`` before (the caller asks the API server instead). Only the
@@ -320,20 +307,20 @@ class Follower:
 
     def wrote(self, obj: Mapping[str, Any]) -> None:
         """Record what the API server answered to a write of a child the follower watches (the
-        object as written), so that the next reconcile sees it before its watch event."""
+        object as written), so that the next pass sees it before its watch event."""
         kind, meta = obj.get("kind"), obj.get("metadata") or {}
         # only what the watches also deliver: an object they miss would stay as written
         watched = (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == FIELD_MANAGER
         if kind in API_VERSIONS and kind != KIND and watched:
             self.cache.put(kind, obj)
 
-    # -- the workers' side --
+    # -- its life --
     def start(
-        self, namespaces: Sequence[str], requeue: Callable[[RunKey], None] | None = None
+        self, namespaces: Sequence[str], notify: Callable[[RunKey, bool], None] | None = None
     ) -> None:
-        """List the runs and their children, then follow the children's watches; ``requeue``
-        reconciles a run whose child's event calls for it (:func:`child_event_requeues`)."""
-        self._requeue = requeue
+        """List the runs and their children, then follow the children's watches, telling
+        ``notify`` of every run an event concerns (and every cached run each resync)."""
+        self.notify = notify or _nobody
         task = asyncio.create_task(self._run(namespaces))
         task.add_done_callback(_report_end)
         self._tasks.append(task)
@@ -346,14 +333,13 @@ class Follower:
 
     async def _run(self, namespaces: Sequence[str]) -> None:
         await self.op.client.logged_in()  # started by a startup handler, before kopf logs in
-        await self._sync(namespaces)
-        tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
-        tasks += [asyncio.create_task(reflector.run()) for reflector in self.reflectors]
+        await self.sync(namespaces)
+        tasks = [asyncio.create_task(reflector.run()) for reflector in self.reflectors]
         try:
             while True:
                 await asyncio.sleep(self._resync)
                 for run in list(self.cache.runs):
-                    self.add(run)
+                    self.notify(run, False)
         finally:
             for task in tasks:
                 task.cancel()
@@ -371,9 +357,9 @@ class Follower:
 
     def _listed(self, kind: Kind, scope: str | None, items: list[dict[str, Any]]) -> None:
         for run in self.cache.replace(kind.kind, scope, items):
-            self.add(run)
+            self.notify(run, False)
 
-    async def _sync(self, namespaces: Sequence[str]) -> None:
+    async def sync(self, namespaces: Sequence[str]) -> None:
         """One list of the runs and of every kind the status reads (each kind's, where its
         watch starts), retried until it works."""
         scopes: Sequence[str | None] = namespaces or (None,)
@@ -394,7 +380,7 @@ class Follower:
                 for scope in scopes:  # the runs: kopf watches them
                     listed = await self.op.client.list_objects(API_VERSION, KIND, scope)
                     for run in self.cache.replace(KIND, scope, listed):
-                        self.add(run)
+                        self.notify(run, False)
                 for reflector in self.reflectors:
                     if not reflector.version:  # listed before a failure: watched from there
                         await reflector.list()
@@ -404,38 +390,9 @@ class Follower:
                 await asyncio.sleep(RETRY_SECONDS)
         self.synced.set()
 
-    async def _work(self) -> None:
-        while True:
-            run = await self._queue.get()
-            self._queued.discard(run)
-            self._busy.add(run)
-            try:
-                await self._refresh(run)
-            finally:
-                self._busy.discard(run)
-                if run in self._again:
-                    self._again.discard(run)
-                    self.add(run)
 
-    async def _refresh(self, key: RunKey) -> None:
-        run = self.cache.runs.get(key)
-        if run is None or not readiness.follows(run):
-            return
-        try:
-            result = await readiness.refresh_run(self.op, run, self.cache.children, self._clock())
-        except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning(
-                "%s/%s: updating the status failed (retrying in %g s): %s", *key, RETRY_SECONDS, exc
-            )
-            self.add(key, RETRY_SECONDS)
-            return
-        except Exception:  # a bug must not stop the worker: every other run would stall
-            log.exception("%s/%s: updating the status failed", *key)
-            self.add(key, RETRY_SECONDS)
-            return
-        self.op.metrics.status_refreshes.labels("written" if result.written else "unchanged").inc()
-        if result.recheck:
-            self.add(key, RECHECK_SECONDS)
+def _nobody(run: RunKey, spec: bool) -> None:
+    """What a follower started without a queue tells of an event: nobody (tests)."""
 
 
 async def live_object(

@@ -5,17 +5,13 @@ function writes it (:func:`write_status`), and only when it changed.
 (``Complete``, ``Failed``: :mod:`outcome`), a trainers' restart (:mod:`restarts`) and the
 fields that go with them, from the run and what was observed of its children (:class:`Observed`)
 and nothing else. What it needs beyond the follower's cache (a failed Job's pods, the retention
-sidecar's last step) it asks for (:attr:`RunStatus.wants`), and :func:`refresh_run` reads just
-that and computes again, so a run whose children did not change costs no call.
+sidecar's last step) it asks for (:attr:`RunStatus.wants`), and :func:`observe_wanted` reads
+just that for the pass to compute again, so a run whose children did not change costs no call.
 
-:func:`refresh_run` is the pass: it observes, computes, writes what changed (guarded by the
-run's resourceVersion) with an event per transition, then acts: a run that has ended is stopped
-and its payloads released (:mod:`finishing`), a failed rank's Job deleted so every trainer
-restarts. :mod:`following` calls it whenever a watch event touches the run or one of its
-children, from a cache of what the watches delivered. The reconcile (:func:`handlers.report`)
-writes its part of the status (the spec's verdict, the children applied) through
-:func:`write_status` too: every status write of the operator goes through that one function,
-after :func:`status.status_update` compared it with what the run holds.
+The pass (:mod:`reconcile`) observes (:func:`observe`), computes, writes what changed through
+:func:`write_status` (guarded by the run's resourceVersion, with an event per transition), then
+acts on what it wrote: every status write of the operator goes through that one function, after
+:func:`status.status_update` compared it with what the run holds.
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ import aiohttp
 from payloadrun_operator.api.conditions import (
     JOB_FAILED,
     ConditionType,
-    EventReason,
-    EventType,
     Phase,
     ReadyReason,
     StatusField,
@@ -57,7 +51,6 @@ from payloadrun_operator.observed.status import (
     Check,
     StatusUpdate,
     claim_check,
-    status_update,
     workloads_check,
 )
 from payloadrun_operator.platform.kube import KubeApiError
@@ -78,15 +71,6 @@ QUEUED = Check(
     "Kueue has not admitted the run: no pod runs (see the Admitted condition)",
 )
 Pods = list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Refreshed:
-    """What a refresh did: ``written`` the status; ``recheck``: look again soon, for what no
-    watch reports (a claim the run brings carries no label of ours, so nothing watches it)."""
-
-    written: bool
-    recheck: bool = False
 
 
 @dataclass(frozen=True)
@@ -288,33 +272,6 @@ def queue_part(
     )
 
 
-def cached_status(
-    run: Mapping[str, Any], children: finishing.Children, fields: Mapping[str, Any], now: str
-) -> RunStatus | None:
-    """What :func:`refresh_run` will compute for ``run`` once ``fields`` are in its status, from
-    ``children`` (the follower's cache) alone, so that the reconcile writes it with its own part
-    and the follower's pass finds nothing to write. None where a pass needs more than the cache
-    or acts (a finished run, a claim the run brings, a Job's pods, the last step, a restart, the
-    run's end): the follower writes those itself."""
-    status = {**(run.get("status") or {}), **fields}
-    if context.is_final(status.get(StatusField.PHASE)):
-        return None
-    ns, claim_name = run["metadata"]["namespace"], status.get(StatusField.CLAIM_NAME)
-    claim = children.get((ns, CLAIM.kind, claim_name or ""))
-    if claim_name and claim is None:
-        return None
-    computed = run_status({**run, "status": status}, Observed(children, claim=claim), now)
-    queue_fields = {StatusField.QUEUE} if queue.queue_in_effect(run) else set()
-    if (
-        computed.wants
-        or computed.restart is not None
-        or set(computed.fields) - queue_fields
-        or computed.queue_duty is not queue.Duty.NONE
-    ):
-        return None
-    return computed
-
-
 def run_layout(run: Mapping[str, Any]) -> PodLayout:
     """The pod layout the run records it was started with."""
     return pinning.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})
@@ -419,70 +376,6 @@ async def observe_wanted(
             observed, last_step=await finishing.last_step(op, run), last_step_read=True
         )
     return observed
-
-
-async def refresh_run(
-    op: Operator, run: dict[str, Any], children: finishing.Children, now: str
-) -> Refreshed:
-    """One pass over one run: observe, compute its status, write what changed, act on it."""
-    client = op.client
-    meta, status = run["metadata"], run["status"]
-    ns = meta["namespace"]
-    observed = await observe(op, run, children)
-    computed = run_status(run, observed, now)
-    while computed.wants:
-        observed = await observe_wanted(op, run, observed, computed.wants)
-        computed = run_status(run, observed, now)
-    update = status_update(
-        status,
-        meta.get("generation"),
-        computed.checks,
-        computed.fields,
-        now,
-        dropped=computed.dropped,
-    )
-    if await write_status(op, run, update, now) in (Write.CONFLICT, Write.GONE):
-        return Refreshed(False)  # the run changed since it was read (its event follows), or went
-    group_restart = computed.fields.get(StatusField.LAST_INFERENCE_GROUP_RESTART)
-    if group_restart is not None:  # recorded: said once, as a Warning
-        await client.post_event(
-            run,
-            EventType.WARNING,
-            EventReason.INFERENCE_GROUP_RESTARTED,
-            group_restart["message"],
-            now,
-        )
-    if computed.restart is not None:  # recorded: now the failed Job goes, and its pods with it
-        plan, job = computed.restart
-        if restarts.ACTIONS[plan].record:
-            message = computed.fields[StatusField.LAST_TRAINER_RESTART]["message"]
-            await client.post_event(
-                run, EventType.WARNING, EventReason.TRAINERS_RESTARTED, message, now
-            )
-        job_meta = job["metadata"]
-        await client.delete(
-            JOB.api_version, JOB.kind, ns, job_meta["name"], "Foreground", uid=job_meta["uid"]
-        )
-    if computed.queue_duty is not queue.Duty.NONE:  # owed to Kueue: the quota back, or Finished
-        workload = queue.cached_workload(children, ns, meta["name"])
-        assert workload is not None  # a duty is owed only for a Workload there is
-        failed = update.phase == Phase.FAILED
-        done = await client.patch_status(
-            dict(workload), queue.duty_status(workload, computed.queue_duty, now, failed=failed)
-        )
-        if not done:  # Kueue wrote it meanwhile: its event brings the run back here
-            log.info("%s/%s: the Workload changed while it was written; again", ns, meta["name"])
-    # Once its end is recorded (a reconcile then builds it stopped too), nothing of it runs on:
-    # checked at every pass, it costs no write when everything is stopped already.
-    if context.is_final(update.phase):
-        await finishing.stop(op, run, children)
-    volume = computed.checks.get(ConditionType.VOLUME_READY)
-    claim_name = status.get(StatusField.CLAIM_NAME)
-    brought = bool(claim_name) and (ns, CLAIM.kind, claim_name) not in children
-    # an evicted run whose pods are still stopping: no watched object says when the last is gone
-    stopping = bool(observed.run_pods)
-    recheck = (brought and not (volume and volume.ok)) or stopping or computed.recheck
-    return Refreshed(update.fields is not None, recheck=recheck)
 
 
 def backoff_limit(run: dict[str, Any]) -> int:

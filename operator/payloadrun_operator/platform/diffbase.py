@@ -100,7 +100,7 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 class StatusDigestDiffBaseStorage(DigestDiffBaseStorage):
     """The digest read from the status field ``field`` (``observedDigest``), which the reconcile
-    writes with the rest of its status (:func:`handlers.reconcile`): kopf's own write of the
+    writes with the rest of its status (:mod:`reconcile`'s pass): kopf's own write of the
     record is none. A run whose status has no digest yet is read from the annotation an older
     operator wrote (None: never handled, a creation)."""
 

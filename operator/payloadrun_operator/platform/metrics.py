@@ -38,8 +38,7 @@ class OperatorMetrics:
         )
         self.status_refreshes = Counter(
             "payloadrun_operator_status_refreshes",
-            "Runs whose status was recomputed after a watch event, by outcome (written, "
-            "unchanged).",
+            "Passes over a run that computed its status, by outcome (written, unchanged).",
             ["outcome"],
             registry=self.registry,
         )
@@ -48,8 +47,8 @@ class OperatorMetrics:
         # operator received by then has been acted on.
         self.status_pending = Gauge(
             "payloadrun_operator_status_pending_runs",
-            "Runs queued for a status refresh or being refreshed now (0: the operator has acted "
-            "on every watch event it received).",
+            "Runs queued for a pass or in one now (0: the operator has acted on every event it "
+            "received).",
             registry=self.registry,
         )
         self.leader = Gauge(
