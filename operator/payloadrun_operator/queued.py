@@ -102,7 +102,7 @@ async def bring_queue(
     desired = queueing.workload_manifest(built, queue_name, await priority_of(op, meta))
     live = gate.workload
     if live is not None and queueing.same_pod_sets(desired, live):
-        return dataclasses.replace(built, children=tuple(queueing.placed(built, gate.placements)))
+        return built.with_children(queueing.placed(built, gate.placements))
     if live is not None and queue.admission_of(live).state in queue.HOLDING_QUOTA:
         await op.client.delete(
             WORKLOAD.api_version,

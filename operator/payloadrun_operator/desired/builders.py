@@ -28,8 +28,8 @@ same name returns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from payloadrun_operator.api import names
 from payloadrun_operator.api.kinds import (
@@ -109,25 +109,45 @@ class BuiltRun:
     (admission), applied (the reconcile), printed (``render``) or taken apart (the trainers'
     Job a restart creates again) from here, never composed again in the same pass.
 
-    ``errors`` are every reason the run cannot be built; with any, there are no children."""
+    ``children``: every child, in the order to apply them; ``workloads``: those of them that
+    hold pods, by component (:func:`workload_of`, decided once, when it is built). ``errors`` are
+    every reason the run cannot be built; with any, there are no children."""
 
     ctx: RunContext
     pods: Mapping[str, Manifest]  # component -> its pod template (absent: it collided)
     network_policies: tuple[Manifest, ...] = ()
     children: tuple[Manifest, ...] = ()  # every child, in the order to apply them
     errors: tuple[str, ...] = ()
+    workloads: Mapping[str, Manifest] = field(default_factory=dict)
 
     def workload(self, component: str) -> Manifest:
         """``component``'s StatefulSet, LeaderWorkerSet or Job."""
-        kind, name = workload_of(self.ctx, component)
-        (found,) = [c for c in self.children if c["kind"] == kind and c["metadata"]["name"] == name]
-        return found
+        return self.workloads[component]
 
     def is_workload(self, child: Manifest) -> bool:
-        """Whether ``child`` is one of the run's workloads (:func:`names.run_workloads`, by kind
-        and name: the one place that says which children hold pods)."""
-        workloads = names.run_workloads(self.ctx.name, self.ctx.spec.inference.pods_per_replica)
-        return (child["kind"], child["metadata"]["name"]) in {(k, n) for _, k, n in workloads}
+        """Whether ``child`` is one of the run's workloads."""
+        return any(child is workload for workload in self.workloads.values())
+
+    def with_children(self, children: Iterable[Manifest]) -> BuiltRun:
+        """The same run with ``children`` in place of its own (the same children, changed: a
+        queued run's placed where Kueue admitted it), its workloads found among them again."""
+        return built_run(self.ctx, self.pods, self.network_policies, tuple(children))
+
+
+def built_run(
+    ctx: RunContext,
+    pods: Mapping[str, Manifest],
+    policies: tuple[Manifest, ...],
+    children: tuple[Manifest, ...],
+) -> BuiltRun:
+    """A :class:`BuiltRun` of ``children``, its workloads among them by kind and name."""
+    names_of = {workload_of(ctx, component): component for _, _, component in names.WORKLOADS}
+    workloads = {
+        names_of[key]: child
+        for child in children
+        if (key := (child["kind"], child["metadata"]["name"])) in names_of
+    }
+    return BuiltRun(ctx, pods, policies, children, workloads=workloads)
 
 
 def workload_of(ctx: RunContext, component: str) -> tuple[str, str]:
@@ -150,7 +170,7 @@ def build_run(ctx: RunContext) -> BuiltRun:
     if errors:
         return BuiltRun(ctx, pods, errors=tuple(errors))
     policies = tuple(build_network_policies(ctx))
-    return BuiltRun(ctx, pods, policies, tuple(assemble(ctx, pods, policies)))
+    return built_run(ctx, pods, policies, tuple(assemble(ctx, pods, policies)))
 
 
 def run_errors(ctx: RunContext) -> list[str]:
