@@ -6,18 +6,22 @@ for ``--runs`` runs created one at a time and as many created at once (8 create 
 flight). Baseline, same run: the same children server-side applied straight from this process,
 one run's worth at a time (the API server's own share of the work), and as many runs' worth at
 once (each run's children in order, every run concurrently: the API server alone, whose p95 is
-the floor under the operator's for a burst on this machine). The times are taken from a
+the floor under the operator's for a burst on this machine). A second floor does a run's whole
+share of the API server's work from here: each run created, its children applied, its status
+written once as the operator's first pass writes it (the runs of the CRD's copy under
+``floor.payloadrun.dev``, which the operator does not watch). The times are taken from a
 watch of the runs in this process, so the benchmark adds no list calls of its own.
 
 Bursts: each "at once", the floor's and the operator's, is ``--bursts`` bursts (3; fresh runs
-each, the floor's all before the operator starts, which would otherwise watch their children),
-and the p95 compared is the median of the bursts' p95s. One burst's p95 is one of its three
-slowest runs, two seconds of a machine shared by the API server, etcd, the operator and this
-process: on 2 vCPUs the same code gave a single burst's ratio anywhere from 1.2 to 1.6. Goals: the
-operator's p95 for each burst at most 1.5 x that floor's, and its requests per created run at
-most the run's children's applies + 3 (kopf's annotation, the status as applied, the status
-from the children), counted as below without the election's Lease calls (an update every 2 s,
-whatever the runs, and a get when it was refused).
+each, the floors' before the operator starts at first), and the p95 compared is the median of
+the bursts' p95s. One burst's p95 is one of its three slowest runs, two seconds of a machine
+shared by the API server, etcd, the operator and this process: on 2 vCPUs the same code gave a
+single burst's ratio anywhere from 1.2 to 1.6. Goals, each printed as a ratio to its bound: the
+operator's p95 for each burst at most 1.5 x the children's floor and 1.3 x the whole runs'
+floor, and its requests per created run at most the run's children's applies + 3, counted as
+below without the election's Lease calls (an update every 2 s, whatever the runs, and a get
+when it was refused). No absolute latency goal for a burst: on this machine the floor alone is
+above any such figure.
 
 Readiness: with those runs reconciled, the time from the children's status saying every pod is
 ready to the run's ``Ready`` condition being True, p50 and p95 over ``--ready-runs`` runs, one
@@ -37,8 +41,8 @@ only; a watch counts once, when opened. Measured at the runs above and, with ``-
 that many runs, in the same run: their ratio says whether the requests grow with the runs.
 
 ``--scale N`` (e.g. 1000): the runs brought to N in all (created 8 at a time, their pods after
-them), then the idle cost again, 50 more runs created at once (p95; as many bursts of 50 as
-above, from N), readiness again. The operator's RSS is taken after the first burst at once of
+them), then the idle cost again, 50 more runs created at once (p95 against both floors, measured
+again at N; as many bursts of 50 as above), readiness again. The operator's RSS is taken after the first burst at once of
 each part: after 101 runs, and after N + 50. About 9 minutes at 1,000 on 2 vCPUs; progress
 goes to stderr.
 
@@ -86,14 +90,18 @@ from kubernetes.client.rest import ApiException
 
 from payloadrun_devcluster import LocalCluster
 from payloadrun_devkit.local_operator import CLIENT_LIBRARIES, LocalOperator
-from payloadrun_operator.api.models import GROUP, PLURAL, VERSION, PayloadRunSpec
+from payloadrun_operator.api.conditions import ConditionType, StatusField
+from payloadrun_operator.api.models import GROUP, KIND, PLURAL, VERSION, PayloadRunSpec
 from payloadrun_operator.api.names import LABEL_RUN, MANAGED_SELECTOR
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.builders import build_children
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import decide_payload_mode
+from payloadrun_operator.observed.status import claim_check, status_update, workloads_check
+from payloadrun_operator.platform import kube
 from payloadrun_operator.platform.kube import KubeClient
 from payloadrun_operator.platform.settings import OperatorSettings
+from payloadrun_operator.reconcile import CHILDREN_APPLIED, SPEC_VALID, handled, utc_now
 from report import Goal, machine_load, print_goals, print_load
 
 MIB = 1 << 20
@@ -119,6 +127,11 @@ REPO = Path(__file__).resolve().parents[1]
     if d and d.get("kind") == "PayloadRun"
 ]
 RunKey = tuple[str, str]  # (namespace, name)
+# The whole-run floor's runs: PayloadRuns of the CRD's copy under a group of its own, which the
+# operator (it watches payloadrun.dev) never sees: the same schema, size and storage.
+FLOOR_GROUP = f"floor.{GROUP}"
+FLOOR_API_VERSION = f"{FLOOR_GROUP}/{VERSION}"
+kube.PLURALS[FLOOR_API_VERSION, KIND] = PLURAL  # for this process's client only
 
 
 def progress(message: str) -> None:
@@ -539,22 +552,70 @@ def run_context(name: str, namespace: str, uid: str) -> RunContext:
     return RunContext(name, namespace, uid, spec, decide_payload_mode(spec), OperatorSettings())
 
 
+def install_floor_crd(cluster: LocalCluster) -> None:
+    """The PayloadRun CRD again, under :data:`FLOOR_GROUP`: the whole-run floor's runs."""
+    crd = yaml.safe_load((REPO / "crds" / f"{GROUP}_{PLURAL}.yaml").read_text())
+    crd["metadata"]["name"] = f"{PLURAL}.{FLOOR_GROUP}"
+    crd["spec"]["group"] = FLOOR_GROUP
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(crd), check=True)
+    cluster.wait_established(f"{PLURAL}.{FLOOR_GROUP}")
+
+
+def first_status(ctx: RunContext, run: dict) -> dict:
+    """The status the operator's first pass writes on a new run: the spec valid, the children
+    applied, the volume and the workloads not ready yet, its record of the handled spec."""
+    checks = {
+        ConditionType.VALIDATED: SPEC_VALID,
+        ConditionType.APPLIED: CHILDREN_APPLIED,
+        ConditionType.VOLUME_READY: claim_check(None, ctx.claim),
+        ConditionType.READY: workloads_check([None, None, None], ["inference", "orch", "trainer"]),
+    }
+    decision = ctx.decision
+    fields = {
+        **handled(run),
+        StatusField.PAYLOAD_MODE: str(decision.mode),
+        StatusField.PAYLOAD_MODE_REASON: str(decision.reason),
+        StatusField.PAYLOAD_MODE_MESSAGE: decision.message,
+        StatusField.PAYLOAD_ROOT: ctx.root,
+        StatusField.CLAIM_NAME: ctx.claim,
+        StatusField.START_TIME: utc_now(),
+    }
+    written = status_update({}, 1, checks, fields, utc_now()).fields
+    assert written is not None
+    return written
+
+
 def bench_direct_apply(
-    kubeconfig: Path, namespace: str, runs: int, *, at_once: bool
+    kubeconfig: Path, namespace: str, runs: int, *, at_once: bool, whole: bool = False
 ) -> list[float]:
     """Server-side apply of ``runs`` runs' children from here, with the operator's own client,
     each run's children one after another as the operator applies them: one run at a time (the
     time of each), or every run at once (the time from the start to each run's last child: what
-    the API server alone needs for a burst, the floor under the operator's)."""
+    the API server alone needs for a burst, the floor under the operator's). ``whole``: each
+    run also created first (of :data:`FLOOR_GROUP`, owning its children) and its status written
+    once after (:func:`first_status`), as a run the operator handles costs the API server."""
     os.environ["KUBECONFIG"] = str(kubeconfig)
     info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
 
     async def apply_run(kube: KubeClient, i: int, t0: float | None) -> float:
-        ctx = run_context(f"run-{i:04d}", namespace, f"uid-{i}")
+        name = f"run-{i:04d}"
         start = time.monotonic() if t0 is None else t0
+        run: dict | None = None
+        if whole:
+            body = run_body(name)
+            body["apiVersion"] = FLOOR_API_VERSION
+            body["metadata"]["namespace"] = namespace
+            run = await kube.apply(body)
+        ctx = run_context(name, namespace, run["metadata"]["uid"] if run else f"uid-{i}")
         for child in build_children(ctx):
-            child["metadata"].pop("ownerReferences", None)  # no owner object exists here
+            if run is None:
+                child["metadata"].pop("ownerReferences", None)  # no owner object exists here
+            else:  # owned by the floor's run, which the garbage collector then finds
+                for ref in child["metadata"].get("ownerReferences") or []:
+                    ref["apiVersion"] = FLOOR_API_VERSION
             await kube.apply(child)
+        if run is not None:
+            await kube.patch_status(run, first_status(ctx, run))
         return time.monotonic() - start
 
     async def apply_all() -> list[float]:
@@ -569,6 +630,30 @@ def bench_direct_apply(
             await kube.close()
 
     return asyncio.run(apply_all())
+
+
+def floor_bursts(
+    cluster: LocalCluster, core: client.CoreV1Api, prefix: str, runs: int, bursts: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """The two floors under a burst of ``runs`` runs at once, ``bursts`` times each: the
+    children applied alone, and whole runs (created, their children, their status once)."""
+    children = [
+        bench_direct_apply(
+            cluster.kubeconfig, make_namespace(core, f"{prefix}-{k}"), runs, at_once=True
+        )
+        for k in range(bursts)
+    ]
+    whole = [
+        bench_direct_apply(
+            cluster.kubeconfig,
+            make_namespace(core, f"{prefix}-whole-{k}"),
+            runs,
+            at_once=True,
+            whole=True,
+        )
+        for k in range(bursts)
+    ]
+    return children, whole
 
 
 def bench_admit_and_build(rounds: int = 200) -> list[float]:
@@ -676,6 +761,8 @@ class Results:
     # the same bursts' children applied straight from here, every run at once (the floor):
     # each burst's latencies
     direct_at_once: dict[str, list[list[float]]] = field(default_factory=dict)
+    # and whole runs from here (created, their children, their status written once)
+    whole_at_once: dict[str, list[list[float]]] = field(default_factory=dict)
     # apply -> status reported, each burst's (one at a time: one)
     latency: dict[str, list[list[float]]] = field(default_factory=dict)
     bursts: dict[str, Burst] = field(default_factory=dict)  # the bursts of a label together
@@ -785,16 +872,11 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
                 cluster.kubeconfig, make_namespace(core, "bench-direct"), args.runs, at_once=False
             )
             direct_cpu = cpu_seconds(cluster.processes["kube-apiserver"].pid) - api0
-        with phases.timed(f"direct SSA of {args.bursts} x {args.runs} runs' children at once"):
-            direct_at_once = [
-                bench_direct_apply(
-                    cluster.kubeconfig,
-                    make_namespace(core, f"bench-direct-at-once-{k}"),
-                    args.runs,
-                    at_once=True,
-                )
-                for k in range(args.bursts)
-            ]
+        install_floor_crd(cluster)
+        with phases.timed(f"the floors of {args.bursts} x {args.runs} runs at once"):
+            direct_at_once, whole_at_once = floor_bursts(
+                cluster, core, "bench-direct-at-once", args.runs, args.bursts
+            )
         op_kubeconfig = operator_identity(cluster, Path(tmp) / "operator.kubeconfig")
         with (
             RunWatch(api_client) as runs,
@@ -808,6 +890,7 @@ def run_bench(args: argparse.Namespace, phases: Phases) -> Results:
             bench.results.direct, bench.results.direct_apiserver_cpu = direct, direct_cpu
             bench.results.applies = len(build_children(run_context("run", "bench", "uid")))
             bench.results.direct_at_once[label] = direct_at_once
+            bench.results.whole_at_once[label] = whole_at_once
             bench.rss("start")
             # the first run also waits for the operator's start (its lists, its lease)
             warmup = run_keys(make_namespace(core, "bench-warmup"), 1)
@@ -846,16 +929,11 @@ def scale_up(bench: Bench, args: argparse.Namespace, phases: Phases) -> None:
         bench.idle(args.idle_seconds)
     label = f"{MORE_AT_SCALE} more at {args.scale}"
     bursts = f"{args.bursts} x {MORE_AT_SCALE}"
-    with phases.timed(f"direct SSA of {bursts} runs' children at once, at {args.scale}"):
-        bench.results.direct_at_once[label] = [
-            bench_direct_apply(
-                bench.cluster.kubeconfig,
-                make_namespace(bench.core, f"bench-direct-scale-{k}"),
-                MORE_AT_SCALE,
-                at_once=True,
-            )
-            for k in range(args.bursts)
-        ]
+    with phases.timed(f"the floors of {bursts} runs at once, at {args.scale}"):
+        results = bench.results
+        results.direct_at_once[label], results.whole_at_once[label] = floor_bursts(
+            bench.cluster, bench.core, "bench-direct-scale", MORE_AT_SCALE, args.bursts
+        )
     with phases.timed(f"{bursts} more at once, from {args.scale} runs"):
         for k in range(args.bursts):
             bench.at_once(label, run_keys(namespace, MORE_AT_SCALE, count + k * MORE_AT_SCALE))
@@ -899,6 +977,8 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
     print(latency_row("direct SSA of the children", r.direct))
     for label, bursts in r.direct_at_once.items():
         print(latency_row(f"direct SSA, {label} (all bursts)", flat(bursts)))
+    for label, bursts in r.whole_at_once.items():
+        print(latency_row(f"whole runs from here, {label} (all bursts)", flat(bursts)))
     for label, bursts in r.latency.items():
         print(latency_row(f"operator, {label}", flat(bursts), base_p50))
     for label, floor in r.direct_at_once.items():
@@ -910,6 +990,13 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
             + " s, direct "
             + ", ".join(f"{percentile(b, 0.95):.2f}" for b in floor)
             + " s: the direct p95 is the API server's alone, no operator answers sooner)"
+        )
+    for label, floor in r.whole_at_once.items():
+        ours = r.latency[label]
+        print(
+            f"operator p95 / whole-run p95, {label}: {median_p95(ours) / median_p95(floor):.2f}"
+            " (whole runs: created, their children applied, their status written once, from "
+            "here: " + ", ".join(f"{percentile(b, 0.95):.2f}" for b in floor) + " s)"
         )
     direct_cpu = r.direct_apiserver_cpu / len(r.direct) * 1e3
     print(f"direct SSA: API server CPU {direct_cpu:.0f} ms per run")
@@ -955,14 +1042,23 @@ def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
 
     small, first = small_runs(args), first_small(args)
     # the operator against the API server alone (the same children applied from here, in the
-    # same run), and the requests a created run costs beyond its children's applies
+    # same run; and whole runs: created, their children, their status once), and the requests
+    # a created run costs beyond its children's applies
     out = [
         Goal.at_most(
-            f"operator p95 / direct p95, {label}",
+            f"operator p95 / children-only p95, {label}",
             median_p95(r.latency[label]) / median_p95(floor),
             1.5,
         )
         for label, floor in r.direct_at_once.items()
+    ]
+    out += [
+        Goal.at_most(
+            f"operator p95 / whole-run p95, {label}",
+            median_p95(r.latency[label]) / median_p95(floor),
+            1.3,
+        )
+        for label, floor in r.whole_at_once.items()
     ]
     out += [
         Goal.at_most(
@@ -974,11 +1070,6 @@ def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
     ]
     out += [
         Goal.at_most("operator p95, one at a time (s)", p95(flat(r.latency["one at a time"])), 2),
-        Goal.at_most(
-            f"operator p95, {args.runs} at once (s)",
-            median_p95(r.latency[f"{args.runs} at once"]),
-            0.5,
-        ),
         Goal.at_most("children ready -> Ready, p95 (s)", p95(r.ready[f"at {small} runs"]), 1),
         Goal.at_most(
             f"operator RSS after {first} runs (MB)", r.rss[f"after {first} runs"] * MIB / 1e6, 100
@@ -988,11 +1079,6 @@ def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
         small_idle, scale_idle = r.idle[0], r.idle[-1]
         total = args.scale + MORE_AT_SCALE
         out += [
-            Goal.at_most(
-                f"p95, {MORE_AT_SCALE} more at {args.scale} runs (s)",
-                median_p95(r.latency[f"{MORE_AT_SCALE} more at {args.scale}"]),
-                1,
-            ),
             Goal.at_most(f"idle CPU at {args.scale} runs (% of a core)", scale_idle.cpu * 100, 1),
             Goal.at_most(
                 f"requests/min, {args.scale} runs / {small}",
@@ -1002,7 +1088,7 @@ def goals(r: Results, args: argparse.Namespace) -> list[Goal]:
             Goal.at_most(
                 f"operator RSS after {total} runs (MB)",
                 r.rss[f"after {total} runs"] * MIB / 1e6,
-                150,
+                140,
             ),
         ]
     return out

@@ -29,12 +29,14 @@ def print_load(when: str) -> str:
 @dataclass(frozen=True)
 class Goal:
     """One measured figure against its goal: ``met`` is decided by the caller's comparison (None:
-    a figure reported beside the goals, with no goal of its own)."""
+    a figure reported beside the goals, with no goal of its own); ``ratio``, the figure over its
+    goal's bound (at most 1 meets an upper bound, at least 1 a lower one)."""
 
     measure: str
     value: float
     goal: str
     met: bool | None
+    ratio: float | None = None
 
     @classmethod
     def figure(cls, measure: str, value: float) -> Goal:
@@ -42,22 +44,28 @@ class Goal:
 
     @classmethod
     def at_least(cls, measure: str, value: float, floor: float) -> Goal:
-        return cls(measure, value, f">= {floor:g}", value >= floor)
+        return cls(measure, value, f">= {floor:g}", value >= floor, _ratio(value, floor))
 
     @classmethod
     def at_most(cls, measure: str, value: float, ceiling: float) -> Goal:
-        return cls(measure, value, f"<= {ceiling:g}", value <= ceiling)
+        return cls(measure, value, f"<= {ceiling:g}", value <= ceiling, _ratio(value, ceiling))
+
+
+def _ratio(value: float, bound: float) -> float | None:
+    return value / bound if bound else None
 
 
 def print_goals(goals: Sequence[Goal], fmt: Callable[[float], str] = "{:.2f}".format) -> dict:
-    """A table of the goals (measure, value, goal, met/NO); returns them as JSON-ready dicts."""
+    """A table of the goals (measure, value, goal, the value's ratio to the goal's bound,
+    met/NO); returns them as JSON-ready dicts."""
     width = max([len(g.measure) for g in goals] + [len("measure")]) + 2
-    head = f"{'measure':<{width}}{'value':>10}  {'goal':<10}{'met':>4}"
+    head = f"{'measure':<{width}}{'value':>10}  {'goal':<10}{'/ goal':>7}{'met':>5}"
     print(head)
     print("-" * len(head))
     for g in goals:
         met = "" if g.met is None else "met" if g.met else "NO"
-        print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{met:>4}")
+        ratio = "" if g.ratio is None else f"{g.ratio:.2f}"
+        print(f"{g.measure:<{width}}{fmt(g.value):>10}  {g.goal:<10}{ratio:>7}{met:>5}")
     return {g.measure: asdict(g) for g in goals}
 
 
