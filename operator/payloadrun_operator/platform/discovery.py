@@ -80,6 +80,10 @@ class Discovery:
         self._group_versions: dict[Kind, tuple[str, ...]] = {}
         self.done = asyncio.Event()
         self._asking = asyncio.Lock()
+        # the first failure is logged, not every retry (a refused connection and a reset one
+        # alternate while an API server starts), nor a later caller's once the first's was
+        # cancelled (kopf's login handler at a stop, with the follower's start waiting behind)
+        self._failed = False
 
     def serves(self, kind: Kind) -> bool:
         """Whether ``kind``'s API was served when the operator started (False before
@@ -108,8 +112,6 @@ class Discovery:
                 await self._discover(client)
 
     async def _discover(self, client: KubeClient) -> None:
-        failed = False  # the first failure is logged, not every retry (a refused connection
-        # and a reset one alternate while an API server starts)
         while True:
             try:
                 answers = {}  # one request per group version (Kueue's kinds share one)
@@ -140,17 +142,17 @@ class Discovery:
                             older[kind] = (f"{kind.version} without {', '.join(lacking)}",)
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                if not failed:
+                if not self._failed:
                     log.warning(
                         "discovering the cluster's APIs failed: %s; retrying every %g s",
                         exc,
                         RETRY_SECONDS,
                     )
-                    failed = True
+                    self._failed = True
                 else:
                     log.debug("discovering the cluster's APIs failed again: %s", exc)
                 await asyncio.sleep(RETRY_SECONDS)
-        if failed:
+        if self._failed:
             log.info("discovering the cluster's APIs: the API server answers again")
         for kind in self.kinds:
             addon = ADDONS.get(kind)
