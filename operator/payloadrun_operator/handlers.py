@@ -75,9 +75,13 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     queue, which runs the one pass (:class:`reconcile.Reconciler`)."""
     follower = Follower(op)
     reconciler = Reconciler(op, follower)
-    drain = heap.Drain(heap.malloc_trim())  # a burst's heap given back once it is done
+    # a burst's heap given back once its runs are applied (kopf's handlers and the passes that
+    # apply: the child events' passes that follow would put it off by up to DRAIN_TRIM_SECONDS)
+    drain = heap.Drain(heap.malloc_trim())
 
     async def one_pass(key: RunKey, work: Work) -> Again | None:
+        if not work.spec:  # a child's event: the trickle after a burst, not the burst
+            return await reconciler(key, work)
         with drain.working():
             return await reconciler(key, work)
 
@@ -126,14 +130,16 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.create(**RESOURCE, registry=registry)
     @kopf.on.update(**RESOURCE, registry=registry)
     async def reconcile_run(body: kopf.Body, **_: Any) -> None:
-        await passes.process(run_key(body), Work(dict(body), spec=True))
+        with drain.working():  # waiting for its pass too: a burst's heap goes back at its end
+            await passes.process(run_key(body), Work(dict(body), spec=True))
 
     # Every run found at start (a new leader's, after a restart or a failover) is passed over
     # again, a few at a time, behind the runs created meanwhile: the API server's CPU goes to
     # those first, instead of to hundreds of unchanged children.
     @kopf.on.resume(**RESOURCE, registry=registry)
     async def resume_run(body: kopf.Body, **_: Any) -> None:
-        await passes.process(run_key(body), Work(dict(body), spec=True, resume=True))
+        with drain.working():
+            await passes.process(run_key(body), Work(dict(body), spec=True, resume=True))
 
     beating: list[asyncio.Task[None]] = []
 

@@ -65,9 +65,9 @@ async def trim_forever(every: float = TRIM_SECONDS) -> None:
 
 
 class Drain:
-    """Counts the reconciles under way (waiting for their turn included); when the last one ends,
-    the heap a burst freed is given back at once, not up to a minute later, at most once every
-    :data:`DRAIN_TRIM_SECONDS`."""
+    """Counts the work under way (kopf's handlers waiting for their pass, and the passes); when
+    the last of it ends, the heap a burst freed is given back at once, not up to a minute later,
+    at most once every :data:`DRAIN_TRIM_SECONDS`."""
 
     def __init__(
         self,
