@@ -410,11 +410,11 @@ async def live_object(
 def child_event_requeues(
     kind: Kind, event_type: str | None, before: Mapping[str, Any] | None, after: Any
 ) -> bool:
-    """Whether a child's watch event calls for its run's reconcile, which kopf's handlers of the
-    run never hear of: one of the run's children deleted (``before``: it was cached, so it was
-    the run's and not, say, LeaderWorkerSet's), which the reconcile makes again (a live run) or
-    leaves gone (a finished one), as controller-runtime's ``Owns()`` does; or a Workload whose
-    admission changed (admitted, evicted, another flavor)."""
+    """Whether a child's watch event owes its run the spec side of a pass (its children
+    applied), which kopf's handlers of the run never hear of: one of the run's children deleted
+    (``before``: it was cached, so it was the run's and not, say, LeaderWorkerSet's), which the
+    pass makes again (a live run) or leaves gone (a finished one), as controller-runtime's
+    ``Owns()`` does; or a Workload whose admission changed (admitted, evicted, another flavor)."""
     if event_type == "DELETED":
         return before is not None
     return kind is WORKLOAD and queue.gate_key(before) != queue.gate_key(after)
