@@ -55,7 +55,7 @@ from payloadrun_operator.api.names import (
     LABEL_RUN,
 )
 from payloadrun_operator.observed import queue
-from payloadrun_operator.observed.watching import Reflector, WatchSettings
+from payloadrun_operator.observed.watching import BACKOFF_SECONDS, Reflector, WatchSettings
 from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 
@@ -63,7 +63,6 @@ log = logging.getLogger("payloadrun.following")
 RunKey = tuple[str, str]  # (namespace, name)
 ChildKey = tuple[str, str, str]  # (namespace, kind, name)
 DIFFBASE_ANNOTATION = f"{ANNOTATION_PREFIX}/{DIFFBASE_KEY}"
-RETRY_SECONDS = 5.0  # after a list that failed (the API unreachable, say)
 # A list's items carry no apiVersion: each cached object gets its kind's.
 API_VERSIONS = {k.kind: k.api_version for k in (RUN, *FOLLOWED)}
 # Deletions remembered (the latest), so that a write's answer older than its object's deletion
@@ -375,6 +374,10 @@ class Follower:
             for scope in scopes
             for kind in self._followed_kinds()
         ]
+        # Every pass waits for this list: retried as soon as the reflectors retry their own
+        # (a CRD just installed answers 429 "storage is (re)initializing" for a moment, and a
+        # flat 5 s wait there held back every run's first pass).
+        failures = 0
         while True:
             try:
                 for scope in scopes:  # the runs: kopf watches them
@@ -386,8 +389,12 @@ class Follower:
                         await reflector.list()
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.warning("listing the runs and their children failed (retrying): %s", exc)
-                await asyncio.sleep(RETRY_SECONDS)
+                failures += 1
+                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+                log.warning(
+                    "listing the runs and their children failed (again in %g s): %s", delay, exc
+                )
+                await asyncio.sleep(delay)
         self.synced.set()
 
 
