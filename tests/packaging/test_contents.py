@@ -48,13 +48,14 @@ OCI = "org.opencontainers.image."  # the annotations' prefix, in both images' la
 
 
 def build_context_sources(dockerfile: Path) -> list[str]:
-    """The repository paths a Dockerfile's build stage copies (``COPY src... dst``)."""
+    """The repository paths a Dockerfile's stages copy from the context (``COPY src... dst``;
+    the dependencies' stage copies pyproject.toml, the build stage it again with the rest)."""
     sources: list[str] = []
     for line in dockerfile.read_text().splitlines():
         words = line.split()
         if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
             sources.extend(words[1:-1])
-    return sources
+    return list(dict.fromkeys(sources))
 
 
 def runtime_distributions() -> set[str]:
