@@ -26,10 +26,13 @@ of the first three.
 Each part runs in a cpu cgroup of its own (``/sys/fs/cgroup/cpu`` or cgroup v2's root, when this
 process may make one: root), which holds every process the part starts, whatever session it
 starts (niceness alone was lost to the kernel's autogroups, one scheduling group per session).
-The group's weight is what the part gets of the cores when all three want them: the node's and
-the control plane's parts the same (both wait on real API servers, leases and deadlines), the
-unit part a third of theirs (CPU-bound, no deadline but pytest's 600 s a test), so the unit
-tests take what the other two leave and none of the three is starved.
+The group's weight is what the part gets of the cores when all of them want them: the node's
+part twice a control plane's (it is the suite's critical path: the others end minutes before
+it, and in its first minutes, while all four run, it had under a third of the cores and ran the
+demo at half its speed), each control plane's part the same (they wait on real API servers,
+leases and deadlines: each still has a quarter of the cores when all four run), the unit part a
+third of a control plane's (CPU-bound, no deadline but pytest's 600 s a test), so the unit
+tests take what the others leave and none of them is starved.
 
 Only the unit and control-plane parts had groups before (at the weight of niceness 10, 110 to
 the node's 1024), and the node's part ran in the root group, where each of its processes weighs
@@ -93,13 +96,13 @@ OLDEST_PATHS = tuple(
 )  # fmt: skip
 OLDEST_VERSION = read_versions()["KUBERNETES_OLDEST_VERSION"]
 # name: (marker expression, environment, niceness, pytest options). The niceness is the weight
-# of the part's cpu cgroup (nice 0: 1024, nice 5: 336): the two parts that wait on API servers
-# alike, the CPU-bound unit part a third of either.
+# of the part's cpu cgroup (nice -3: 2000, nice 0: 1024, nice 5: 336): the node's part, the
+# critical path, twice a control plane's; the CPU-bound unit part a third of a control plane's.
 PARTS = {
     "node": (
         f"({MACHINE}) and not ({NO_NODE})",
         {},
-        0,
+        -3,
         ["-o", f"testpaths={' '.join(NODE_PATHS)}"],
     ),
     "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 0, []),
