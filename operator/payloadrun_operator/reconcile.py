@@ -46,6 +46,7 @@ from payloadrun_operator.api.conditions import (
 from payloadrun_operator.api.kinds import CLAIM, JOB, LEADER_WORKER_SET, WORKLOAD
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import ANNOTATION_PREFIX, API_VERSION, DIFFBASE_KEY
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.applying import admitted, apply_children, refusal_message
 from payloadrun_operator.desired import context
 from payloadrun_operator.observed import (
@@ -234,8 +235,8 @@ class Reconciler:
                 "waiting",
                 (logging.WARNING, "not applied: %s", (applied,)),
             )
-        status = body.get("status") or {}
-        final = context.is_final(status.get(StatusField.PHASE))
+        recorded = Recorded.of(body)
+        final = recorded.final
         try:
             if queue_name is not None and not final:
                 built = await bring_queue(op, follower, body, built, queue_name, gate)
@@ -274,9 +275,9 @@ class Reconciler:
                 StatusField.PAYLOAD_ROOT: ctx.root,
                 StatusField.CLAIM_NAME: ctx.claim,
                 StatusField.SIDECARS: pin,
-                StatusField.START_TIME: status.get(StatusField.START_TIME) or now,
+                StatusField.START_TIME: recorded.start_time or now,
             }
-            if queue_name is not None and status.get(StatusField.QUEUE) is None:
+            if queue_name is not None and recorded.queue is None:
                 # queued from its start (or while suspended): written with startTime, so that no
                 # later pass takes the run for one whose pods started unqueued
                 fields[StatusField.QUEUE] = queue.queue_status(
@@ -286,7 +287,7 @@ class Reconciler:
             {
                 ConditionType.VALIDATED: SPEC_VALID,
                 ConditionType.APPLIED: CHILDREN_APPLIED,
-                **outcome.suspend_check(ctx.spec.suspend, status),
+                **outcome.suspend_check(ctx.spec.suspend, recorded),
             },
             fields,
             "applied",
@@ -355,10 +356,9 @@ class Reconciler:
         """Whether to look again soon at what no watch reports: a claim the run brings (no
         label of ours) not yet bound, an evicted run's pods still stopping, LeaderWorkerSet
         still making a group's StatefulSet."""
-        status = run["status"]
         ns = run["metadata"]["namespace"]
         volume = computed.checks.get(ConditionType.VOLUME_READY)
-        claim_name = status.get(StatusField.CLAIM_NAME)
+        claim_name = Recorded.of(run).claim_name
         brought = bool(claim_name) and (ns, CLAIM.kind, claim_name) not in children
         unbound = brought and not (volume and volume.ok)
         return unbound or bool(observed.run_pods) or computed.recheck

@@ -28,6 +28,7 @@ from payloadrun_operator.api.names import (
     TRAINER,
     WORKLOADS,
 )
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired.builders import build_children, build_cleanup
 from payloadrun_operator.desired.context import is_final, runs_pods
 from payloadrun_operator.desired.pinning import current_pin, inputs_hash, pin_of, pinned_settings
@@ -122,10 +123,9 @@ def test_a_run_without_a_record_gets_the_operators_current_settings():
         "retentionResources": DEFAULT_RETENTION_RESOURCES,
         "podLayout": 2,
     }
-    assert current_pin(OLD, {}, {}) == expected
-    assert current_pin(OLD, {"sidecars": None, "phase": "Provisioning"}, {}) == expected
-    assert current_pin(NEW, {}, {})["image"] == "registry.example/payloadrun:0.2.0"
-    assert "rollout" not in current_pin(OLD, {}, {})
+    assert current_pin(OLD, None, {}) == expected
+    assert current_pin(NEW, None, {})["image"] == "registry.example/payloadrun:0.2.0"
+    assert "rollout" not in current_pin(OLD, None, {})
 
 
 def test_the_record_fits_the_crds_status_schema():
@@ -138,7 +138,7 @@ def test_the_record_fits_the_crds_status_schema():
 
 def test_an_operator_upgrade_keeps_the_recorded_pin():
     status = {"sidecars": stored(pin_of(OLD)), "phase": "Running"}
-    pin = current_pin(NEW, status, {})
+    pin = current_pin(NEW, status["sidecars"], {})
     assert pin == pin_of(OLD)
     assert pin["image"] == "registry.example/payloadrun:0.1.0" and pin["uid"] == 65532
     # a copy: the caller may change it without changing the run's status
@@ -146,32 +146,32 @@ def test_an_operator_upgrade_keeps_the_recorded_pin():
     assert status["sidecars"]["image"] == "registry.example/payloadrun:0.1.0"
     # unrelated annotations change nothing
     other = {"kopf.zalando.org/last-handled-configuration": "{}", "team": "rl"}
-    assert current_pin(NEW, status, other) == pin_of(OLD)
+    assert current_pin(NEW, status["sidecars"], other) == pin_of(OLD)
 
 
 def test_the_rollout_annotation_takes_the_current_settings_once_per_value():
     status = {"sidecars": stored(pin_of(OLD))}
-    rolled = current_pin(NEW, status, {ROLLOUT_ANNOTATION: "2026-03-01T12:00:00Z"})
+    rolled = current_pin(NEW, status["sidecars"], {ROLLOUT_ANNOTATION: "2026-03-01T12:00:00Z"})
     assert rolled == {**pin_of(NEW), "rollout": "2026-03-01T12:00:00Z"}
     # recorded; the same value again keeps the record, whatever the operator runs now
     status = {"sidecars": stored(rolled)}
     newer = OperatorSettings(sidecar_image="registry.example/payloadrun:0.3.0")
-    again = current_pin(newer, status, {ROLLOUT_ANNOTATION: "2026-03-01T12:00:00Z"})
+    again = current_pin(newer, status["sidecars"], {ROLLOUT_ANNOTATION: "2026-03-01T12:00:00Z"})
     assert again == rolled
     # a new value rolls again
-    later = current_pin(newer, status, {ROLLOUT_ANNOTATION: "2026-04-01T00:00:00Z"})
+    later = current_pin(newer, status["sidecars"], {ROLLOUT_ANNOTATION: "2026-04-01T00:00:00Z"})
     assert later == {**pin_of(newer), "rollout": "2026-04-01T00:00:00Z"}
 
 
 def test_a_new_run_with_the_annotation_records_its_value():
-    pin = current_pin(NEW, {}, {ROLLOUT_ANNOTATION: "v2"})
+    pin = current_pin(NEW, None, {ROLLOUT_ANNOTATION: "v2"})
     assert pin == {**pin_of(NEW), "rollout": "v2"}
-    assert current_pin(OLD, {"sidecars": stored(pin)}, {ROLLOUT_ANNOTATION: "v2"}) == pin
+    assert current_pin(OLD, stored(pin), {ROLLOUT_ANNOTATION: "v2"}) == pin
 
 
 def test_removing_the_rollout_annotation_keeps_the_record():
     status = {"sidecars": stored(pin_of(OLD, "v1"))}
-    assert current_pin(NEW, status, {}) == pin_of(OLD, "v1")
+    assert current_pin(NEW, status["sidecars"], {}) == pin_of(OLD, "v1")
 
 
 def test_pinned_settings_put_the_pinned_values_in_place_of_the_operators():
@@ -341,8 +341,8 @@ def test_an_operator_upgrade_changes_no_byte_of_a_pinned_runs_workloads(spec_dic
     spec_dict["payloads"] = {"mode": mode}
     started = build_children(context(spec_dict, OLD))
     # what the run recorded when it started, read back after the upgrade
-    status = {"sidecars": stored(current_pin(OLD, {}, {}))}
-    pin = current_pin(NEW, status, {})
+    status = {"sidecars": stored(current_pin(OLD, None, {}))}
+    pin = current_pin(NEW, status["sidecars"], {})
     upgraded = build_children(context(spec_dict, pinned_settings(NEW, pin)))
     before, after = workloads(started), workloads(upgraded)
     for component in COMPONENTS:
@@ -360,7 +360,7 @@ def test_an_operator_upgrade_changes_no_byte_of_a_pinned_runs_workloads(spec_dic
 
 def test_a_rollout_rebuilds_the_sidecars_workloads_only(spec_dict):
     pin = pin_of(OLD)
-    rolled = current_pin(NEW_IMAGE_ONLY, {"sidecars": pin}, {ROLLOUT_ANNOTATION: "v2"})
+    rolled = current_pin(NEW_IMAGE_ONLY, pin, {ROLLOUT_ANNOTATION: "v2"})
     before = workloads(build_children(context(spec_dict, pinned_settings(NEW_IMAGE_ONLY, pin))))
     after = workloads(build_children(context(spec_dict, pinned_settings(NEW_IMAGE_ONLY, rolled))))
     for component, plan in ((INFERENCE, WorkloadPlan.APPLY), (ORCHESTRATOR, WorkloadPlan.RECREATE)):
@@ -878,21 +878,21 @@ ORCHESTRATOR_FAILURE = failure_of(
 )
 def test_a_failure_fails_the_run(failure, reason):
     trainer = job_with(RUNNING_STATUS)
-    checks = end_checks(running_status(), trainer, failure)
+    checks = end_checks(Recorded.of_status(running_status()), trainer, failure)
     assert checks == {FAILED: Check(True, reason, failure["message"], warning=True)}
 
 
 def test_trainers_that_complete_complete_the_run():
-    checks = end_checks(running_status(), job_with(COMPLETE_STATUS), None)
+    checks = end_checks(Recorded.of_status(running_status()), job_with(COMPLETE_STATUS), None)
     assert checks == {COMPLETE: Check(True, "TrainersSucceeded", "every trainer exited 0 (4)")}
 
 
 def test_nothing_ends_a_running_run():
     status = running_status()
     # the orchestrator finishing is not the run's end (not even an input), the trainers' is
-    assert end_checks(status, job_with(RUNNING_STATUS), None) == {}
-    assert end_checks(status, None, None) == {}  # not created yet
-    assert end_checks(status, job_with(SUSPENDED_STATUS), None) == {}
+    assert end_checks(Recorded.of_status(status), job_with(RUNNING_STATUS), None) == {}
+    assert end_checks(Recorded.of_status(status), None, None) == {}  # not created yet
+    assert end_checks(Recorded.of_status(status), job_with(SUSPENDED_STATUS), None) == {}
 
 
 @pytest.mark.parametrize("final", [COMPLETE, FAILED])
@@ -900,25 +900,25 @@ def test_a_finished_run_gets_no_new_end(final):
     status = running_status()
     status["conditions"] = with_condition(status["conditions"], final, True, T1)
     trainer = job_with(COMPLETE_STATUS)
-    assert end_checks(status, trainer, None) == {}
-    assert end_checks(status, trainer, ORCHESTRATOR_FAILURE) == {}
+    assert end_checks(Recorded.of_status(status), trainer, None) == {}
+    assert end_checks(Recorded.of_status(status), trainer, ORCHESTRATOR_FAILURE) == {}
     # a False one is no end
     status["conditions"] = with_condition(status["conditions"], final, False, T1)
-    assert end_checks(status, trainer, None) != {}
+    assert end_checks(Recorded.of_status(status), trainer, None) != {}
 
 
 def test_suspend_check():
-    checks = suspend_check(True, {})
+    checks = suspend_check(True, Recorded())
     assert list(checks) == [SUSPENDED]
     assert checks[SUSPENDED].ok and checks[SUSPENDED].reason == "SpecSuspended"
-    assert suspend_check(True, running_status()) == checks
+    assert suspend_check(True, Recorded.of_status(running_status())) == checks
     # never suspended: no condition at all
-    assert suspend_check(False, {}) == {}
-    assert suspend_check(False, running_status()) == {}
+    assert suspend_check(False, Recorded()) == {}
+    assert suspend_check(False, Recorded.of_status(running_status())) == {}
     # once suspended, resuming says so, and keeps saying so
     for was in (True, False):
         status = {"conditions": conditions(Validated=True, Suspended=was)}
-        resumed = suspend_check(False, status)
+        resumed = suspend_check(False, Recorded.of_status(status))
         assert list(resumed) == [SUSPENDED]
         assert not resumed[SUSPENDED].ok and resumed[SUSPENDED].reason == "Resumed"
 
@@ -926,16 +926,22 @@ def test_suspend_check():
 def test_suspend_and_resume_through_the_status():
     status = running_status()
     checks = {READY: ready_check(False, Check(True, "WorkloadsReady", "ok"))}
-    suspended = status_update(status, 2, checks | suspend_check(True, status), {}, T1)
+    suspended = status_update(
+        status, 2, checks | suspend_check(True, Recorded.of_status(status)), {}, T1
+    )
     assert suspended.phase == "Suspended"
     assert ("Normal", "SpecSuspended") in [(t, r) for t, r, _ in suspended.events]
     status = {**status, **suspended.fields}
     checks = {READY: Check(False, ReadyReason.WORKLOADS_NOT_READY, "waiting")}
-    resumed = status_update(status, 3, checks | suspend_check(False, status), {}, T1)
+    resumed = status_update(
+        status, 3, checks | suspend_check(False, Recorded.of_status(status)), {}, T1
+    )
     assert resumed.phase == "Provisioning"
     assert ("Normal", "Resumed") in [(t, r) for t, r, _ in resumed.events]
     status = {**status, **resumed.fields}
-    again = status_update(status, 3, checks | suspend_check(False, status), {}, T1)
+    again = status_update(
+        status, 3, checks | suspend_check(False, Recorded.of_status(status)), {}, T1
+    )
     assert again.fields is None and again.events == []  # no new transition
 
 
@@ -997,7 +1003,7 @@ def test_phase_ordering(values, expected):
 def test_a_completed_run_stays_succeeded_when_ready_flips():
     status = running_status()
     trainer = job_with(COMPLETE_STATUS)
-    end = end_checks(status, trainer, None)
+    end = end_checks(Recorded.of_status(status), trainer, None)
     done = status_update(status, 1, {**end, READY: Check(False, ReadyReason.FINISHED, "m")}, {}, T1)
     assert done.phase == "Succeeded" and done.fields["phase"] == "Succeeded"
     assert ("Normal", "TrainersSucceeded") in [(t, r) for t, r, _ in done.events]
@@ -1009,12 +1015,12 @@ def test_a_completed_run_stays_succeeded_when_ready_flips():
         assert (flipped.fields or status)["phase"] == "Succeeded"
         status = {**status, **(flipped.fields or {})}
     # and the end is not announced again
-    assert end_checks(status, trainer, None) == {}
+    assert end_checks(Recorded.of_status(status), trainer, None) == {}
 
 
 def test_a_failed_run_is_failed_with_its_failure_in_the_status():
     status = running_status()
-    end = end_checks(status, job_with(RUNNING_STATUS), ORCHESTRATOR_FAILURE)
+    end = end_checks(Recorded.of_status(status), job_with(RUNNING_STATUS), ORCHESTRATOR_FAILURE)
     fields = {"failure": ORCHESTRATOR_FAILURE, "completionTime": T1}
     update = status_update(
         status, 1, {**end, READY: Check(False, ReadyReason.FINISHED, "m")}, fields, T1

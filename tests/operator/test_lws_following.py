@@ -20,6 +20,7 @@ from payloadrun_operator.api.conditions import (
 )
 from payloadrun_operator.api.kinds import LEADER_WORKER_SET, OPTIONAL, STATEFUL_SET, WORKLOAD
 from payloadrun_operator.api.models import PayloadRunStatus
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.observed import groups
 from payloadrun_operator.observed.following import Cache, Follower, controlled_elsewhere, slim
 from payloadrun_operator.observed.prerequisites import lws_missing_message, missing_checks
@@ -439,12 +440,19 @@ def test_a_groups_failure_names_the_replica_the_pod_and_the_exit_code():
 
 def test_a_failure_is_recorded_once_and_counted():
     failure = groups.last_failure([group_pod(1, 1, "u1")], "big-vllm")
-    fields = groups.restart_fields({}, failure)
+    fields = groups.restart_fields(Recorded(), failure)
     assert fields[StatusField.INFERENCE_GROUP_RESTARTS] == 1
     recorded = {str(k): v for k, v in fields.items()}
-    assert groups.restart_fields(recorded, failure) == {}  # the same failure, seen again
+    assert (
+        groups.restart_fields(Recorded.of_status(recorded), failure) == {}
+    )  # the same failure, seen again
     again = groups.last_failure([group_pod(1, 1, "u2", at="2026-12-04T11:05:00Z")], "big-vllm")
-    assert groups.restart_fields(recorded, again)[StatusField.INFERENCE_GROUP_RESTARTS] == 2
+    assert (
+        groups.restart_fields(Recorded.of_status(recorded), again)[
+            StatusField.INFERENCE_GROUP_RESTARTS
+        ]
+        == 2
+    )
     PayloadRunStatus.model_validate(recorded)  # the model's shape
 
 

@@ -223,8 +223,9 @@ class StatusField(StrEnum):
     """The fields of a run's status, as :class:`models.PayloadRunStatus` (the CRD's schema)
     names them: every field the operator writes is one of these (``status_update`` refuses any
     other), and a test holds them equal to the model's, so a field the next issues add to the
-    status is added to the model, and written through ``observed.status.status_update``. Every
-    reader of a run's status names its fields by these too."""
+    status is added to the model, and written through ``observed.status.status_update``. What
+    decisions read of a run's status they read through :class:`api.recorded.Recorded`, which
+    names its fields by these."""
 
     OBSERVED_GENERATION = "observedGeneration"
     OBSERVED_DIGEST = "observedDigest"

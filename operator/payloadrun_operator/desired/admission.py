@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from payloadrun_operator.api import schema_check, validation
 from payloadrun_operator.api.models import MAX_NAME_LENGTH, NAME_LENGTH_MESSAGE, PayloadRunSpec
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.api.structural import NOT_CHECKED
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.builders import BuiltRun, build_run
@@ -84,13 +85,13 @@ def admit(
     if errors or spec is None:
         return Admission(None, errors=errors)
     meta = body["metadata"]
-    status = body.get("status") or {}
-    pin = pinning.current_pin(settings, status, meta.get("annotations") or {})
+    recorded = Recorded.of(body)
+    pin = pinning.current_pin(settings, recorded.sidecars, meta.get("annotations") or {})
     ctx = RunContext.of(
         meta,
         spec,
         pinning.pinned_settings(settings, pin),
-        active=context.runs_pods(spec.suspend, status.get("phase")) and queue_admitted,
+        active=context.runs_pods(spec.suspend, recorded.phase) and queue_admitted,
         layout=pinning.layout_of(pin),
     )
     built = build_run(ctx)

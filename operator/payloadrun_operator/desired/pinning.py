@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from payloadrun_operator.api.conditions import StatusField
 from payloadrun_operator.api.models import (
     VLLM_DATA_PARALLEL_RPC_PORT,
     ApiServerLayout,
@@ -147,11 +146,13 @@ def pin_of(settings: OperatorSettings, rollout: str | None = None) -> dict[str, 
 
 
 def current_pin(
-    settings: OperatorSettings, status: Mapping[str, Any], annotations: Mapping[str, str]
+    settings: OperatorSettings,
+    recorded: Mapping[str, Any] | None,
+    annotations: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The record this reconcile builds with: the run's own, or the operator's current settings
-    for a run that has none yet or whose rollout annotation asks for them."""
-    recorded = status.get(StatusField.SIDECARS)
+    """The record this reconcile builds with: the run's own (``recorded``, its
+    ``status.sidecars``), or the operator's current settings for a run that has none yet or
+    whose rollout annotation asks for them."""
     wanted = annotations.get(ROLLOUT_ANNOTATION)
     # removing the annotation is no request: the run keeps what it has
     if recorded and (wanted is None or recorded.get("rollout") == wanted):

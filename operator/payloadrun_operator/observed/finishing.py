@@ -19,7 +19,6 @@ from payloadrun_operator.api.conditions import (
     ConditionType,
     PayloadsReleasedReason,
     Phase,
-    StatusField,
 )
 from payloadrun_operator.api.kinds import JOB, POD
 from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, PayloadRunSpec
@@ -30,13 +29,14 @@ from payloadrun_operator.api.names import (
     child_name,
     run_workloads,
 )
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired import pinning
 from payloadrun_operator.desired.builders import build_cleanup
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
 from payloadrun_operator.observed import plan
 from payloadrun_operator.observed.outcome import job_outcome
-from payloadrun_operator.observed.status import Check, condition
+from payloadrun_operator.observed.status import Check
 from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.finishing")
@@ -79,7 +79,7 @@ async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any
 async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
     """The policy step the run's retention sidecar last saw, from its /metrics (None when the run
     is inline, the orchestrator's pod is gone, or the endpoint does not answer in 3 s)."""
-    if (run.get("status") or {}).get("payloadMode") != PayloadMode.BY_HANDLE:
+    if Recorded.of(run).payload_mode != PayloadMode.BY_HANDLE:
         return None
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
@@ -107,19 +107,19 @@ async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
 async def release(op: Operator, run: Mapping[str, Any], children: Children) -> Check:
     """Delete a finished run's payload files (a cleanup Job) unless the volume's deletionPolicy is
     Retain; the PayloadsReleased condition that says how far it got."""
-    status = run.get("status") or {}
-    released = condition(status.get(StatusField.CONDITIONS) or [], ConditionType.PAYLOADS_RELEASED)
-    if released is not None and released["status"] == ConditionStatus.TRUE:
-        kept = PayloadsReleasedReason._value2member_map_.get(released["reason"])
+    recorded = Recorded.of(run)
+    released = recorded.condition(ConditionType.PAYLOADS_RELEASED)
+    if released is not None and released.get("status") == ConditionStatus.TRUE:
+        kept = PayloadsReleasedReason._value2member_map_.get(released.get("reason"))
         if isinstance(kept, PayloadsReleasedReason):  # else (edited by hand): looked at again
-            return Check(True, kept, released["message"])
-    if status.get(StatusField.PAYLOAD_MODE) != PayloadMode.BY_HANDLE:
+            return Check(True, kept, released.get("message", ""))
+    if recorded.payload_mode != PayloadMode.BY_HANDLE:
         return Check(
             True,
             PayloadsReleasedReason.NO_PAYLOAD_FILES,
             "payloads moved inline: no file is on a volume",
         )
-    if status.get(StatusField.PHASE) == Phase.FAILED:
+    if recorded.phase == Phase.FAILED:
         return Check(
             False,
             PayloadsReleasedReason.KEPT_AFTER_FAILURE,
@@ -128,7 +128,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         )
     meta = run["metadata"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
-    claim = status.get(StatusField.CLAIM_NAME)
+    claim = recorded.claim_name
     if spec.payloads.volume.deletion_policy is DeletionPolicy.RETAIN:
         return Check(
             False,
@@ -138,7 +138,7 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     job_name = child_name(meta["name"], CLEANUP)
     job = children.get((meta["namespace"], JOB.kind, job_name))
     if job is None:
-        pin = status.get(StatusField.SIDECARS) or {}
+        pin = recorded.sidecars or {}
         ctx = RunContext.of(
             meta,
             spec,
@@ -147,10 +147,10 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             layout=pinning.layout_of(pin),
         )
         await op.client.apply(build_cleanup(ctx))
-        return deleting(job_name, status)
+        return deleting(job_name, recorded)
     outcome = job_outcome(job)
     if outcome is None:
-        return deleting(job_name, status)
+        return deleting(job_name, recorded)
     if outcome == JOB_FAILED:
         return Check(
             False,
@@ -171,9 +171,9 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
     )
 
 
-def deleting(job_name: str, status: Mapping[str, Any]) -> Check:
+def deleting(job_name: str, recorded: Recorded) -> Check:
     return Check(
         False,
         PayloadsReleasedReason.DELETING_FILES,
-        f"Job {job_name} deletes {status.get('payloadRoot')}",
+        f"Job {job_name} deletes {recorded.payload_root}",
     )

@@ -33,6 +33,7 @@ from typing import Any
 
 from payloadrun_operator.api.conditions import ReadyReason, StatusField
 from payloadrun_operator.api.kinds import LEADER_WORKER_SET
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.observed.status import Check, workload_ready
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # on every pod of a LeaderWorkerSet
@@ -218,18 +219,17 @@ def last_failure(pods: Iterable[Mapping[str, Any]], lws_name: str) -> dict[str, 
     }
 
 
-def restart_fields(status: Mapping[str, Any], failure: Mapping[str, Any] | None) -> dict[str, Any]:
+def restart_fields(recorded: Recorded, failure: Mapping[str, Any] | None) -> dict[str, Any]:
     """The status fields recording ``failure`` when it is one the status does not hold yet (the
     same pod, container and end time are the same failure); else none."""
     if failure is None or not failure["time"]:
         return {}
-    last = status.get(StatusField.LAST_INFERENCE_GROUP_RESTART) or {}
+    last = recorded.last_inference_group_restart
     same = ("podUid", "container", "time")
     if all(last.get(k) == failure[k] for k in same):
         return {}
-    seen = status.get(StatusField.INFERENCE_GROUP_RESTARTS) or 0
     return {
-        StatusField.INFERENCE_GROUP_RESTARTS: seen + 1,
+        StatusField.INFERENCE_GROUP_RESTARTS: recorded.inference_group_restarts + 1,
         StatusField.LAST_INFERENCE_GROUP_RESTART: dict(failure),
     }
 
@@ -249,7 +249,7 @@ class Groups:
 
 
 def group_status(
-    status: Mapping[str, Any],
+    recorded: Recorded,
     lws: Mapping[str, Any] | None,
     size: int,
     pods: list[Any] | None,
@@ -263,7 +263,7 @@ def group_status(
     if pods is None or events is None:
         return Groups(wants_pods=pods is None, wants_events=events is None)
     return Groups(
-        fields=restart_fields(status, last_failure(pods, lws["metadata"]["name"])),
+        fields=restart_fields(recorded, last_failure(pods, lws["metadata"]["name"])),
         refused=refusal(lws, events, pods, size),
         recheck=creating(lws, pods, size),
     )

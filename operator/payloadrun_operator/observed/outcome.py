@@ -20,12 +20,12 @@ from payloadrun_operator.api.conditions import (
     ConditionType,
     FailedReason,
     ReadyReason,
-    StatusField,
     SuspendedReason,
 )
 from payloadrun_operator.api.models import ConditionStatus
 from payloadrun_operator.api.names import ORCHESTRATOR, TRAINER
-from payloadrun_operator.observed.status import Check, condition
+from payloadrun_operator.api.recorded import Recorded
+from payloadrun_operator.observed.status import Check
 
 # status.failure.component -> the Failed condition's reason
 FAILED_REASONS = {
@@ -118,17 +118,13 @@ def failure_of(
 
 
 def end_checks(
-    status: Mapping[str, Any],
+    recorded: Recorded,
     trainer: Mapping[str, Any] | None,
     failure: Mapping[str, Any] | None,
 ) -> dict[ConditionType, Check]:
     """Failed once a component's Job has (``failure``), Complete once the trainers' Job is (the
     orchestrator exiting 0 is not the run's end); nothing before, and nothing new after."""
-    conds = status.get(StatusField.CONDITIONS) or []
-    if any(
-        (condition(conds, c) or {}).get("status") == ConditionStatus.TRUE
-        for c in (ConditionType.COMPLETE, ConditionType.FAILED)
-    ):
+    if recorded.holds(ConditionType.COMPLETE) or recorded.holds(ConditionType.FAILED):
         return {}
     if failure is not None:
         reason = FAILED_REASONS[failure["component"]]
@@ -143,7 +139,7 @@ def end_checks(
     return {}
 
 
-def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[ConditionType, Check]:
+def suspend_check(suspend: bool, recorded: Recorded) -> dict[ConditionType, Check]:
     """Suspended while spec.suspend is set; False (resumed) once a suspended run resumes."""
     if suspend:
         return {
@@ -154,7 +150,7 @@ def suspend_check(suspend: bool, status: Mapping[str, Any]) -> dict[ConditionTyp
                 "the claim, the payload directory and the journal stay",
             )
         }
-    if condition(status.get(StatusField.CONDITIONS) or [], ConditionType.SUSPENDED) is not None:
+    if recorded.condition(ConditionType.SUSPENDED) is not None:
         return {
             ConditionType.SUSPENDED: Check(
                 False, SuspendedReason.RESUMED, "spec.suspend is false: the pods run"

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.api.conditions import AdmittedReason, StatusField
+from payloadrun_operator.api.conditions import AdmittedReason
 from payloadrun_operator.api.kinds import WORKLOAD
 from payloadrun_operator.api.models import ConditionStatus
 from payloadrun_operator.api.names import QUEUE_NAME_LABEL, queue_workload_name
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.observed.status import Check, upsert_condition
 
 # Kueue's Workload condition types (apis/kueue/v1beta2/workload_types.go)
@@ -79,11 +80,11 @@ def started_unqueued(run: Mapping[str, Any]) -> bool:
     (which had no Kueue support) that carries it, does not stop the run's pods to queue it, as
     Kueue lets a Job's queue change only while the Job is suspended: it runs unqueued, and its
     ``Admitted`` condition says so, until it is suspended."""
-    status = run.get("status") or {}
+    recorded = Recorded.of(run)
     return (
         queue_name(run["metadata"]) is not None
-        and status.get(StatusField.QUEUE) is None
-        and bool(status.get(StatusField.START_TIME))
+        and recorded.queue is None
+        and recorded.start_time is not None
         and not (run.get("spec") or {}).get("suspend")
     )
 

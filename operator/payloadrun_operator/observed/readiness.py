@@ -43,6 +43,7 @@ from payloadrun_operator.api.names import (
     TRAINER_CONTAINER,
     child_name,
 )
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired import context, pinning
 from payloadrun_operator.desired.admission import admit
 from payloadrun_operator.desired.pinning import PodLayout
@@ -117,21 +118,20 @@ class Write(StrEnum):
     GONE = "gone"  # the run was deleted since it was read (or its namespace): nothing to write
 
 
-def follows(run: dict[str, Any]) -> bool:
+def follows(run: Mapping[str, Any]) -> bool:
     """Only runs whose current generation was reconciled and accepted have children to follow."""
-    status = run.get("status") or {}
-    observed = status.get(StatusField.OBSERVED_GENERATION)
-    current = observed == run["metadata"].get("generation")
-    return current and status.get(StatusField.PHASE) not in (None, Phase.REJECTED)
+    recorded = Recorded.of(run)
+    current = recorded.observed_generation == run["metadata"].get("generation")
+    return current and recorded.phase not in (None, Phase.REJECTED)
 
 
 def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatus:
     """The status of ``run`` from what was ``observed`` of its children: pure, so the same
     inputs give the same status (table tests: tests/operator/test_run_status.py)."""
-    meta, status = run["metadata"], run["status"]
+    meta, recorded = run["metadata"], Recorded.of(run)
     children = observed.children
-    admission, queue_checks, fields = queue_part(run, children)
-    if context.is_final(status.get(StatusField.PHASE)):
+    admission, queue_checks, fields = queue_part(run, recorded, children)
+    if recorded.final:
         return finished_status(observed, admission, queue_checks, fields)
     ns, name = meta["namespace"], meta["name"]
     wants: set[str] = set()
@@ -143,16 +143,16 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         return observed.pods.get(job_name, [])
 
     suspend = bool((run.get("spec") or {}).get("suspend", False))
-    claim_name = status.get(StatusField.CLAIM_NAME)
     expected = finishing.workloads_of(run)
     workloads = [children.get((ns, kind, child)) for _, kind, child in expected]
     grouped = expected[0][1] == LEADER_WORKER_SET.kind
-    active = context.runs_pods(suspend, status.get(StatusField.PHASE))
+    active = context.runs_pods(suspend, recorded.phase)
     queued = admission is not None and not admission.runs_pods
     duty = eviction_duty(admission, observed)
     if duty is None:
         wants.add(RUN_PODS)
-    seen = groups_seen(run, workloads[0], observed) if grouped and active and not queued else None
+    grouped_and_running = grouped and active and not queued
+    seen = groups_seen(run, recorded, workloads[0], observed) if grouped_and_running else None
     seen = seen or groups.Groups()
     fields |= seen.fields
     wants |= {GROUP_PODS} if seen.wants_pods else set()
@@ -161,32 +161,32 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
         active, seen.refused or workloads_check(workloads, [child for _, _, child in expected])
     )
     checks = {
-        ConditionType.VOLUME_READY: claim_check(observed.claim, claim_name),
+        ConditionType.VOLUME_READY: claim_check(observed.claim, recorded.claim_name),
         ConditionType.READY: QUEUED if active and queued else ready,
-        **outcome.suspend_check(suspend, status),
+        **outcome.suspend_check(suspend, recorded),
         **queue_checks,
     }
     listed = {c: children.get((ns, JOB.kind, child_name(name, c))) for c in (ORCHESTRATOR, TRAINER)}
     # a Job being deleted (a restart, or a reconcile recreating it) is no end of the run
     deleting = {c for c, j in listed.items() if j and j["metadata"].get("deletionTimestamp")}
     jobs = {c: None if c in deleting else j for c, j in listed.items()}
-    limit, layout = backoff_limit(run), run_layout(run)
+    limit, layout = backoff_limit(run), run_layout(recorded)
     restart = None
-    plan = restarts.plan(status, jobs[TRAINER], limit, layout)
+    plan = restarts.plan(recorded, jobs[TRAINER], limit, layout)
     if restarts.ACTIONS[plan].delete_job:
         trainers = jobs[TRAINER]
         assert trainers is not None
         if restarts.ACTIONS[plan].record:
-            fields |= restarts.restart_record(status, trainers, pods_of(trainers), limit, now)
+            fields |= restarts.restart_record(recorded, trainers, pods_of(trainers), limit, now)
         restart, jobs = (plan, trainers), {**jobs, TRAINER: None}  # not the run's end
     together = None
     if layout.restarts_trainers_together:  # the trainers' Job fails at its first failed rank
         together = (
-            f"a trainer rank failed after {status.get(StatusField.TRAINER_RESTARTS) or 0} "
+            f"a trainer rank failed after {recorded.trainer_restarts} "
             f"restart(s) of every rank (spec.failurePolicy.backoffLimit is {limit})"
         )
     failure = failure_of(jobs, pods_of, trainers_lead=together)
-    end = outcome.end_checks(status, jobs[TRAINER], failure)
+    end = outcome.end_checks(recorded, jobs[TRAINER], failure)
     if end:
         checks |= {**end, ConditionType.READY: FINISHED}
         fields |= end_fields(observed, failure, now)
@@ -204,11 +204,14 @@ def run_status(run: Mapping[str, Any], observed: Observed, now: str) -> RunStatu
 
 
 def groups_seen(
-    run: Mapping[str, Any], lws: Mapping[str, Any] | None, observed: Observed
+    run: Mapping[str, Any],
+    recorded: Recorded,
+    lws: Mapping[str, Any] | None,
+    observed: Observed,
 ) -> groups.Groups:
     """What a pass makes of the groups of a run whose inference is ``lws`` (:mod:`groups`)."""
     size = int(run["spec"]["inference"].get("podsPerReplica", 1))
-    return groups.group_status(run["status"], lws, size, observed.group_pods, observed.group_events)
+    return groups.group_status(recorded, lws, size, observed.group_pods, observed.group_events)
 
 
 def end_fields(observed: Observed, failure: dict[str, Any] | None, now: str) -> dict[str, Any]:
@@ -250,14 +253,14 @@ def eviction_duty(admission: queue.QueueAdmission | None, observed: Observed) ->
 
 
 def queue_part(
-    run: Mapping[str, Any], children: finishing.Children
+    run: Mapping[str, Any], recorded: Recorded, children: finishing.Children
 ) -> tuple[queue.QueueAdmission | None, dict[ConditionType, Check], dict[str, Any]]:
     """A queued run's admission (None: the run asks for no queue), its ``Admitted`` condition
     and its ``status.queue``, from its Workload among ``children``."""
     meta = run["metadata"]
     name = queue.queue_in_effect(run)
     if name is None:  # and once a queued run's label is removed, no queue in its status
-        was_queued = (run.get("status") or {}).get(StatusField.QUEUE) is not None
+        was_queued = recorded.queue is not None
         checks = (
             {ConditionType.ADMITTED: queue.started_unqueued_check(run)}
             if queue.started_unqueued(run)
@@ -272,9 +275,9 @@ def queue_part(
     )
 
 
-def run_layout(run: Mapping[str, Any]) -> PodLayout:
+def run_layout(recorded: Recorded) -> PodLayout:
     """The pod layout the run records it was started with."""
-    return pinning.layout_of((run.get("status") or {}).get(StatusField.SIDECARS) or {})
+    return pinning.layout_of(recorded.sidecars or {})
 
 
 async def write_status(
@@ -286,13 +289,9 @@ async def write_status(
     then an event per condition that changed (one the API server refuses is logged: the status
     holds the transition). The run's phase and mode go to the metrics. A run deleted since it
     was read is :attr:`Write.GONE`, not an error."""
-    meta, status = run["metadata"], run.get("status") or {}
+    meta = run["metadata"]
     written = update.fields or {}
-    mode = (
-        written.get(StatusField.PAYLOAD_MODE)
-        or status.get(StatusField.PAYLOAD_MODE)
-        or UNKNOWN_MODE
-    )
+    mode = written.get(StatusField.PAYLOAD_MODE) or Recorded.of(run).payload_mode or UNKNOWN_MODE
     op.metrics.observe_run(meta["namespace"], meta["name"], update.phase, mode)
     if update.fields is None:
         return Write.UNCHANGED
@@ -330,14 +329,14 @@ def run_key(run: Mapping[str, Any]) -> tuple[str, str]:
 async def observe(op: Operator, run: Mapping[str, Any], children: finishing.Children) -> Observed:
     """What a pass needs of the children before it computes (acting on them as it goes: a
     finished run's payloads released, the trainers' Job created again after a restart)."""
-    meta, status = run["metadata"], run["status"]
+    meta, recorded = run["metadata"], Recorded.of(run)
     ns = meta["namespace"]
-    if context.is_final(status.get(StatusField.PHASE)):
+    if recorded.final:
         return Observed(children, released=await finishing.release(op, run, children))
     trainers = children.get((ns, JOB.kind, child_name(meta["name"], TRAINER)))
-    if trainers is None and run_layout(run).restarts_trainers_together:
+    if trainers is None and run_layout(recorded).restarts_trainers_together:
         await recreate_trainers(op, run)
-    claim_name = status.get(StatusField.CLAIM_NAME)
+    claim_name = recorded.claim_name
     claim = children.get((ns, CLAIM.kind, claim_name or ""))
     if claim_name and claim is None:  # a claim the run brings carries no label of ours
         claim = await op.client.get(CLAIM.api_version, CLAIM.kind, ns, claim_name)

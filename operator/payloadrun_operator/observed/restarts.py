@@ -23,6 +23,7 @@ from typing import Any
 
 from payloadrun_operator.api.conditions import JOB_FAILED, StatusField
 from payloadrun_operator.api.names import COMPLETION_INDEX_ANNOTATION, TRAINER_CONTAINER
+from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired.pinning import PodLayout
 from payloadrun_operator.observed import outcome
 
@@ -57,9 +58,9 @@ ACTIONS: dict[RestartAction, Steps] = {
 
 
 def plan(
-    status: Mapping[str, Any], job: Mapping[str, Any] | None, limit: int, layout: PodLayout | int
+    recorded: Recorded, job: Mapping[str, Any] | None, limit: int, layout: PodLayout | int
 ) -> RestartAction:
-    """What to do about the trainers' Job of a run whose status is ``status``."""
+    """What to do about the trainers' Job of a run whose status is ``recorded``."""
     if (
         not PodLayout.of(layout).restarts_trainers_together
         or job is None
@@ -68,18 +69,13 @@ def plan(
         return RestartAction.NONE
     if outcome.job_outcome(job) != JOB_FAILED:
         return RestartAction.NONE
-    last = status.get(StatusField.LAST_TRAINER_RESTART) or {}
-    if last.get("jobUid") == job["metadata"].get("uid"):
+    if recorded.last_trainer_restart.get("jobUid") == job["metadata"].get("uid"):
         return RestartAction.DELETE
-    return (
-        RestartAction.RESTART
-        if (status.get(StatusField.TRAINER_RESTARTS) or 0) < limit
-        else RestartAction.FAIL
-    )
+    return RestartAction.RESTART if recorded.trainer_restarts < limit else RestartAction.FAIL
 
 
 def restart_record(
-    status: Mapping[str, Any],
+    recorded: Recorded,
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     limit: int,
@@ -87,7 +83,7 @@ def restart_record(
 ) -> dict[str, Any]:
     """The status fields of a new restart: the count and what failed."""
     pods = list(pods)
-    count = (status.get(StatusField.TRAINER_RESTARTS) or 0) + 1
+    count = recorded.trainer_restarts + 1
     # the first rank to fail is the cause: the Job controller stopped the others after it
     pod, exit_code = outcome.first_failed_container(pods, TRAINER_CONTAINER)
     rank = next(
