@@ -323,8 +323,9 @@ bud() {  # log-name dockerfile buildah-bud-args...
 }
 # The Dockerfile's `deps` stage (the venv with the dependencies alone), built once per dependency
 # set and kept in the build storage under a tag of its key, then handed to every build as the
-# named context that replaces the stage: a change of the code reinstalls the project alone. Its key: the Dockerfile's lines up to the
-# build stage, pyproject.toml (the dependencies), the base image and the wheelhouse.
+# named context that replaces the stage: a change of the code reinstalls the project alone. Its
+# key: the Dockerfile's lines up to the build stage, pyproject.toml (the dependencies), the base
+# image and the wheelhouse.
 deps_image() {  # name dockerfile; sets deps_ref
   local name=$1 dockerfile=$2 key repo_name t old
   key=$({ sed -n '1,/^FROM .* AS build$/p' "$repo/$dockerfile"; cat "$repo/pyproject.toml"
@@ -354,7 +355,8 @@ build_image() {  # name dockerfile tarball
   t=$(date +%s.%N)
   log "building $name for $arch from $dockerfile"
   bah rmi -f "$ref" >/dev/null 2>&1 || true
-  bud "build-${name//[:\/]/_}" "$dockerfile" -t "$ref" --build-context "deps=container-image://$deps_ref" \
+  bud "build-${name//[:\/]/_}" "$dockerfile" -t "$ref" \
+    --build-context "deps=container-image://$deps_ref" \
     --build-arg "VERSION=$version" --build-arg "REVISION=$revision"
   log "built $name in $(elapsed "$t")"
 
