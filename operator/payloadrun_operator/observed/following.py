@@ -55,7 +55,7 @@ from payloadrun_operator.api.names import (
     LABEL_RUN,
 )
 from payloadrun_operator.observed import queue
-from payloadrun_operator.observed.watching import BACKOFF_SECONDS, Reflector, WatchSettings
+from payloadrun_operator.observed.watching import Reflector, WatchSettings, backoff
 from payloadrun_operator.platform.kube import KubeApiError
 from payloadrun_operator.platform.runtime import Operator
 
@@ -390,7 +390,7 @@ class Follower:
                 break
             except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 failures += 1
-                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+                delay = backoff(failures)
                 log.warning(
                     "listing the runs and their children failed (again in %g s): %s", delay, exc
                 )

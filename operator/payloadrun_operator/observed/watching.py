@@ -33,6 +33,11 @@ BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0)  # between failed attempts, the last one 
 GONE = 410  # the version a watch asked for is no longer in the API server's window
 
 
+def backoff(failures: int) -> float:
+    """The wait after ``failures`` failed attempts in a row (1 or more): :data:`BACKOFF_SECONDS`."""
+    return BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+
+
 class Step(StrEnum):
     """What a watch event asks of the reflector."""
 
@@ -121,7 +126,7 @@ class Reflector:
                 failures += 1
                 log.warning("%s: the watch failed (retrying): %r", self.where, exc)
             if failures:
-                await asyncio.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1])
+                await asyncio.sleep(backoff(failures))
 
     async def _watch(self) -> Step | None:
         """One watch, until the server ends it: after its timeout (None), asking for a list
