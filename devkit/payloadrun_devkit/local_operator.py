@@ -81,6 +81,7 @@ class LocalOperator:
         self.log_path = Path(log_path)
         self.metrics_port = free_port()
         self.health_port = free_port()
+        self.starts = 0  # how often start() ran
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -98,6 +99,13 @@ class LocalOperator:
         return self.process.pid
 
     def start(self, timeout: float = 60.0) -> LocalOperator:
+        if self.starts:
+            # a restart takes fresh ports: the last ones were free while this process held them,
+            # and any process on the machine may have taken one since (make test runs four parts
+            # at once); the restarted operator then exited "cannot listen on port ...: in use",
+            # while the other process's /healthz answered 200 for it
+            self.metrics_port, self.health_port = free_port(), free_port()
+        self.starts += 1
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
