@@ -10,12 +10,14 @@ its adds asked for. A pass:
 2. when the spec side is owed, admits the run, builds its children once and brings them to it
    (:mod:`applying`, :mod:`queued`): the spec's verdict and the children applied;
 3. when the run's current spec has been handled, observes what its status needs beyond the cache
-   and computes it (:func:`readiness.run_status`, pure), with the spec side's part over it;
+   (:mod:`observing`) and computes it (:func:`readiness.run_status`, pure), with the spec side's
+   part over it;
 4. writes the status once, only where it changed, then posts an event per transition
-   (:func:`readiness.write_status`);
+   (:func:`writing.write_status`);
 5. carries out what the status records: the trainers' restart, the group restart's event, what a
    queued run owes Kueue, a finished run's workloads stopped;
-6. asks to be queued again when something is still owed: a retry, a claim not yet bound.
+6. asks to be queued again when something is still owed: a retry, or what no watch reports
+   (:attr:`readiness.RunStatus.recheck`: a claim not yet bound, say).
 
 A status write that meets a run changed since it was read (409) ends the pass: the change's own
 event queues the run again (and a spec side that ran is owed again, read from the API server).
@@ -43,7 +45,7 @@ from payloadrun_operator.api.conditions import (
     StatusField,
     ValidatedReason,
 )
-from payloadrun_operator.api.kinds import CLAIM, JOB, LEADER_WORKER_SET, WORKLOAD
+from payloadrun_operator.api.kinds import JOB, LEADER_WORKER_SET, WORKLOAD
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import ANNOTATION_PREFIX, API_VERSION, DIFFBASE_KEY
 from payloadrun_operator.api.recorded import Recorded
@@ -51,11 +53,13 @@ from payloadrun_operator.applying import admitted, apply_children, refusal_messa
 from payloadrun_operator.desired import context
 from payloadrun_operator.observed import (
     finishing,
+    observing,
     outcome,
     prerequisites,
     queue,
     readiness,
     restarts,
+    writing,
 )
 from payloadrun_operator.observed.following import Follower
 from payloadrun_operator.observed.status import Check, rfc3339, status_update
@@ -149,41 +153,37 @@ class Reconciler:
         # the run as the status side sees it: with the spec side's part written
         proposed = status_update(status, generation, spec.checks, spec.fields, now)
         seen = {**run, "status": {**status, **spec.fields, StatusField.PHASE: proposed.phase}}
-        computed = observed = None
+        computed = None
         checks, fields, dropped = spec.checks, spec.fields, frozenset[ConditionType]()
         if readiness.follows(seen):
-            observed = await readiness.observe(op, seen, cache.children)
+            observed = await observing.observe(op, seen, cache.children)
             computed = readiness.run_status(seen, observed, now)
             while computed.wants:
-                observed = await readiness.observe_wanted(op, seen, observed, computed.wants)
+                observed = await observing.observe_wanted(op, seen, observed, computed.wants)
                 computed = readiness.run_status(seen, observed, now)
             checks = {**computed.checks, **spec.checks}  # the spec's verdict over the children's
             fields = {**spec.fields, **computed.fields}
             dropped = computed.dropped
-        if computed is None and spec.result is None:  # nothing to write: Jobs still going
-            self._said(run, spec, started)
-            return Again(spec.retry, Work(body, spec=True)) if spec.retry is not None else None
-        update = status_update(status, generation, checks, fields, now, dropped=dropped)
-        written = await readiness.write_status(op, run, update, now)
-        if written is readiness.Write.GONE:
-            return None
-        if written is readiness.Write.CONFLICT:
-            # changed since it was read: its event queues it again; an unrecorded spec side is
-            # owed again, from the API server's copy unless kopf's newer one comes first
-            return Again(0, Work(spec=True)) if work.spec else None
-        op.metrics.status_refreshes.labels(
-            "written" if written is readiness.Write.WRITTEN else "unchanged"
-        ).inc()
+        written = update = None  # nothing to write while Jobs are still going
+        if computed is not None or spec.result is not None:
+            update = status_update(status, generation, checks, fields, now, dropped=dropped)
+            written = await writing.write_status(op, run, update, now)
+            if written is writing.Write.GONE:
+                return None
+            if written is writing.Write.CONFLICT:
+                # changed since it was read: its event queues it again; an unrecorded spec side
+                # is owed again, from the API server's copy unless kopf's newer one comes first
+                return Again(0, Work(spec=True)) if work.spec else None
+            op.metrics.status_refreshes.labels(
+                "written" if written is writing.Write.WRITTEN else "unchanged"
+            ).inc()
         self._said(run, spec, started)
-        if computed is not None and observed is not None:
+        if computed is not None and update is not None:
             await self._act(seen, computed, update.phase, now)
         if spec.retry is not None:  # the body kept unless the write made it stale
-            kept = body if written is readiness.Write.UNCHANGED else None
+            kept = body if written in (None, writing.Write.UNCHANGED) else None
             return Again(spec.retry, Work(kept, spec=True))
-        recheck = observed is not None and computed is not None
-        if recheck and self._recheck(seen, observed, computed, cache.children):
-            return Again(RECHECK_SECONDS)
-        return None
+        return Again(RECHECK_SECONDS) if computed is not None and computed.recheck else None
 
     def _said(self, run: Mapping[str, Any], spec: SpecPart, started: float) -> None:
         """The spec side's log line and metrics, once its status is written."""
@@ -200,7 +200,7 @@ class Reconciler:
         """Admit ``body``, build its children once and bring them to it; the spec's part of
         the status (kopf's record of the handled spec with it)."""
         op, follower = self.op, self.follower
-        meta = body["metadata"]
+        meta, record = body["metadata"], handled(body)
         # the label's queue, unless the run's pods started without one (it runs on, unqueued)
         queue_name = queue.queue_in_effect(body)
         gate = await queue_gate(op, follower, meta, queue_name)
@@ -210,7 +210,7 @@ class Reconciler:
             rejected = Check(False, ValidatedReason.INVALID_SPEC, message, warning=True)
             return SpecPart(
                 {ConditionType.VALIDATED: rejected, ConditionType.READY: SPEC_REJECTED},
-                handled(body),
+                record,
                 "rejected",
                 (logging.WARNING, "rejected: %s", (message,)),
             )
@@ -231,7 +231,7 @@ class Reconciler:
             applied = missing[ConditionType.APPLIED].message
             return SpecPart(
                 {ConditionType.VALIDATED: SPEC_VALID, **missing},
-                {StatusField.OBSERVED_DIGEST: RECORD.digest(body)},
+                {StatusField.OBSERVED_DIGEST: record[StatusField.OBSERVED_DIGEST]},
                 "waiting",
                 (logging.WARNING, "not applied: %s", (applied,)),
             )
@@ -266,7 +266,7 @@ class Reconciler:
                 retry=RETRY_SECONDS,
             )
         decision = ctx.decision
-        fields = handled(body)
+        fields = dict(record)
         if not final:  # a finished run keeps what it ran with
             fields |= {
                 StatusField.PAYLOAD_MODE: str(decision.mode),
@@ -345,20 +345,3 @@ class Reconciler:
         # runs on: checked at every pass, it costs no write when everything is stopped already.
         if context.is_final(phase):
             await finishing.stop(self.op, run, children)
-
-    @staticmethod
-    def _recheck(
-        run: Mapping[str, Any],
-        observed: readiness.Observed,
-        computed: readiness.RunStatus,
-        children: Mapping[tuple[str, str, str], Any],
-    ) -> bool:
-        """Whether to look again soon at what no watch reports: a claim the run brings (no
-        label of ours) not yet bound, an evicted run's pods still stopping, LeaderWorkerSet
-        still making a group's StatefulSet."""
-        ns = run["metadata"]["namespace"]
-        volume = computed.checks.get(ConditionType.VOLUME_READY)
-        claim_name = Recorded.of(run).claim_name
-        brought = bool(claim_name) and (ns, CLAIM.kind, claim_name) not in children
-        unbound = brought and not (volume and volume.ok)
-        return unbound or bool(observed.run_pods) or computed.recheck

@@ -493,7 +493,7 @@ def test_operator_restart_creates_no_duplicates(operator, api, namespace):
     # server-side apply of an unchanged manifest is a no-op, and workloads whose inputs did not
     # change are not applied at all
     assert after == before
-    # nor the run: a pass that changes nothing writes no status (readiness.write_status)
+    # nor the run: a pass that changes nothing writes no status (writing.write_status)
     again = get_run(api, namespace, name)
     assert again["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
     assert again["status"] == held["status"]
@@ -511,7 +511,7 @@ def test_a_status_write_over_a_run_deleted_meanwhile_is_no_error(
 
     import kopf
 
-    from payloadrun_operator.observed import readiness
+    from payloadrun_operator.observed import writing
     from payloadrun_operator.observed.status import StatusUpdate
     from payloadrun_operator.platform.kube import KubeClient
     from payloadrun_operator.platform.metrics import OperatorMetrics
@@ -525,13 +525,13 @@ def test_a_status_write_over_a_run_deleted_meanwhile_is_no_error(
     monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
     update = StatusUpdate({"phase": "Pending"}, [("Normal", "Applied", "every child was applied")])
 
-    async def write() -> tuple[readiness.Write, Any]:
+    async def write() -> tuple[writing.Write, Any]:
         client = KubeClient()
         client.login(kopf.login_with_kubeconfig(settings=kopf.OperatorSettings()))
         metrics = OperatorMetrics()
         op = Operator(OperatorSettings(sidecar_image="payloadrun:test"), client, metrics)
         try:
-            written = await readiness.write_status(op, read, update, "2026-12-05T01:00:00Z")
+            written = await writing.write_status(op, read, update, "2026-12-05T01:00:00Z")
         finally:
             await client.close()
         return written, metrics.registry.get_sample_value(
@@ -539,7 +539,7 @@ def test_a_status_write_over_a_run_deleted_meanwhile_is_no_error(
         )
 
     written, series = asyncio.run(write())
-    assert written is readiness.Write.GONE
+    assert written is writing.Write.GONE
     assert series == 0  # observed, then forgotten with the run
     assert run_events(api, namespace, name) == []
 

@@ -211,6 +211,16 @@ def test_a_failed_rank_restarts_every_trainer_until_the_limit():
     )
 
 
+def test_what_no_watch_reports_is_looked_at_again_soon():
+    """A claim the run brings carries no label of ours, so no watch says when it binds: the pass
+    asks to look again until it is bound. A finished run has nothing of the kind to wait for."""
+    brought = running_children(claim=None)  # not among the cached children: the run brought it
+    assert run_status(run(), Observed(brought, claim=claim("Pending")), NOW).recheck
+    assert not run_status(run(), Observed(brought, claim=claim()), NOW).recheck
+    done = run(phase="Succeeded", conditions=[COMPLETE])
+    assert not run_status(done, Observed(brought, released=RELEASED), NOW).recheck
+
+
 # --- what is written -----------------------------------------------------------------------------
 
 

@@ -8,6 +8,9 @@ same names), the default ports the CRD's (:mod:`payloadrun.settings`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from payloadrun_operator.api.kinds import JOB, LEADER_WORKER_SET, STATEFUL_SET
 from payloadrun_operator.api.models import GROUP, VERSION
 
@@ -102,6 +105,7 @@ TRAINER_DIST_PORT = 29500  # torch.distributed's default: MASTER_PORT
 VLLM_PORT_NAME = "vllm"  # vLLM's own port on the inference headless Service (admin traffic)
 # The Indexed Jobs' pod annotation with the pod's index (the trainer's rank).
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's label on a Job's pods
 
 # The workloads a run owns, as (apiVersion, kind, component); readiness follows each of them.
 # Inference serves until the run ends (a StatefulSet); the orchestrator and the trainers are
@@ -140,6 +144,13 @@ def run_workloads(run: str, pods_per_replica: int = 1) -> tuple[tuple[str, str, 
         else:
             found.append((api_version, kind, child_name(run, component)))
     return tuple(found)
+
+
+def workloads_of(run: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """``run``'s workloads (:func:`run_workloads`), read from the run: its inference a
+    LeaderWorkerSet when ``spec.inference.podsPerReplica`` is above 1."""
+    inference = (run.get("spec") or {}).get("inference") or {}
+    return run_workloads(run["metadata"]["name"], int(inference.get("podsPerReplica", 1)))
 
 
 def queue_workload_name(run: str) -> str:

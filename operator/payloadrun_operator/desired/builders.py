@@ -425,7 +425,7 @@ def build_trainer(ctx: RunContext, pod: Manifest) -> list[Manifest]:
     port = names.TRAINER_DIST_PORT
     dist = [{"name": names.TRAINER_DIST_PORT_NAME, "port": port, "targetPort": port}]
     # Any rank's failure fails the Job (backoffLimit 0): the operator then restarts every rank
-    # together (readiness.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
+    # together (restarts.py), as JobSet and LeaderWorkerSet do, since a replacement rank alone
     # would join a group whose collective hangs.
     # (A run started before pod layout 2 keeps a Job that replaces ranks one by one.)
     backoff = 0 if ctx.layout.restarts_trainers_together else ctx.spec.failure_policy.backoff_limit

@@ -1,6 +1,6 @@
 """What the operator does when a run ends: stop its pods, read its last step, delete its files.
 
-Every function is idempotent (the readiness pass calls them again until they are done) and takes
+Every function is idempotent (every pass calls them again until they are done) and takes
 the run's children as the pass listed them, so a finished run costs no extra API call once its
 payloads are released.
 """
@@ -25,9 +25,10 @@ from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, Payl
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
+    JOB_NAME_LABEL,
     ORCHESTRATOR,
     child_name,
-    run_workloads,
+    workloads_of,
 )
 from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired import pinning
@@ -40,17 +41,9 @@ from payloadrun_operator.observed.status import Check
 from payloadrun_operator.platform.runtime import Operator
 
 log = logging.getLogger("payloadrun.finishing")
-Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 POD_RUNNING = "Running"  # a pod's status.phase
 POLICY_STEP = re.compile(rb"^payloadrun_retention_policy_step (\S+)$", re.MULTILINE)
-
-
-def workloads_of(run: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
-    """``run``'s workloads as ``(apiVersion, kind, name)`` (:func:`names.run_workloads`): its
-    inference a LeaderWorkerSet when ``spec.inference.podsPerReplica`` is above 1."""
-    inference = (run.get("spec") or {}).get("inference") or {}
-    return run_workloads(run["metadata"]["name"], int(inference.get("podsPerReplica", 1)))
+Children = Mapping[tuple[str, str, str], dict[str, Any]]  # (namespace, kind, name) -> object
 
 
 async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None:
@@ -70,12 +63,6 @@ async def stop(op: Operator, run: Mapping[str, Any], children: Children) -> None
             await op.client.apply(plan.activity_manifest(stopped), manager=ACTIVITY_MANAGER)
 
 
-async def job_pods(op: Operator, namespace: str, job: str) -> list[dict[str, Any]]:
-    return await op.client.list_objects(
-        POD.api_version, POD.kind, namespace, f"{JOB_NAME_LABEL}={job}"
-    )
-
-
 async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
     """The policy step the run's retention sidecar last saw, from its /metrics (None when the run
     is inline, the orchestrator's pod is gone, or the endpoint does not answer in 3 s)."""
@@ -84,7 +71,8 @@ async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
     port = spec.orchestrator.retention.metrics_port
-    for pod in await job_pods(op, ns, child_name(name, ORCHESTRATOR)):
+    selector = f"{JOB_NAME_LABEL}={child_name(name, ORCHESTRATOR)}"
+    for pod in await op.client.list_objects(POD.api_version, POD.kind, ns, selector):
         ip = pod.get("status", {}).get("podIP")
         if not ip or pod["status"].get("phase") != POD_RUNNING:
             continue
@@ -137,6 +125,11 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         )
     job_name = child_name(meta["name"], CLEANUP)
     job = children.get((meta["namespace"], JOB.kind, job_name))
+    deleting = Check(
+        False,
+        PayloadsReleasedReason.DELETING_FILES,
+        f"Job {job_name} deletes {recorded.payload_root}",
+    )
     if job is None:
         pin = recorded.sidecars or {}
         ctx = RunContext.of(
@@ -147,10 +140,10 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
             layout=pinning.layout_of(pin),
         )
         await op.client.apply(build_cleanup(ctx))
-        return deleting(job_name, recorded)
+        return deleting
     outcome = job_outcome(job)
     if outcome is None:
-        return deleting(job_name, recorded)
+        return deleting
     if outcome == JOB_FAILED:
         return Check(
             False,
@@ -168,12 +161,4 @@ async def release(op: Operator, run: Mapping[str, Any], children: Children) -> C
         True,
         PayloadsReleasedReason.FILES_DELETED,
         f"the payload files were deleted; claim {claim} {then}",
-    )
-
-
-def deleting(job_name: str, recorded: Recorded) -> Check:
-    return Check(
-        False,
-        PayloadsReleasedReason.DELETING_FILES,
-        f"Job {job_name} deletes {recorded.payload_root}",
     )

@@ -12,8 +12,9 @@ Kueue's own job integrations do (``pkg/controller/jobframework/reconciler.go``):
   ``QuotaReserved`` False), so that Kueue queues the Workload again;
 - finished (the run Succeeded or Failed): ``Finished`` True releases the quota at once.
 
-Pure functions (:func:`admission_of`, :func:`admitted_check`, :func:`duty`) decide; the follower
-carries out :func:`duty`'s answer (:mod:`observed.readiness`).
+Pure functions (:func:`admission_of`, :func:`admitted_check`, :func:`duty`, and a pass's whole
+queue part, :func:`run_part`) decide; the pass carries out :func:`duty`'s answer
+(:mod:`reconcile`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from payloadrun_operator.api.conditions import AdmittedReason
+from payloadrun_operator.api.conditions import AdmittedReason, ConditionType, StatusField
 from payloadrun_operator.api.kinds import WORKLOAD
 from payloadrun_operator.api.models import ConditionStatus
 from payloadrun_operator.api.names import QUEUE_NAME_LABEL, queue_workload_name
@@ -290,3 +291,47 @@ def duty_status(
         conditions = upsert_condition(conditions, cond)
     requeued = workload_condition(REQUEUED, reason != DEACTIVATED, reason, message, now, generation)
     return {"admission": None, "conditions": upsert_condition(conditions, requeued)}
+
+
+@dataclass(frozen=True)
+class RunQueue:
+    """A run's queue as one pass sees it: its admission (None: the run asks for no queue), its
+    ``Admitted`` condition and ``status.queue`` when they change, and what the pass owes Kueue
+    (None: the run's pods must be listed first, to know whether an evicted run's are gone)."""
+
+    admission: QueueAdmission | None
+    checks: dict[ConditionType, Check]
+    fields: dict[str, Any]
+    duty: Duty | None
+
+
+def run_part(
+    run: Mapping[str, Any],
+    recorded: Recorded,
+    children: Mapping[tuple[str, str, str], Mapping[str, Any]],
+    run_pods: list[Any] | None,
+) -> RunQueue:
+    """``run``'s queue from its Workload among ``children`` and, for an evicted run, its pods
+    still running (``run_pods``, None: not listed): a finished run's Workload is marked
+    Finished, an evicted one's quota given back once none of its pods runs."""
+    meta = run["metadata"]
+    name = queue_in_effect(run)
+    if name is None:  # and once a queued run's label is removed, no queue in its status
+        checks = (
+            {ConditionType.ADMITTED: started_unqueued_check(run)} if started_unqueued(run) else {}
+        )
+        fields = {StatusField.QUEUE: None} if recorded.queue is not None else {}
+        return RunQueue(None, checks, fields, Duty.NONE)
+    admission = admission_of(cached_workload(children, meta["namespace"], meta["name"]))
+    owed: Duty | None = Duty.NONE
+    if recorded.final:
+        owed = duty(admission, final=True, pods_running=False)
+    elif admission.state is QueueState.EVICTED:
+        running = None if run_pods is None else bool(run_pods)
+        owed = None if running is None else duty(admission, final=False, pods_running=running)
+    return RunQueue(
+        admission,
+        {ConditionType.ADMITTED: admitted_check(name, admission)},
+        {StatusField.QUEUE: queue_status(name, meta["name"], admission)},
+        owed,
+    )

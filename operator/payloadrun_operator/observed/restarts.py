@@ -3,7 +3,7 @@
 A replacement rank alone would join a group whose collectives never complete: the surviving
 ranks wait in theirs until the distributed timeout (prime-rl's default is an hour). So the
 trainers' Job has ``backoffLimit: 0`` (any rank's failure fails it, and the Job controller stops
-the other ranks), and the readiness pass, seeing it failed, restarts the group: it records the
+the other ranks), and the pass, seeing it failed, restarts the group: it records the
 restart in the run's status (``trainerRestarts``, ``lastTrainerRestart``, a Warning event with
 the failed rank and its exit code), deletes the Job (foreground: its pods go first) and, once it
 is gone, creates it again with the same template, so every rank starts afresh under the same
@@ -16,7 +16,7 @@ Runs started before this (pod layout 1) keep a Job that replaces ranks one by on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -29,7 +29,7 @@ from payloadrun_operator.observed import outcome
 
 
 class RestartAction(StrEnum):
-    """What the readiness pass does about the trainers' Job (:func:`plan`), as JobSet's
+    """What the pass does about the trainers' Job (:func:`plan`), as JobSet's
     FailurePolicyAction names what its controller does about a failed child Job."""
 
     NONE = "none"  # nothing to do
@@ -40,7 +40,7 @@ class RestartAction(StrEnum):
 
 @dataclass(frozen=True)
 class Steps:
-    """What an action does: each step the readiness pass takes for it."""
+    """What an action does: each step the pass takes for it."""
 
     record: bool  # count a new restart in the status, and post a TrainersRestarted event
     # delete the failed Job (foreground; created again once it is gone): then it is no end of
@@ -107,3 +107,35 @@ def restart_record(
         record["pod"] = pod
         record["exitCode"] = exit_code
     return {StatusField.TRAINER_RESTARTS: count, StatusField.LAST_TRAINER_RESTART: record}
+
+
+def trainers_restart(
+    recorded: Recorded,
+    job: Mapping[str, Any] | None,
+    limit: int,
+    layout: PodLayout,
+    pods_of: Callable[[Mapping[str, Any]], list[Any]],
+    now: str,
+) -> tuple[tuple[RestartAction, Mapping[str, Any]] | None, dict[str, Any]]:
+    """What a pass does about the trainers' ``job`` (:func:`plan`): the restart to carry out
+    once it is written (the action and the failed Job to delete; None: no Job to delete, so a
+    failed one is the run's end) and the status fields of a new restart (``pods_of``: a Job's
+    pods, as observed)."""
+    action = plan(recorded, job, limit, layout)
+    if not ACTIONS[action].delete_job:
+        return None, {}
+    assert job is not None  # a Job to delete is there
+    if not ACTIONS[action].record:
+        return (action, job), {}
+    return (action, job), restart_record(recorded, job, pods_of(job), limit, now)
+
+
+def failure_lead(recorded: Recorded, limit: int, layout: PodLayout) -> str | None:
+    """How a failure of the trainers' Job begins in ``status.failure`` when its ranks restart
+    together (the Job fails at its first failed rank); None: a Job that replaces ranks."""
+    if not layout.restarts_trainers_together:
+        return None
+    return (
+        f"a trainer rank failed after {recorded.trainer_restarts} "
+        f"restart(s) of every rank (spec.failurePolicy.backoffLimit is {limit})"
+    )

@@ -289,7 +289,7 @@ def status_update(
     before it writes), and an event for each condition that changed in a way worth one
     (:func:`deserves_event`); ``dropped``: conditions that no longer apply (a run's queue
     label removed: its ``Admitted``). Every status write goes
-    through here (:func:`readiness.write_status` sends it)."""
+    through here (:func:`writing.write_status` sends it)."""
     unknown = [k for k in fields if k not in STATUS_FIELDS]
     if unknown:
         raise ValueError(

@@ -1,6 +1,6 @@
 """The operator at run time: its settings, API client and metrics, passed to every handler.
 
-A module of its own so that :mod:`handlers` and :mod:`readiness` both take a typed
+A module of its own so that :mod:`handlers` and the pass both take a typed
 :class:`Operator` without importing each other.
 """
 
