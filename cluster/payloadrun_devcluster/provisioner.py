@@ -16,20 +16,28 @@ after run:
   is deleted; ``Retain`` keeps both, as the policy says.
 
 The PersistentVolume controller in kube-controller-manager does the binding. It runs as its own
-process (``python -m payloadrun_devcluster.provisioner``), polling every half second; it is
-standard library only, like the rest of this package.
+process (``python -m payloadrun_devcluster.provisioner``), standard library only like the rest of
+this package. A pass lists the classes, claims and volumes and acts on them; one runs when a watch
+on claims or on volumes reports a change (:class:`Wakeups`), and every ``--resync`` seconds
+whatever happens (a class created after its claim, a watch that failed unnoticed). It polled every
+half second before: three TLS connections and lists a second, on an idle node 3.2 s of its CPU and
+2.1 s of the API server's a minute, about a tenth of a core for as long as a node runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
 import signal
 import ssl
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from .api import api_request
@@ -121,6 +129,52 @@ class Api:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         return api_request(self.server, self.context, method, path, body)
 
+    def watch(self, path: str, timeout_s: int) -> http.client.HTTPResponse:
+        """An open watch of ``path``: a JSON line an event, until the server ends it after
+        ``timeout_s`` seconds."""
+        request = urllib.request.Request(
+            f"{self.server}{path}?watch=1&timeoutSeconds={timeout_s}", method="GET"
+        )
+        request.add_header("Accept", "application/json")
+        return urllib.request.urlopen(request, timeout=timeout_s + 30, context=self.context)
+
+
+WATCHED = ("/api/v1/persistentvolumeclaims", "/api/v1/persistentvolumes")
+WATCH_TIMEOUT_S = 300  # the server ends a watch after this; it is opened again at once
+WATCH_RETRY_S = (0.5, 1.0, 2.0, 5.0)  # a watch that cannot be opened is tried again after these
+
+
+class Wakeups:
+    """Watches of claims and volumes that wake the provisioner's loop: every event (the
+    synthetic ADDED of each object when a watch opens, then each change) sets one flag, which
+    the loop waits for and clears before its pass, so a change during a pass brings another."""
+
+    def __init__(self, api: Api, paths: tuple[str, ...] = WATCHED) -> None:
+        self.api = api
+        self.changed = threading.Event()
+        self.changed.set()  # the first pass runs at once
+        for path in paths:
+            threading.Thread(target=self._follow, args=(path,), daemon=True).start()
+
+    def _follow(self, path: str) -> None:
+        failures = 0
+        while True:
+            try:
+                with self.api.watch(path, WATCH_TIMEOUT_S) as response:
+                    failures = 0
+                    for _line in response:
+                        self.changed.set()
+            except (OSError, urllib.error.URLError) as error:
+                log(f"watch of {path} failed: {error}")
+                time.sleep(WATCH_RETRY_S[min(failures, len(WATCH_RETRY_S) - 1)])
+                failures += 1
+            self.changed.set()  # what happened while no watch was open: a pass looks
+
+    def wait(self, timeout: float) -> None:
+        """Until a watch reports a change, or ``timeout`` seconds (the resync)."""
+        self.changed.wait(timeout)
+        self.changed.clear()
+
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] provisioner: {message}", flush=True)
@@ -168,18 +222,26 @@ def main(argv: list[str] | None = None) -> int:
         help="the GlusterFS volume whose client --volumes-dir is: claims get the node's "
         "FlexVolume driver as their source (default: hostPath directories)",
     )
-    parser.add_argument("--interval", type=float, default=0.5, help="seconds between passes")
+    parser.add_argument(
+        "--resync",
+        type=float,
+        default=10.0,
+        help="seconds between passes when no watch reports a change (default 10)",
+    )
     args = parser.parse_args(argv)
     args.volumes_dir.mkdir(parents=True, exist_ok=True)
     api = Api(args.kubeconfig)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log(f"serving storage class {STORAGE_CLASS} from {args.volumes_dir}")
+    wakeups = Wakeups(api)
     while True:
+        wakeups.wait(args.resync)
         try:
             reconcile_once(api, args.volumes_dir.resolve(), args.gluster_volume)
         except (OSError, ValueError) as error:  # API not reachable for a moment: try again
             log(f"pass failed: {error}")
-        time.sleep(args.interval)
+            time.sleep(WATCH_RETRY_S[0])
+            wakeups.changed.set()
 
 
 if __name__ == "__main__":
