@@ -107,6 +107,12 @@ VLLM_PORT_NAME = "vllm"  # vLLM's own port on the inference headless Service (ad
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's label on a Job's pods
 
+
+def job_pods_selector(job_name: str) -> str:
+    """The label selector of the pods of the Job ``job_name`` (the Job controller's label)."""
+    return f"{JOB_NAME_LABEL}={job_name}"
+
+
 # The workloads a run owns, as (apiVersion, kind, component); readiness follows each of them.
 # Inference serves until the run ends (a StatefulSet); the orchestrator and the trainers are
 # Jobs, so a process that exits 0 is done rather than restarted, and failures are counted.

@@ -25,9 +25,9 @@ from payloadrun_operator.api.models import ConditionStatus, DeletionPolicy, Payl
 from payloadrun_operator.api.names import (
     ACTIVITY_MANAGER,
     CLEANUP,
-    JOB_NAME_LABEL,
     ORCHESTRATOR,
     child_name,
+    job_pods_selector,
     workloads_of,
 )
 from payloadrun_operator.api.recorded import Recorded
@@ -71,7 +71,7 @@ async def last_step(op: Operator, run: Mapping[str, Any]) -> int | None:
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     spec = PayloadRunSpec.model_validate(run.get("spec") or {})
     port = spec.orchestrator.retention.metrics_port
-    selector = f"{JOB_NAME_LABEL}={child_name(name, ORCHESTRATOR)}"
+    selector = job_pods_selector(child_name(name, ORCHESTRATOR))
     for pod in await op.client.list_objects(POD.api_version, POD.kind, ns, selector):
         ip = pod.get("status", {}).get("podIP")
         if not ip or pod["status"].get("phase") != POD_RUNNING:

@@ -18,10 +18,10 @@ from payloadrun_operator.api.kinds import CLAIM, EVENT, JOB, LEADER_WORKER_SET, 
 from payloadrun_operator.api.models import KIND
 from payloadrun_operator.api.names import (
     API_VERSION,
-    JOB_NAME_LABEL,
     LABEL_RUN,
     TRAINER,
     child_name,
+    job_pods_selector,
     workloads_of,
 )
 from payloadrun_operator.api.recorded import Recorded
@@ -73,7 +73,7 @@ async def observe_wanted(
     pods = dict(observed.pods)
     for job_name in sorted(wants - {LAST_STEP, GROUP_PODS, GROUP_EVENTS, RUN_PODS}):
         pods[job_name] = await op.client.list_objects(
-            POD.api_version, POD.kind, ns, f"{JOB_NAME_LABEL}={job_name}"
+            POD.api_version, POD.kind, ns, job_pods_selector(job_name)
         )
     observed = replace(observed, pods=pods)
     if GROUP_PODS in wants:

@@ -326,9 +326,10 @@ def run_part(
     owed: Duty | None = Duty.NONE
     if recorded.final:
         owed = duty(admission, final=True, pods_running=False)
+    elif admission.state is QueueState.EVICTED and run_pods is not None:
+        owed = duty(admission, final=False, pods_running=bool(run_pods))
     elif admission.state is QueueState.EVICTED:
-        running = None if run_pods is None else bool(run_pods)
-        owed = None if running is None else duty(admission, final=False, pods_running=running)
+        owed = None  # its pods not listed yet
     return RunQueue(
         admission,
         {ConditionType.ADMITTED: admitted_check(name, admission)},
