@@ -22,7 +22,7 @@ lint: ## ruff lint and format check; actionlint (shellcheck in it) on the GitHub
 format: ## apply ruff's formatting and safe fixes
 	@$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
-cluster-binaries: ## build the control plane (and the oldest Kubernetes' tested), the node's kubelet/scheduler/proxy, CoreDNS, kube-router, helm, crane, the registry, LeaderWorkerSet (cached)
+cluster-binaries: ## build the control plane, the node's kubelet/scheduler/proxy, CoreDNS, kube-router, helm, crane, the registry, LeaderWorkerSet, Kueue (cached; the oldest Kubernetes tested: bash cluster/build.sh --oldest)
 	@bash cluster/build.sh
 
 node: ## what the local node needs (root): Debian's containerd, runc, CNI plugins; the images

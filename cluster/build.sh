@@ -4,9 +4,6 @@
 # Builds (only what is missing) at the versions pinned in cluster/versions.env:
 #   kube-apiserver, kube-controller-manager, kubectl,
 #   kubelet, kube-scheduler, kube-proxy               (k8s.io/kubernetes, one go build)
-#   kube-apiserver, kube-controller-manager of KUBERNETES_OLDEST_VERSION
-#                                                    (another go build: the oldest Kubernetes the
-#                                                    project claims, a control plane only)
 #   etcd                                             (go.etcd.io/etcd/server/v3)
 #   helm                                             (helm.sh/helm/v3)
 #   coredns                                          (github.com/coredns/coredns/coremain, the
@@ -31,6 +28,13 @@
 # `bash cluster/build.sh --release-tools` builds only helm and crane (what hack/publish.sh needs:
 # a release job has no use for Kubernetes' 20 minutes, nor for the tests' registry) and prints
 # .../bin/release-h<v>-c<v>/, a directory of symlinks to those two.
+# `bash cluster/build.sh --oldest` builds only KUBERNETES_OLDEST_VERSION's kube-apiserver and
+# kube-controller-manager (the oldest Kubernetes the project claims; another go build of about
+# 600 CPU-seconds cold) into .../bin/kubernetes-<oldest>/ and prints that directory. It is not
+# part of the default build: `make test`'s part oldest-control-plane (hack/test.py), the one
+# that uses it, runs it first, beside the other parts' tests, where the cores have room, rather
+# than in `make prepare`, where the Go builds already keep both cores busy. It uses the etcd of
+# the default build.
 # containerd, runc, iptables and ipset come from Debian's packages: cluster/node-packages.sh.
 # The Go module and build caches live under the same cache directory, so a bumped
 # component rebuilds from cached modules and packages.
@@ -41,19 +45,26 @@
 # Environment:
 #   PAYLOADRUN_CACHE       cache root (default $HOME/.cache/payloadrun)
 #   PAYLOADRUN_BUILD_JOBS  go build -p (default 2)
+#
+# Every go build is -trimpath, -ldflags "-s -w" (as Kubernetes' own release builds: no symbol
+# table, no DWARF) and -gcflags=all=-dwarf=false: the linker drops the DWARF anyway, so the
+# compiler need not make it (helm from an empty build cache: 148 -> 135 CPU-s, the same binary
+# but its build id).
 set -euo pipefail
 
 # Everything runs inside main(), which bash parses whole before running it: editing this file
 # while a build is running cannot change what that build executes.
 main() {
 
-TOOLS_ONLY=0
+TOOLS_ONLY=0 OLDEST_ONLY=0
 case "${1:-}" in
   "") ;;
   --release-tools) TOOLS_ONLY=1 ;;
-  *) echo "build.sh: unknown argument '$1' (none builds everything; --release-tools: helm and crane)" >&2; exit 2 ;;
+  --oldest) OLDEST_ONLY=1 ;;
+  *) echo "build.sh: unknown argument '$1' (none builds everything but the oldest Kubernetes; --release-tools: helm and crane; --oldest: the oldest Kubernetes' control plane)" >&2; exit 2 ;;
 esac
 
+RERUN="bash cluster/build.sh${1:+ $1}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
@@ -104,8 +115,12 @@ have_all() {
   have_tools && [[ -x "$REGISTRY_DIR/registry" ]] || return 1
   have_manager "$LWS_DIR" && have_manager "$KUEUE_DIR" || return 1
   for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || return 1; done
-  for b in "${K8S_OLDEST_BINS[@]}"; do [[ -x "$K8S_OLDEST_DIR/$b" ]] || return 1; done
   [[ -x "$ETCD_DIR/etcd" && -x "$HELM_DIR/helm" && -x "$COREDNS_DIR/coredns" && -x "$KUBE_ROUTER_DIR/kube-router" ]]
+}
+
+have_oldest() {
+  local b
+  for b in "${K8S_OLDEST_BINS[@]}"; do [[ -x "$K8S_OLDEST_DIR/$b" ]] || return 1; done
 }
 
 link_set() {
@@ -125,9 +140,13 @@ link_set() {
 }
 
 # What this call wants built, and what it prints once it is.
-wanted() { if (( TOOLS_ONLY )); then have_tools; else have_all; fi; }
+wanted() {
+  if (( TOOLS_ONLY )); then have_tools; elif (( OLDEST_ONLY )); then have_oldest; else have_all; fi
+}
 finish() {
-  if (( TOOLS_ONLY )); then link_tools; echo "$TOOLS_DIR"; else link_set; echo "$SET_DIR"; fi
+  if (( TOOLS_ONLY )); then link_tools; echo "$TOOLS_DIR"
+  elif (( OLDEST_ONLY )); then echo "$K8S_OLDEST_DIR"
+  else link_set; echo "$SET_DIR"; fi
 }
 
 # ---- warm path: no Go, no network ---------------------------------------------------------
@@ -137,9 +156,14 @@ if (( TOOLS_ONLY )) && have_tools; then
   echo "$TOOLS_DIR"
   exit 0
 fi
-if (( ! TOOLS_ONLY )) && have_all; then
+if (( OLDEST_ONLY )) && have_oldest; then
+  log "the oldest Kubernetes' control plane is present (kubernetes $KUBERNETES_OLDEST_VERSION: ${K8S_OLDEST_BINS[*]})"
+  echo "$K8S_OLDEST_DIR"
+  exit 0
+fi
+if (( ! TOOLS_ONLY && ! OLDEST_ONLY )) && have_all; then
   [[ -L "$SET_DIR/kubectl" && -L "$SET_DIR/helm" && -L "$SET_DIR/etcd" && -L "$SET_DIR/coredns" && -L "$SET_DIR/kube-router" && -L "$SET_DIR/crane" && -L "$SET_DIR/registry" && -L "$SET_DIR/lws-manager" && -L "$SET_DIR/kueue-manager" ]] || link_set
-  log "all binaries present (kubernetes $KUBERNETES_VERSION and $KUBERNETES_OLDEST_VERSION's control plane, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION, kueue $KUEUE_VERSION)"
+  log "all binaries present (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, kube-router $KUBE_ROUTER_VERSION, lws $LWS_VERSION, kueue $KUEUE_VERSION)"
   echo "$SET_DIR"
   exit 0
 fi
@@ -151,6 +175,8 @@ if [[ -n "${GO_MIN_VERSION:-}" && "$(printf '%s\n%s\n' "${GO_MIN_VERSION#go}" "$
   die "$GOV is too old: Kubernetes $KUBERNETES_VERSION needs Go >= ${GO_MIN_VERSION#go} (GO_MIN_VERSION in cluster/versions.env)"
 fi
 log "using $GOV ($(command -v go)); cache $CACHE; go build -p $JOBS"
+# what every go build and install below is given (see the header)
+GO_BUILD=(-v -p "$JOBS" -trimpath -gcflags=all=-dwarf=false)
 
 mkdir -p "$BIN_ROOT" "$CACHE/logs" "$CACHE/go"
 exec 9>"$CACHE/.build.lock"
@@ -191,7 +217,7 @@ run_go() {
   if (( rc != 0 )); then
     log "$what failed (exit $rc); last lines of $LOG:"
     tail -n 40 "$LOG" | sed 's/^/    /' >&2
-    die "$what failed; fix the cause above and rerun: bash cluster/build.sh"
+    die "$what failed; fix the cause above and rerun: $RERUN"
   fi
 }
 
@@ -296,7 +322,7 @@ kubernetes_build() {  # VERSION DIR WITH_ETCD BINS...
   # providerless: Kubernetes' own build tag that leaves out the in-tree cloud providers (through
   # 1.30: Azure's, vSphere's and GCE's SDKs, 195 of 1.29.15's 2,383 packages and among its slowest
   # to compile); a local control plane has no cloud. 1.31 and later have no such code left.
-  run_go "kubernetes $version build" -C "$wrap" build -v -p "$JOBS" -trimpath -tags providerless -ldflags "$ldflags" -o "$OUT/" "${build_pkgs[@]}"
+  run_go "kubernetes $version build" -C "$wrap" build "${GO_BUILD[@]}" -tags providerless -ldflags "$ldflags" -o "$OUT/" "${build_pkgs[@]}"
   ETCD_IN_OUT=$etcd_with_k8s
   if (( ${#pkgs[@]} )); then
     mkdir -p "$dir"
@@ -308,6 +334,14 @@ kubernetes_build() {  # VERSION DIR WITH_ETCD BINS...
   fi
 }
 
+if (( OLDEST_ONLY )); then
+  # the oldest Kubernetes the project claims: its control plane only, with the default build's etcd
+  kubernetes_build "$KUBERNETES_OLDEST_VERSION" "$K8S_OLDEST_DIR" 0 "${K8S_OLDEST_BINS[@]}"
+  wanted || die "build finished but $KUBERNETES_OLDEST_VERSION's control plane is missing; see $LOG"
+  log "done in $((SECONDS - START_S))s"
+  finish
+  exit 0
+fi
 if (( ! TOOLS_ONLY )); then
   need_etcd=0
   [[ -x "$ETCD_DIR/etcd" ]] || need_etcd=1
@@ -322,15 +356,13 @@ if (( ! TOOLS_ONLY )); then
       wrapper_etcd_main "$EWRAP"
       run_go "go mod tidy (etcd)" -C "$EWRAP" mod tidy
       mkdir -p "$EWRAP/out"
-      run_go "etcd build" -C "$EWRAP" build -v -p "$JOBS" -trimpath -ldflags "-s -w" -o "$EWRAP/out/" ./cmd/etcd
+      run_go "etcd build" -C "$EWRAP" build "${GO_BUILD[@]}" -ldflags "-s -w" -o "$EWRAP/out/" ./cmd/etcd
       OUT="$EWRAP/out"
     fi
     mkdir -p "$ETCD_DIR"; mv -f "$OUT/etcd" "$ETCD_DIR/etcd"
     "$ETCD_DIR/etcd" --version >>"$LOG" 2>&1 || die "built etcd does not run (see $LOG)"
     log "etcd done: $ETCD_DIR"
   fi
-  # the oldest Kubernetes the project claims: its control plane only, with the same etcd
-  kubernetes_build "$KUBERNETES_OLDEST_VERSION" "$K8S_OLDEST_DIR" 0 "${K8S_OLDEST_BINS[@]}"
 fi
 
 # -- helm: its go.mod has no replace directives, so `go install pkg@version` builds it as released
@@ -344,7 +376,7 @@ if [[ ! -x "$HELM_DIR/helm" ]]; then
   done
   (
     export GOBIN="$HTMP" GOFLAGS="-modcacherw -buildvcs=false"  # go install pkg@version refuses -mod=mod
-    run_go "helm build" -C "$HTMP" install -v -p "$JOBS" -trimpath -ldflags "$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    run_go "helm build" -C "$HTMP" install "${GO_BUILD[@]}" -ldflags "$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   )
   mkdir -p "$HELM_DIR"; mv -f "$HTMP/helm" "$HELM_DIR/helm"
   "$HELM_DIR/helm" version >>"$LOG" 2>&1 || die "built helm does not run (see $LOG)"
@@ -375,7 +407,7 @@ if (( ! TOOLS_ONLY )) && [[ ! -x "$COREDNS_DIR/coredns" ]]; then
     echo
     echo "func main() { coremain.Run() }"
   } >"$CTMP/main.go"
-  run_go "coredns build" -C "$CTMP" build -v -p "$JOBS" -trimpath -ldflags "-s -w" -o "$CTMP/coredns" .
+  run_go "coredns build" -C "$CTMP" build "${GO_BUILD[@]}" -ldflags "-s -w" -o "$CTMP/coredns" .
   mkdir -p "$COREDNS_DIR"; mv -f "$CTMP/coredns" "$COREDNS_DIR/coredns"
   "$COREDNS_DIR/coredns" -version >>"$LOG" 2>&1 || die "built coredns does not run (see $LOG)"
   log "coredns done"
@@ -389,7 +421,7 @@ if (( ! TOOLS_ONLY )) && [[ ! -x "$KUBE_ROUTER_DIR/kube-router" ]]; then
   KR_LDFLAGS="-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
   (
     export GOBIN="$RTMP" GOFLAGS="-modcacherw -buildvcs=false"
-    run_go "kube-router build" -C "$RTMP" install -v -p "$JOBS" -trimpath -ldflags "$KR_LDFLAGS" \
+    run_go "kube-router build" -C "$RTMP" install "${GO_BUILD[@]}" -ldflags "$KR_LDFLAGS" \
       "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
   )
   mkdir -p "$KUBE_ROUTER_DIR"; mv -f "$RTMP/kube-router" "$KUBE_ROUTER_DIR/kube-router"
@@ -405,7 +437,7 @@ go_install() {  # name version package ldflags dest-dir version-argument
   tmp="$CACHE/wrappers/$what-$version"; rm -rf "$tmp"; mkdir -p "$tmp"
   (
     export GOBIN="$tmp" GOFLAGS="-modcacherw -buildvcs=false"
-    run_go "$what build" -C "$tmp" install -v -p "$JOBS" -trimpath -ldflags "$ldflags" "$pkg@$version"
+    run_go "$what build" -C "$tmp" install "${GO_BUILD[@]}" -ldflags "$ldflags" "$pkg@$version"
   )
   mkdir -p "$dest"; mv -f "$tmp/$what" "$dest/$what"
   "$dest/$what" "$check" >>"$LOG" 2>&1 || die "built $what does not run (see $LOG)"
@@ -439,7 +471,7 @@ build_manager() {  # name version module main-package ldflags build-tags dest-di
     "$module" "$version" "$what" "${GOV#go}" "$module" "$version" >"$tmp/go.mod"
   (
     export GOFLAGS="-modcacherw -buildvcs=false -mod=mod"
-    run_go "$what build" -C "$tmp" build -v -p "$JOBS" -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/out/manager" "$pkg"
+    run_go "$what build" -C "$tmp" build "${GO_BUILD[@]}" -tags "$tags" -ldflags "$ldflags" -o "$tmp/out/manager" "$pkg"
   )
   src="$(go -C "$tmp" list -mod=mod -modcacherw -m -f '{{.Dir}}' "$module")"
   [[ -f "$src/config/default/kustomization.yaml" ]] || die "no config/default/kustomization.yaml in the module $module@$version ($src)"

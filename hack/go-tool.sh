@@ -46,7 +46,8 @@ build() {
     cd "$work"
     export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOPATH=$cache/go/path GOBIN=$work
     export GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" CGO_ENABLED=0
-    go install -v -p "${PAYLOADRUN_BUILD_JOBS:-2}" -trimpath -ldflags "-s -w" "$package@$version"
+    go install -v -p "${PAYLOADRUN_BUILD_JOBS:-2}" -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" \
+      "$package@$version"
   ) >"$out" 2>&1; then
     tail -n 40 "$out" | sed 's/^/    /' >&2
     die "building $name $version failed (the last lines of $out are above); fix the cause and rerun"

@@ -21,7 +21,11 @@ of the first three.
   reconcile, watches and group runs), again, against the oldest Kubernetes the
   project claims (``KUBERNETES_OLDEST_VERSION`` in cluster/versions.env: its kube-apiserver and
   kube-controller-manager, ``PAYLOADRUN_KUBERNETES_VERSION``), with no node (a kubelet must not
-  be newer than its API server). The only tests that run twice.
+  be newer than its API server). The only tests that run twice. The part builds that control
+  plane first (``bash cluster/build.sh --oldest``, :data:`OLDEST_BUILD`; a no-op once cached):
+  cold, its go build is about 600 CPU-seconds, which ``make prepare`` (both cores busy with the
+  other Go builds and the images) would add to the cold run's wall time in full, while here it
+  fills what the node's part leaves idle and this part still ends before the node's.
 
 Each part runs in a cpu cgroup of its own (``/sys/fs/cgroup/cpu`` or cgroup v2's root, when this
 process may make one: root), which holds every process the part starts, whatever session it
@@ -60,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -95,23 +100,34 @@ OLDEST_PATHS = tuple(
     )
 )  # fmt: skip
 OLDEST_VERSION = read_versions()["KUBERNETES_OLDEST_VERSION"]
-# name: (marker expression, environment, niceness, pytest options). The niceness is the weight
-# of the part's cpu cgroup (nice -3: 2000, nice 0: 1024, nice 5: 336): the node's part, the
-# critical path, twice a control plane's; the CPU-bound unit part a third of a control plane's.
+# what the oldest part runs before its pytest (its progress goes to the part's log)
+OLDEST_BUILD = ("bash", "cluster/build.sh", "--oldest")
+# name: (marker expression, environment, niceness, pytest options, setup command). The niceness
+# is the weight of the part's cpu cgroup (nice -3: 2000, nice 0: 1024, nice 5: 336): the node's
+# part, the critical path, twice a control plane's; the CPU-bound unit part a third of a control
+# plane's. The setup command runs first, in the part's group; the part fails when it fails.
 PARTS = {
     "node": (
         f"({MACHINE}) and not ({NO_NODE})",
         {},
         -3,
         ["-o", f"testpaths={' '.join(NODE_PATHS)}"],
+        (),
     ),
-    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 0, []),
-    "unit": (f"not ({MACHINE})", {"PAYLOADRUN_NODE_PATHS": os.pathsep.join(NODE_PATHS)}, 5, []),
+    "control-plane": (NO_NODE, {"PAYLOADRUN_NO_NODE": "1"}, 0, [], ()),
+    "unit": (
+        f"not ({MACHINE})",
+        {"PAYLOADRUN_NODE_PATHS": os.pathsep.join(NODE_PATHS)},
+        5,
+        [],
+        (),
+    ),
     "oldest-control-plane": (
         NO_NODE,
         {"PAYLOADRUN_NO_NODE": "1", VERSION_ENV: OLDEST_VERSION},
         0,
         ["-o", f"testpaths={' '.join(OLDEST_PATHS)}"],
+        OLDEST_BUILD,
     ),
 }
 # pytest's sections after the progress dots: what a part prints when it ends
@@ -211,6 +227,7 @@ class Part:
     niceness: int
     options: list[str]
     log: Path
+    setup: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
     started: float = field(default_factory=time.monotonic)
     took: float | None = None
@@ -218,18 +235,26 @@ class Part:
     group: CpuGroup | None = None
 
     def command(self, pytest_args: list[str]) -> list[str]:
-        return [
-            "nice", "-n", str(self.niceness),
+        pytest = [
             sys.executable, "-m", "pytest", "-m", self.marker,
             # each part its own cache (last failures), so none overwrites another's
             "-o", f"cache_dir=.pytest_cache/{self.name}",
             *self.options,
             *pytest_args,
         ]  # fmt: skip
+        niced = ["nice", "-n", str(self.niceness)]
+        if not self.setup:
+            return [*niced, *pytest]
+        # the setup's stdout (a build prints its directory) is not the log's; then pytest
+        script = f'{shlex.join(self.setup)} >/dev/null && exec "$@"'
+        return [*niced, "bash", "-c", script, self.name, *pytest]
 
     def progress(self) -> str:
-        found = PROGRESS.findall(self.log.read_text(errors="replace")) if self.log.exists() else []
-        return f"{found[-1]}%" if found else "collecting"
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        found = PROGRESS.findall(text)
+        if found:
+            return f"{found[-1]}%"
+        return f"setting up ({shlex.join(self.setup)})" if self.setup and text else "collecting"
 
 
 def summary(text: str) -> str:
@@ -265,8 +290,8 @@ def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="payloadrun-test-"))
     started = time.monotonic()
     parts = [
-        Part(name, marker, env, niceness, options, logs / f"{name}.log")
-        for name, (marker, env, niceness, options) in PARTS.items()
+        Part(name, marker, env, niceness, options, logs / f"{name}.log", setup)
+        for name, (marker, env, niceness, options, setup) in PARTS.items()
     ]
     parent = cpu_cgroup_parent()
     if parent is not None:
@@ -286,8 +311,9 @@ def main(argv: list[str]) -> int:
         env = "".join(f"{k}={v} " for k, v in part.env.items())
         options = "".join(f" {option}" for option in part.options)
         where = f", cpu cgroup {part.group.path}" if part.group else ""
+        setup = f"{shlex.join(part.setup)} && " if part.setup else ""
         print(
-            f"{part.name}: {env}nice -n {part.niceness} pytest -m {part.marker!r}{options}, "
+            f"{part.name}: {env}nice -n {part.niceness} {setup}pytest -m {part.marker!r}{options}, "
             f"log {part.log}{where}",
             flush=True,
         )

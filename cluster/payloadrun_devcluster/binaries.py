@@ -47,6 +47,10 @@ NODE_NAMES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns", "kube-router
 """What the node beside it adds (containerd and runc come from the machine's packages);
 kube-router is its NetworkPolicy enforcer."""
 BUILD_HINT = "run: bash cluster/build.sh  (or: python -m payloadrun_devcluster build)"
+OLDEST_BUILD_HINT = (
+    "run: bash cluster/build.sh --oldest  (the oldest Kubernetes' control plane, which the "
+    "default build leaves out), and bash cluster/build.sh for the rest"
+)
 VERSION_ENV = "PAYLOADRUN_KUBERNETES_VERSION"
 """The Kubernetes version of the control plane, when not the pinned ``KUBERNETES_VERSION``."""
 
@@ -205,7 +209,8 @@ def find_binaries(required: tuple[str, ...] = BINARY_NAMES) -> Binaries:
     ]
     if missing:
         listed = ", ".join(str(p) for p in missing)
-        raise BinariesMissing(f"control-plane binaries not built: {listed}; {BUILD_HINT}")
+        hint = BUILD_HINT if pinned_control_plane() else OLDEST_BUILD_HINT
+        raise BinariesMissing(f"control-plane binaries not built: {listed}; {hint}")
     return binaries
 
 

@@ -13,6 +13,7 @@ from payloadrun_devcluster.binaries import (
     cache_dir,
     control_plane_version,
     expected_binaries,
+    find_binaries,
     node_version_skew,
     pinned_control_plane,
     read_versions,
@@ -66,6 +67,19 @@ def test_a_version_that_is_not_built_is_refused_with_the_ones_that_are(monkeypat
         expected_binaries(VERSIONS)
     assert "v1.31.0" in str(refused.value)
     assert "v1.37.2, v1.29.15" in str(refused.value)
+
+
+def test_a_missing_oldest_control_plane_says_to_build_it_apart(monkeypatch, tmp_path):
+    # cluster/build.sh leaves the oldest out unless asked (--oldest: hack/test.py's oldest part)
+    monkeypatch.setenv("PAYLOADRUN_CACHE", str(tmp_path))
+    with pytest.raises(BinariesMissing) as pinned:
+        find_binaries()
+    assert "kubernetes-v1.37.2/kube-apiserver" in str(pinned.value)
+    assert "--oldest" not in str(pinned.value)
+    monkeypatch.setenv(VERSION_ENV, read_versions()["KUBERNETES_OLDEST_VERSION"])
+    with pytest.raises(BinariesMissing) as oldest:
+        find_binaries()
+    assert "bash cluster/build.sh --oldest" in str(oldest.value)
 
 
 def test_the_repositorys_oldest_is_older_than_its_pinned():

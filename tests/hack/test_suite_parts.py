@@ -93,3 +93,35 @@ def test_no_two_test_modules_share_a_name():
     for path in modules:
         by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {n: p for n, p in by_name.items() if len(p) > 1} == {}
+
+
+def run_part(tmp_path: Path, setup: tuple[str, ...]) -> tuple[int, str]:
+    """A part whose pytest only prints its version, run as hack/test.py runs it; its exit
+    status and its log."""
+    log = tmp_path / "part.log"
+    part = runner.Part("probe", "not integration", {}, 0, [], log, setup)
+    with log.open("w") as out:
+        code = subprocess.run(
+            part.command(["--version"]), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=False
+        ).returncode
+    return code, log.read_text()
+
+
+def test_a_parts_setup_runs_before_its_pytest_and_a_failed_setup_fails_the_part(tmp_path):
+    # as cluster/build.sh --oldest: progress on stderr, the built directory on stdout
+    ready = "echo /built/directory; echo 'build.sh: compiling' >&2"
+    code, log = run_part(tmp_path, ("sh", "-c", ready))
+    assert code == 0, log
+    assert log.index("build.sh: compiling") < log.index("pytest ")  # setup, then pytest
+    assert "/built/directory" not in log  # the setup's stdout is not the log's
+    code, log = run_part(tmp_path, ("sh", "-c", "echo 'build.sh: ERROR: no Go' >&2; exit 3"))
+    assert code == 3 and "no Go" in log and "pytest " not in log, log
+
+
+def test_the_oldest_part_builds_the_oldest_kubernetes_first():
+    # cluster/build.sh --oldest: the control plane the part's tests run on, not make prepare's
+    oldest = runner.PARTS["oldest-control-plane"]
+    assert oldest[-1] == ("bash", "cluster/build.sh", "--oldest")
+    assert oldest[1][runner.VERSION_ENV] == runner.OLDEST_VERSION
+    others = [setup for name, (*_, setup) in runner.PARTS.items() if name != "oldest-control-plane"]
+    assert others == [(), (), ()]
