@@ -45,7 +45,8 @@ import demo_agentic
 from payloadrun_devcluster import node_unsupported_reason, running_node_state_dir
 from payloadrun_devcluster.binaries import BinariesMissing, find_binaries, run_build
 from payloadrun_devcluster.cluster import LocalCluster
-from payloadrun_operator.api.models import GROUP, PLURAL, VERSION
+from payloadrun_operator.api.kinds import RUN
+from payloadrun_operator.platform.kube import object_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "payloadrun"
@@ -128,10 +129,10 @@ class Demo:
         API server in one call: the waits below ask several times a second, and a kubectl
         process costs 87 ms of CPU."""
         assert self.cluster is not None
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{DEMO_NS}/{PLURAL}"
-        status, body = self.cluster.request("GET", f"{path}/{name}" if name else path)
+        path = object_path(RUN.api_version, RUN.kind, DEMO_NS, name)
+        status, body = self.cluster.request("GET", path)
         if status != 200:
-            raise RuntimeError(f"GET {path} {name or ''}: HTTP {status} {body.get('message')}")
+            raise RuntimeError(f"GET {path}: HTTP {status} {body.get('message')}")
         return body
 
     def wait_reconciled(self, name: str, timeout: float = 60) -> dict[str, Any]:

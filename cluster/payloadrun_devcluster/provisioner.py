@@ -36,7 +36,6 @@ import ssl
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -129,12 +128,14 @@ class Api:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         return api_request(self.server, self.context, method, path, body)
 
-    def watch(self, path: str, timeout_s: int) -> http.client.HTTPResponse:
+    def watch(self, path: str, timeout_s: int, since: str = "") -> http.client.HTTPResponse:
         """An open watch of ``path``: a JSON line an event, until the server ends it after
-        ``timeout_s`` seconds."""
-        request = urllib.request.Request(
-            f"{self.server}{path}?watch=1&timeoutSeconds={timeout_s}", method="GET"
-        )
+        ``timeout_s`` seconds. From ``since`` (a resourceVersion) when given, else from now
+        with a synthetic ADDED event for each object there."""
+        query = f"watch=1&timeoutSeconds={timeout_s}"
+        if since:
+            query += f"&resourceVersion={since}"
+        request = urllib.request.Request(f"{self.server}{path}?{query}", method="GET")
         request.add_header("Accept", "application/json")
         return urllib.request.urlopen(request, timeout=timeout_s + 30, context=self.context)
 
@@ -164,7 +165,7 @@ class Wakeups:
                     failures = 0
                     for _line in response:
                         self.changed.set()
-            except (OSError, urllib.error.URLError) as error:
+            except OSError as error:  # urllib's URLError is one
                 log(f"watch of {path} failed: {error}")
                 time.sleep(WATCH_RETRY_S[min(failures, len(WATCH_RETRY_S) - 1)])
                 failures += 1

@@ -53,7 +53,8 @@ from pod_helpers import (
 from payloadrun_operator.api import names
 from payloadrun_operator.api.kinds import LEADER_WORKER_SET
 from payloadrun_operator.desired.admission import admit
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.platform.settings import OperatorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.pod_security("restricted")]

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -70,8 +69,7 @@ class Changes:
             threading.Thread(target=self._follow, args=(path, since), daemon=True).start()
 
     def _follow(self, path: str, since: str) -> None:
-        url = f"{self.api.server}{path}?watch=1&resourceVersion={since}&timeoutSeconds=120"
-        with urllib.request.urlopen(url, timeout=150, context=self.api.context) as response:
+        with self.api.watch(path, 120, since) as response:
             for line in response:
                 event = json.loads(line)
                 meta = event["object"]["metadata"]

@@ -1,7 +1,8 @@
 import pytest
 
 from builders import OWNER, SETTINGS, by_kind, children_of, context, env_of
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 
 
 def test_by_handle_children(spec_dict):

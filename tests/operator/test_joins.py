@@ -36,7 +36,8 @@ from payloadrun_operator.api.models import (
     Retention,
     Writer,
 )
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.platform.settings import OperatorSettings
 

@@ -31,7 +31,8 @@ from builders import context, group_spec
 from payloadrun_devcluster.binaries import cache_dir, read_versions
 from payloadrun_devkit.required import skip_or_fail
 from payloadrun_operator.api.crd import build_crd
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 
 KUBERNETES_VERSION = read_versions()["KUBERNETES_VERSION"].removeprefix("v")  # e.g. 1.37.2
 MINOR = kubernetes_validate.major_minor(KUBERNETES_VERSION)

@@ -29,7 +29,8 @@ from payloadrun_operator.api.names import (
     WORKLOADS,
 )
 from payloadrun_operator.api.recorded import Recorded
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.desired.context import is_final, runs_pods
 from payloadrun_operator.desired.pinning import current_pin, inputs_hash, pin_of, pinned_settings
 from payloadrun_operator.observed.outcome import (

@@ -18,7 +18,8 @@ import pytest
 
 from builders import context, group_spec
 from payloadrun_operator.api import names
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.shape import inference_world_size
 

@@ -13,7 +13,8 @@ from payloadrun_operator.api.conditions import FINAL_PHASES, EventReason, Phase
 from payloadrun_operator.api.kinds import FOLLOWED, KINDS, PLURALS
 from payloadrun_operator.api.models import PayloadModeReason, PayloadRunSpec, PayloadRunStatus
 from payloadrun_operator.api.names import WORKLOADS
-from payloadrun_operator.desired.builders import build_children, build_cleanup
+from payloadrun_operator.desired.builders import build_children
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.desired.context import RunContext, is_final
 from payloadrun_operator.desired.decisions import decide_payload_mode
 from payloadrun_operator.desired.pinning import CURRENT_LAYOUT, POD_LAYOUT, PodLayout, layout_of

@@ -19,7 +19,7 @@ Both Jobs use ``restartPolicy: Never`` (a failed pod stays, with its logs) and n
 replacement beside the pod it replaces (``podReplacementPolicy: Failed``). Every workload carries
 the hash of its inputs (:func:`pinning.inputs_hash`) and has pods only while the run is active
 (``RunContext.active``, :mod:`context`). A finished run's ``<run>-cleanup`` Job deletes its
-payload files (:func:`build_cleanup`).
+payload files (:func:`cleanup.build_cleanup`).
 
 Every child carries an owner reference to the run (garbage-collected with it), except a managed
 claim with the ``Retain`` policy, which outlives the run and is adopted by name when a run of the
@@ -40,15 +40,8 @@ from payloadrun_operator.api.kinds import (
     SERVICE,
     STATEFUL_SET,
 )
-from payloadrun_operator.api.models import (
-    KIND,
-    ApiServerLayout,
-)
-from payloadrun_operator.api.names import (
-    INFERENCE,
-    ORCHESTRATOR,
-    TRAINER,
-)
+from payloadrun_operator.api.models import KIND, ApiServerLayout
+from payloadrun_operator.api.names import INFERENCE, ORCHESTRATOR, TRAINER
 from payloadrun_operator.desired import networkpolicy as netpol
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import (
@@ -65,22 +58,11 @@ from payloadrun_operator.desired.env import (
 from payloadrun_operator.desired.pods import (
     INFERENCE_WORKER,
     compose_pods,
-    fs_group,
     labels,
-    placement,
     rule_errors,
     selector,
 )
-from payloadrun_operator.desired.sidecars import (
-    cleanup_container,
-)
-from payloadrun_operator.desired.templates import (
-    Manifest,
-    TemplateConflict,
-)
-from payloadrun_operator.desired.volumes import (
-    payload_volume,
-)
+from payloadrun_operator.desired.templates import Manifest, TemplateConflict
 
 # --- shared pieces -------------------------------------------------------------------------------
 
@@ -492,25 +474,3 @@ def build_children(ctx: RunContext) -> list[Manifest]:
     if conflicts:
         raise TemplateConflict(conflicts)
     return assemble(ctx, pods, tuple(build_network_policies(ctx)))
-
-
-def build_cleanup(ctx: RunContext) -> Manifest:
-    """The Job that deletes a finished run's payload files (``payloadrun wipe``), as the sidecars'
-    user, with the sidecars' image; by handle only."""
-    pod: Manifest = {
-        "containers": [cleanup_container(ctx)],
-        "volumes": [payload_volume(ctx)],
-        "restartPolicy": "Never",
-        **{k: v for k, v in placement(ctx).items() if k != "serviceAccountName"},
-    }
-    group = fs_group(ctx)
-    if group is not None:
-        pod["securityContext"] = {"fsGroup": group, "fsGroupChangePolicy": "OnRootMismatch"}
-    return {
-        **JOB.type_meta,
-        "metadata": metadata(ctx, ctx.child_name(names.CLEANUP), names.CLEANUP),
-        "spec": {
-            "backoffLimit": 3,
-            "template": {"metadata": {"labels": labels(ctx, names.CLEANUP)}, "spec": pod},
-        },
-    }

@@ -32,7 +32,7 @@ from payloadrun_operator.api.names import (
 )
 from payloadrun_operator.api.recorded import Recorded
 from payloadrun_operator.desired import pinning
-from payloadrun_operator.desired.builders import build_cleanup
+from payloadrun_operator.desired.cleanup import build_cleanup
 from payloadrun_operator.desired.context import RunContext
 from payloadrun_operator.desired.decisions import PayloadMode, claim_owned_by_run
 from payloadrun_operator.observed import plan
