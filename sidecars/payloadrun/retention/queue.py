@@ -246,6 +246,12 @@ class DeletionQueue:
             if finished:
                 self._settled()
 
+    def at_rest(self) -> bool:
+        """No deletion queued or running, and none deferred, at one instant: every file
+        released so far is either gone and counted, or was never there to delete."""
+        with self._lock:
+            return not self.jobs and not self.deferred_files
+
     @property
     def deferred_files(self) -> int:
         """Files whose deletion failed after every attempt, waiting for their next round."""
