@@ -998,6 +998,16 @@ def print_results(r: Results, args: argparse.Namespace, phases: Phases) -> None:
             " (whole runs: created, their children applied, their status written once, from "
             "here: " + ", ".join(f"{percentile(b, 0.95):.2f}" for b in floor) + " s)"
         )
+    for label, floor in r.whole_at_once.items():
+        # no operator reconciles a run for less than the API server's work on it: the run's
+        # create and its one status write on top of the children (the whole-run floor)
+        children_only = r.direct_at_once[label]
+        print(
+            f"whole-run p95 / children-only p95, {label}: "
+            f"{median_p95(floor) / median_p95(children_only):.2f} (the run's own create and "
+            "status write, with no operator: the least an operator's ratio to the "
+            "children-only floor can be)"
+        )
     direct_cpu = r.direct_apiserver_cpu / len(r.direct) * 1e3
     print(f"direct SSA: API server CPU {direct_cpu:.0f} ms per run")
     for label, burst in r.bursts.items():
