@@ -23,7 +23,7 @@ of the first three.
   kube-controller-manager, ``PAYLOADRUN_KUBERNETES_VERSION``), with no node (a kubelet must not
   be newer than its API server). The only tests that run twice. The part builds that control
   plane first (``bash cluster/build.sh --oldest``, :data:`OLDEST_BUILD`; a no-op once cached):
-  cold, its go build is about 600 CPU-seconds, which ``make prepare`` (both cores busy with the
+  cold, its go build is about 340 CPU-seconds, which ``make prepare`` (both cores busy with the
   other Go builds and the images) would add to the cold run's wall time in full, while here it
   fills what the node's part leaves idle and this part still ends before the node's.
 
