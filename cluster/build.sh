@@ -30,11 +30,11 @@
 # .../bin/release-h<v>-c<v>/, a directory of symlinks to those two.
 # `bash cluster/build.sh --oldest` builds only KUBERNETES_OLDEST_VERSION's kube-apiserver and
 # kube-controller-manager (the oldest Kubernetes the project claims; another go build of about
-# 340 CPU-seconds cold, 3.5 minutes alone on 2 cores) into .../bin/kubernetes-<oldest>/ and prints that directory. It is not
-# part of the default build: `make test`'s part oldest-control-plane (hack/test.py), the one
-# that uses it, runs it first, beside the other parts' tests, where the cores have room, rather
-# than in `make prepare`, where the Go builds already keep both cores busy. It uses the etcd of
-# the default build.
+# 340 CPU-seconds cold, 3.5 minutes alone on 2 cores) into .../bin/kubernetes-<oldest>/ and
+# prints that directory. It is not part of the default build: `make test`'s part
+# oldest-control-plane (hack/test.py), the one that uses it, runs it first, beside the other
+# parts' tests, where the cores have room, rather than in `make prepare`, where the Go builds
+# already keep both cores busy. It uses the etcd of the default build.
 # containerd, runc, iptables and ipset come from Debian's packages: cluster/node-packages.sh.
 # The Go module and build caches live under the same cache directory, so a bumped
 # component rebuilds from cached modules and packages.

@@ -254,7 +254,9 @@ class Part:
         found = PROGRESS.findall(text)
         if found:
             return f"{found[-1]}%"
-        return f"setting up ({shlex.join(self.setup)})" if self.setup and text else "collecting"
+        if self.setup and text and "test session starts" not in text:  # pytest's first line
+            return f"setting up ({shlex.join(self.setup)})"
+        return "collecting"
 
 
 def summary(text: str) -> str:
